@@ -1,0 +1,3 @@
+"""asyncfl: asynchronous federated learning on Flower."""
+
+__version__ = "0.1.0"

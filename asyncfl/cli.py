@@ -1,0 +1,137 @@
+"""``asyncfl`` command: run the app through a local SuperLink, compare runs.
+
+``asyncfl run`` is a thin wrapper over ``flwr run``: it starts a simulation
+SuperLink of its own (with runtime dependency installation disabled, so the
+already-installed environment is used), points ``FLWR_HOME`` at a folder the
+project owns, streams the run and stops the SuperLink by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONNECTION = "asyncfl-local"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_flower_config(flwr_home: Path, port: int) -> None:
+    """Write ``$FLWR_HOME/config.toml`` with one insecure loopback connection."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited early with code {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"flower-superlink did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+class LocalSuperLink:
+    """A simulation SuperLink on loopback, stopped by PID on exit."""
+
+    def __init__(self, workdir: Path, flwr_home: Path) -> None:
+        self.workdir = workdir
+        self.flwr_home = flwr_home
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LocalSuperLink":
+        write_flower_config(self.flwr_home, self.port)
+        log_path = self.flwr_home / "superlink.log"
+        command = [
+            "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(self.port),
+            "--database", str(self.flwr_home / f"state-{self.port}.db"),
+        ]
+        self._log = open(log_path, "w")
+        self.process = subprocess.Popen(
+            command, cwd=self.workdir, env=self.env(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _wait_for_port(self.port, self.process, timeout=60.0)
+        return self
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["FLWR_HOME"] = str(self.flwr_home)
+        return env
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            # The SuperLink leads its own session: stop it and its simulation children.
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+        for db in self.flwr_home.glob(f"state-{self.port}.db*"):
+            db.unlink(missing_ok=True)
+
+
+def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: int, extra_env=None) -> int:
+    """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code."""
+    app_dir = app_dir.resolve()
+    flwr_home = app_dir / ".flwr"
+    with LocalSuperLink(app_dir, flwr_home) as link:
+        command = ["flwr", "run", str(app_dir), CONNECTION, "--stream",
+                   "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+        for item in run_config:
+            command += ["--run-config", item]
+        env = link.env()
+        env.update(extra_env or {})
+        return subprocess.call(command, cwd=app_dir, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``asyncfl`` console script."""
+    parser = argparse.ArgumentParser(prog="asyncfl", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the Flower app as a local Ray simulation (default: FedBuff on mnist5k)")
+    run.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
+    run.add_argument("--num-supernodes", type=int, default=50, help="simulated clients (default: 50)")
+    run.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per ClientApp (default: 1)")
+    run.add_argument("--run-config", "-c", action="append", default=[],
+                     help="run-config overrides, as for flwr run (repeatable), or a TOML file such as conf/x.toml")
+    compare = commands.add_parser("compare", help="table and one plot of several run folders")
+    compare.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.csv, summary.json)")
+    compare.add_argument("--out", type=Path, default=Path("comparison.png"), help="plot file (default: comparison.png)")
+    compare.add_argument("--target", type=float, default=None, help="common target accuracy for time-to-target")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        if args.num_supernodes < 1:
+            parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
+        if not (args.app / "pyproject.toml").exists():
+            parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
+        return run_app(args.app, args.run_config, args.num_supernodes, args.cpus_per_client)
+    from asyncfl.simulation.compare import compare_runs
+
+    print(compare_runs(args.runs, args.out, args.target))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

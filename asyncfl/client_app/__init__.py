@@ -1,0 +1,1 @@
+"""ClientApp: local training and evaluation on the node's partition."""

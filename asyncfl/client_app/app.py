@@ -1,0 +1,101 @@
+"""The asyncfl ClientApp: ``train``, ``evaluate`` and an identity ``query``.
+
+Message convention (Flower's): a train request carries ``"arrays"`` and
+``"config"``; the reply carries ``"arrays"`` (trained weights) and
+``"metrics"`` with ``"num-examples"`` and ``"train-loss"``. The app also works
+under Flower's own ``flwr.serverapp.strategy.FedAvg``: config keys it does not
+send fall back to the run-config.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from asyncfl.client_app.task import node_data, node_model
+from asyncfl.client_app.training import evaluate as evaluate_model
+from asyncfl.client_app.training import pick_device, train_local
+from asyncfl.config import parse_run_config
+
+app = ClientApp()
+
+
+def _node_ids(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as exc:
+        raise ValueError(
+            f"node-config lacks {exc.args[0]!r}; start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        ) from exc
+
+
+def _threads(context: Context) -> None:
+    threads = int(context.run_config.get("client-threads", 1))
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def _load(model: torch.nn.Module, record: ArrayRecord) -> None:
+    state = record.to_torch_state_dict()
+    if list(state) != list(model.state_dict()):  # plain list of arrays: match by position
+        state = dict(zip(model.state_dict(), state.values()))
+    model.load_state_dict(state)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received model on this node's partition."""
+    _threads(context)
+    cfg = parse_run_config(context.run_config)
+    partition_id, num_partitions = _node_ids(context)
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
+    model = node_model(cfg.data, cfg.engine.seed)
+    _load(model, msg.content["arrays"])
+    request = msg.content.config_records.get("config", ConfigRecord())
+    knobs = {**cfg.train.to_message_config(), **{k: v for k, v in request.items()}}
+    loss = train_local(
+        model,
+        data.x_train,
+        data.y_train,
+        steps=int(knobs["local-steps"]),
+        epochs=int(knobs["local-epochs"]),
+        batch_size=int(knobs["batch-size"]),
+        optimizer=str(knobs["optimizer"]),
+        lr=float(knobs["lr"]),
+        momentum=float(knobs["momentum"]),
+        weight_decay=float(knobs["weight-decay"]),
+        seed=int(knobs.get("job-seed", knobs.get("server-round", 0))),
+        device=pick_device(),
+    )
+    model.cpu()
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            "metrics": MetricRecord({"num-examples": len(data.y_train), "train-loss": loss}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy and loss of the received model on this node's test slice."""
+    _threads(context)
+    cfg = parse_run_config(context.run_config)
+    partition_id, num_partitions = _node_ids(context)
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
+    model = node_model(cfg.data, cfg.engine.seed)
+    _load(model, msg.content["arrays"])
+    loss, accuracy = evaluate_model(model, data.x_test, data.y_test, device=pick_device())
+    metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": loss, "eval-acc": accuracy})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+@app.query()
+def identify(msg: Message, context: Context) -> Message:
+    """Report this node's ``partition-id`` so the server can order clients deterministically."""
+    partition_id, num_partitions = _node_ids(context)
+    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    return Message(RecordDict({"config": config}), reply_to=msg)

@@ -1,0 +1,252 @@
+"""Run configuration: parse Flower's flat run-config once into frozen dataclasses.
+
+Every key has a default in ``pyproject.toml`` (Flower rejects unknown keys).
+Validation happens here, before any work starts, with messages that name the
+valid choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from asyncfl.data.datasets import DATASETS
+from asyncfl.data.partition import PARTITIONINGS
+from asyncfl.models.zoo import MODELS
+from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
+from asyncfl.simulation.presets import DELAY_PRESETS
+from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
+from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
+
+STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw")
+CLOCKS = ("virtual", "wall")
+OPTIMIZERS = ("sgd", "adam")
+
+
+class ConfigError(ValueError):
+    """A run-config value is invalid; the message says which and what is valid."""
+
+
+def _choice(key: str, value: str, valid: tuple[str, ...]) -> str:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+    return value
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> float:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+    return value
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What each client trains on and how the training set is split."""
+
+    dataset: str
+    data_dir: str
+    partitioning: str
+    dirichlet_alpha: float
+    shards_per_client: int
+    test_fraction: float
+    model: str
+    batchnorm: bool
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local-training knobs sent with every train request."""
+
+    local_steps: int
+    local_epochs: int
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    batch_size: int
+
+    def to_message_config(self) -> dict[str, Any]:
+        """The kebab-case keys the ClientApp reads from the request's ConfigRecord."""
+        return {
+            "local-steps": self.local_steps,
+            "local-epochs": self.local_epochs,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "weight-decay": self.weight_decay,
+            "batch-size": self.batch_size,
+        }
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine schedules jobs, stops and evaluates."""
+
+    clock: str
+    concurrency: int
+    max_arrivals: int
+    max_virtual_time: float
+    eval_every: float
+    target_accuracy: tuple[float, ...]
+    job_timeout: float
+    wait_for_nodes: float
+    seed: int
+    delay_preset: str
+    delays: DelayModel
+    eval_batch_size: int
+    progress: bool
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where results go."""
+
+    output_dir: str
+    run_name: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole run-config, typed."""
+
+    strategy: str
+    strategy_params: Mapping[str, Any]
+    data: DataConfig
+    train: TrainConfig
+    engine: EngineConfig
+    output: OutputConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (for ``config.json``)."""
+        out = asdict(self)
+        out["strategy_params"] = dict(self.strategy_params)
+        return out
+
+
+def _parse_targets(text: str) -> tuple[float, ...]:
+    if not str(text).strip():
+        return ()
+    try:
+        targets = tuple(float(t) for t in str(text).split(","))
+    except ValueError as exc:
+        raise ConfigError(f"target-accuracy={text!r}: write comma-separated fractions like '0.8,0.9'") from exc
+    for t in targets:
+        if not 0.0 < t <= 1.0:
+            raise ConfigError(f"target-accuracy values must be in (0, 1], got {t}")
+    return targets
+
+
+def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel]:
+    preset = str(cfg["delay-model"])
+    valid = tuple(DELAY_PRESETS) + ("custom",)
+    _choice("delay-model", preset, valid)
+    if preset != "custom":
+        return preset, DELAY_PRESETS[preset]
+    parts = {}
+    for component in COMPONENTS:
+        prefix = f"delay.{component}"
+        try:
+            parts[component] = ComponentDelay(
+                distribution=str(cfg[f"{prefix}.distribution"]),
+                tiers=parse_tiers(str(cfg[f"{prefix}.tiers"])),
+                spread=float(cfg[f"{prefix}.spread"]),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{prefix}: {exc}") from exc
+    return preset, DelayModel(**parts)
+
+
+def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
+    if strategy == "fedavg":
+        return {"server_lr": float(cfg["fedavg.server-lr"])}
+    if strategy == "fedasync":
+        alpha = float(cfg["fedasync.alpha"])
+        if not 0.0 < alpha <= 1.0:
+            raise ConfigError(f"fedasync.alpha={alpha} must be in (0, 1]")
+        return {
+            "alpha": alpha,
+            "staleness": _choice("fedasync.staleness", str(cfg["fedasync.staleness"]), FEDASYNC_STALENESS_FUNCTIONS),
+            "a": _positive("fedasync.a", float(cfg["fedasync.a"]), allow_zero=True),
+            "b": _positive("fedasync.b", float(cfg["fedasync.b"]), allow_zero=True),
+        }
+    if strategy == "fedbuff":
+        buffer_size = int(cfg["fedbuff.buffer-size"])
+        if buffer_size < 1:
+            raise ConfigError(f"fedbuff.buffer-size={buffer_size} must be >= 1")
+        return {
+            "buffer_size": buffer_size,
+            "server_lr": _positive("fedbuff.server-lr", float(cfg["fedbuff.server-lr"])),
+            "staleness_weighting": _choice(
+                "fedbuff.staleness-weighting", str(cfg["fedbuff.staleness-weighting"]), STALENESS_WEIGHTINGS
+            ),
+        }
+    beta_constant = float(cfg["afl-dw.beta-constant"])
+    if not 0.0 <= beta_constant <= 1.0:
+        raise ConfigError(f"afl-dw.beta-constant={beta_constant} must be in [0, 1]")
+    return {
+        "server_lr": _positive("afl-dw.server-lr", float(cfg["afl-dw.server-lr"])),
+        "beta": _choice("afl-dw.beta", str(cfg["afl-dw.beta"]), BETA_SCHEDULES),
+        "tau_max": _positive("afl-dw.tau-max", float(cfg["afl-dw.tau-max"])),
+        "beta_constant": beta_constant,
+    }
+
+
+def parse_run_config(cfg: Mapping[str, Any]) -> RunConfig:
+    """Validate Flower's flat ``context.run_config`` into a :class:`RunConfig`.
+
+    Raises
+    ------
+    ConfigError
+        For a missing key or an invalid value, naming the valid choices.
+    """
+    try:
+        return _parse(cfg)
+    except KeyError as exc:
+        raise ConfigError(f"run-config lacks key {exc.args[0]!r}; every knob needs a default in pyproject.toml") from exc
+
+
+def _parse(cfg: Mapping[str, Any]) -> RunConfig:
+    strategy = _choice("strategy", str(cfg["strategy"]), STRATEGIES)
+    data = DataConfig(
+        dataset=_choice("dataset", str(cfg["dataset"]), DATASETS),
+        data_dir=str(cfg["data-dir"]),
+        partitioning=_choice("partitioning", str(cfg["partitioning"]), PARTITIONINGS),
+        dirichlet_alpha=_positive("dirichlet-alpha", float(cfg["dirichlet-alpha"])),
+        shards_per_client=int(_positive("shards-per-client", int(cfg["shards-per-client"]))),
+        test_fraction=float(cfg["test-fraction"]),
+        model=_choice("model", str(cfg["model"]), MODELS),
+        batchnorm=bool(cfg["model.batchnorm"]),
+    )
+    if not 0.0 < data.test_fraction < 1.0:
+        raise ConfigError(f"test-fraction={data.test_fraction} must be in (0, 1)")
+    train = TrainConfig(
+        local_steps=int(_positive("local-steps", int(cfg["local-steps"]), allow_zero=True)),
+        local_epochs=int(_positive("local-epochs", int(cfg["local-epochs"]), allow_zero=True)),
+        optimizer=_choice("optimizer", str(cfg["optimizer"]), OPTIMIZERS),
+        lr=_positive("lr", float(cfg["lr"])),
+        momentum=_positive("momentum", float(cfg["momentum"]), allow_zero=True),
+        weight_decay=_positive("weight-decay", float(cfg["weight-decay"]), allow_zero=True),
+        batch_size=int(_positive("batch-size", int(cfg["batch-size"]))),
+    )
+    if train.local_steps == 0 and train.local_epochs == 0:
+        raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
+    delay_preset, delays = _parse_delays(cfg)
+    engine = EngineConfig(
+        clock=_choice("clock", str(cfg["clock"]), CLOCKS),
+        concurrency=int(_positive("concurrency", int(cfg["concurrency"]))),
+        max_arrivals=int(_positive("max-arrivals", int(cfg["max-arrivals"]), allow_zero=True)),
+        max_virtual_time=_positive("max-virtual-time", float(cfg["max-virtual-time"]), allow_zero=True),
+        eval_every=_positive("eval-every", float(cfg["eval-every"])),
+        target_accuracy=_parse_targets(cfg["target-accuracy"]),
+        job_timeout=_positive("job-timeout", float(cfg["job-timeout"])),
+        wait_for_nodes=_positive("wait-for-nodes", float(cfg["wait-for-nodes"]), allow_zero=True),
+        seed=int(cfg["seed"]),
+        delay_preset=delay_preset,
+        delays=delays,
+        eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
+        progress=bool(cfg["progress"]),
+    )
+    if engine.max_arrivals == 0 and engine.max_virtual_time == 0:
+        raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
+    output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
+    return RunConfig(strategy, _strategy_params(cfg, strategy), data, train, engine, output)

@@ -1,0 +1,70 @@
+"""Seeded partitioning of a training set over clients, through flwr-datasets.
+
+flwr-datasets' partitioners work offline on an in-memory ``datasets.Dataset``;
+we give them only the labels and read back each partition's row indices.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+PARTITIONINGS = ("dirichlet", "iid", "shards")
+
+
+def _label_dataset(labels: np.ndarray):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"row": np.arange(len(labels)), "label": labels})
+
+
+def _make_partitioner(kind: str, num_partitions: int, alpha: float, shards_per_client: int, seed: int):
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
+
+    if kind == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions=num_partitions, partition_by="label", alpha=alpha, min_partition_size=0, seed=seed
+        )
+    if kind == "iid":
+        return IidPartitioner(num_partitions=num_partitions)
+    if kind == "shards":
+        return ShardPartitioner(
+            num_partitions=num_partitions, partition_by="label", num_shards_per_partition=shards_per_client, seed=seed
+        )
+    raise ValueError(f"unknown partitioning {kind!r}; valid: {', '.join(PARTITIONINGS)}")
+
+
+@lru_cache(maxsize=8)
+def _partitioner(labels_key: bytes, kind: str, num_partitions: int, alpha: float, shards: int, seed: int):
+    labels = np.frombuffer(labels_key, dtype=np.int64)
+    if num_partitions > len(labels):
+        raise ValueError(f"cannot split {len(labels)} examples into {num_partitions} partitions")
+    partitioner = _make_partitioner(kind, num_partitions, alpha, shards, seed)
+    dataset = _label_dataset(labels)
+    if kind == "iid":  # IidPartitioner splits contiguously: shuffle first, with our seed
+        dataset = dataset.shuffle(seed=seed)
+    partitioner.dataset = dataset
+    return partitioner
+
+
+def partition_indices(
+    labels: np.ndarray,
+    partition_id: int,
+    num_partitions: int,
+    kind: str = "dirichlet",
+    alpha: float = 0.5,
+    shards_per_client: int = 2,
+    seed: int = 42,
+) -> np.ndarray:
+    """Row indices of partition ``partition_id`` out of ``num_partitions``.
+
+    The partitioner is built once per process and cached, so every client in a
+    simulation worker shares one seeded partitioning.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    partitioner = _partitioner(
+        np.ascontiguousarray(labels, dtype=np.int64).tobytes(), kind, num_partitions, alpha, shards_per_client, seed
+    )
+    return np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)

@@ -1,0 +1,131 @@
+"""The models of the papers' experiments, sized for the datasets we ship.
+
+* ``cnn``: the ~420k-parameter CNN of the FedRevive paper's FEMNIST task
+  (two 3x3 conv layers, 32 and 64 channels, 2x2 pooling, a 128-unit dense layer),
+  for 28x28 inputs, optionally with BatchNorm after each convolution.
+* ``lenet5``: LeCun et al., 1998, for 28x28 or 32x32 inputs.
+* ``resnet18``: He et al., 2016, the CIFAR variant (3x3 stem, no max-pool).
+* ``mlp``: a one-hidden-layer perceptron, any input size (fast tests, ``digits``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODELS = ("cnn", "lenet5", "resnet18", "mlp")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters of ``model``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class CNN(nn.Module):
+    """FedRevive's FEMNIST-size CNN (~420k parameters for 10 classes)."""
+
+    def __init__(self, in_channels: int, num_classes: int, batchnorm: bool = False) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int) -> list[nn.Module]:
+            layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1)]
+            if batchnorm:
+                layers.append(nn.BatchNorm2d(cout))
+            return layers + [nn.ReLU(), nn.MaxPool2d(2)]
+
+        self.features = nn.Sequential(*block(in_channels, 32), *block(32, 64))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 (LeCun et al., 1998); 28x28 inputs are padded to 32x32 by the first conv."""
+
+    def __init__(self, in_channels: int, num_classes: int, side: int) -> None:
+        super().__init__()
+        pad = 2 if side == 28 else 0
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convs with BatchNorm and an identity/projection shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18, CIFAR variant (He et al., 2016): 11.2M parameters for 10 classes."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.stem(x)))
+
+
+class MLP(nn.Module):
+    """Flatten, one hidden ReLU layer, linear output."""
+
+    def __init__(self, num_inputs: int, num_classes: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(num_inputs, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def build_model(
+    name: str, input_shape: tuple[int, int, int], num_classes: int, batchnorm: bool = False, seed: int | None = None
+) -> nn.Module:
+    """Build model ``name`` for inputs ``(C, H, W)``; seeded initialisation when ``seed`` is given.
+
+    Raises ``ValueError`` naming the valid models, or the input sizes a model accepts.
+    """
+    channels, height, width = input_shape
+    if seed is not None:
+        torch.manual_seed(seed)
+    if name == "cnn":
+        if (height, width) != (28, 28):
+            raise ValueError(f"model 'cnn' needs 28x28 inputs, the dataset has {height}x{width}; use 'mlp' or 'lenet5'")
+        return CNN(channels, num_classes, batchnorm)
+    if name == "lenet5":
+        if (height, width) not in ((28, 28), (32, 32)):
+            raise ValueError(f"model 'lenet5' needs 28x28 or 32x32 inputs, the dataset has {height}x{width}")
+        return LeNet5(channels, num_classes, height)
+    if name == "resnet18":
+        if height < 8 or width < 8:
+            raise ValueError(f"model 'resnet18' needs inputs of at least 8x8, the dataset has {height}x{width}")
+        return ResNet18(channels, num_classes)
+    if name == "mlp":
+        return MLP(channels * height * width, num_classes)
+    raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")

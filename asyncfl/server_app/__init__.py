@@ -1,0 +1,1 @@
+"""ServerApp entry and the async engine (the only code that touches Grid)."""

@@ -1,0 +1,426 @@
+"""The async engine: the only code that talks to Flower's Grid.
+
+One loop serves every method. It keeps ``concurrency`` jobs in flight (or, for
+synchronous strategies, runs cohorts of that size), pulls every reply into a
+local queue (pulls are destructive), accepts replies in clock order, validates
+them, hands them to the strategy as :class:`~asyncfl.strategies.base.Arrival`
+objects and evaluates the global model on a schedule.
+
+Clocks
+------
+``virtual``
+    A job's duration is sampled from the client's delay profile when it is
+    dispatched; replies are accepted strictly in (virtual finish, dispatch
+    number) order, whatever order they physically come back in.
+``wall``
+    Replies are accepted in the order they are pulled; time is wall seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common import MessageType
+
+from asyncfl.config import EngineConfig
+from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
+from asyncfl.server_app.versions import VersionStore
+from asyncfl.simulation.delays import DelaySampler
+from asyncfl.strategies.base import Arrival, Strategy
+
+log = logging.getLogger("asyncfl.engine")
+
+EvaluateFn = Callable[[np.ndarray], tuple[float, float]]
+"""Maps a flat global model to ``(loss, accuracy)`` on the server's test split."""
+
+IDENTIFY_KEY = "asyncfl-identify"
+
+
+class GridLike(Protocol):
+    """The part of ``flwr.serverapp.Grid`` the engine uses."""
+
+    def get_node_ids(self): ...
+
+    def push_messages(self, messages): ...
+
+    def pull_messages(self, message_ids): ...
+
+
+class Recorder(Protocol):
+    """Where the engine reports what happened (see :mod:`asyncfl.server_app.recorder`)."""
+
+    def on_evaluation(self, row: dict) -> None: ...
+
+    def on_progress(self, clock: float, arrivals: int) -> None: ...
+
+
+@dataclass
+class Job:
+    """One dispatched train request."""
+
+    message_id: str
+    node_id: int
+    client: int
+    version: int
+    start: float
+    finish: float
+    seq: int
+    sent_wall: float
+
+
+@dataclass
+class EngineStats:
+    """Counters the summary is built from."""
+
+    arrivals: int = 0
+    dispatched: int = 0
+    staleness: list[int] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+    server_seconds: float = 0.0
+    evaluations: list[dict] = field(default_factory=list)
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+class AsyncEngine:
+    """Runs one strategy against a Grid until a stop condition.
+
+    Parameters
+    ----------
+    grid : GridLike
+        Flower's Grid (or a fake with the same three methods).
+    strategy : Strategy
+        The server-side method.
+    codec : ModelCodec
+        Layout of the global model.
+    initial : np.ndarray
+        Flat initial global model.
+    config : EngineConfig
+        Scheduling, stop and evaluation settings.
+    train_config : dict
+        Local-training keys sent in every train request's ConfigRecord.
+    evaluate_fn : EvaluateFn
+        Centralised evaluation of a flat model.
+    recorder : Recorder, optional
+        Receives evaluation rows and progress.
+    """
+
+    def __init__(
+        self,
+        grid: GridLike,
+        strategy: Strategy,
+        codec: ModelCodec,
+        initial: np.ndarray,
+        config: EngineConfig,
+        train_config: dict,
+        evaluate_fn: EvaluateFn,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.grid = grid
+        self.strategy = strategy
+        self.codec = codec
+        self.versions = VersionStore(codec, initial)
+        self.config = config
+        self.train_config = dict(train_config)
+        self.evaluate_fn = evaluate_fn
+        self.recorder = recorder
+        self.stats = EngineStats()
+        self.delays = DelaySampler(config.delays, config.seed)
+        self._pick_rng = np.random.default_rng([config.seed, 3])
+        self._in_flight: dict[str, Job] = {}
+        self._inbox: dict[str, Message] = {}
+        self._clients: list[int] = []  # client index -> node id
+        self._busy: set[int] = set()
+        self._now = 0.0
+        self._wall_start = time.monotonic()
+        self._next_eval = 0.0
+        self._last_eval: tuple[int, float, float] | None = None
+        self._seq = 0
+        self._poll_sleep = 0.001
+
+    # ----------------------------------------------------------------- setup
+    def discover_clients(self) -> list[int]:
+        """Wait for nodes, ask each for its ``partition-id`` and fix the client order.
+
+        Clients are ordered by partition id, so a seeded run picks the same data
+        whatever node ids the SuperLink assigned. Nodes that do not answer the
+        query (e.g. stock ClientApps) follow, ordered by node id.
+        """
+        deadline = time.monotonic() + self.config.wait_for_nodes
+        nodes = sorted(self.grid.get_node_ids())
+        while len(nodes) < self.config.concurrency and time.monotonic() < deadline:
+            time.sleep(0.2)
+            nodes = sorted(self.grid.get_node_ids())
+        if not nodes:
+            raise RuntimeError(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
+        partition_of = self._query_partition_ids(nodes)
+        known = sorted((pid, node) for node, pid in partition_of.items())
+        unknown = sorted(node for node in nodes if node not in partition_of)
+        if unknown:
+            log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
+        self._clients = [node for _, node in known] + unknown
+        return self._clients
+
+    def _query_partition_ids(self, nodes: list[int]) -> dict[int, int]:
+        messages = [
+            Message(
+                RecordDict({"config": ConfigRecord({IDENTIFY_KEY: True})}),
+                dst_node_id=node,
+                message_type=MessageType.QUERY,
+                ttl=max(self.config.wait_for_nodes, 30.0),
+            )
+            for node in nodes
+        ]
+        pending = set(self.grid.push_messages(messages))
+        found: dict[int, int] = {}
+        deadline = time.monotonic() + max(self.config.wait_for_nodes, 30.0)
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                pending.discard(reply.metadata.reply_to_message_id)
+                if reply.has_error() or "config" not in reply.content.config_records:
+                    continue
+                value = reply.content.config_records["config"].get("partition-id")
+                if isinstance(value, int):
+                    found[reply.metadata.src_node_id] = value
+            if pending:
+                time.sleep(0.01)
+        return found
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> EngineStats:
+        """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
+        if not self._clients:
+            self.discover_clients()
+        self._evaluate_until(0.0)
+        while not self._should_stop():
+            self._top_up()
+            if not self._in_flight:
+                raise RuntimeError("no job could be dispatched (no idle client)")
+            job, reply = self._next_completion()
+            if self.config.max_virtual_time and job.finish > self.config.max_virtual_time:
+                self._now = self.config.max_virtual_time
+                self._evaluate_until(self._now)
+                break
+            self._evaluate_until(job.finish)
+            self._now = job.finish
+            self._complete(job, reply)
+            if self.recorder is not None:
+                self.recorder.on_progress(self._now, self.stats.arrivals)
+        self._final_evaluation()
+        self._abandon_in_flight()
+        return self.stats
+
+    def _should_stop(self) -> bool:
+        max_arrivals = self.config.max_arrivals
+        return bool(max_arrivals) and self.stats.arrivals >= max_arrivals
+
+    def _clock(self) -> float:
+        if self.config.clock == "virtual":
+            return self._now
+        return time.monotonic() - self._wall_start
+
+    # -------------------------------------------------------------- dispatch
+    def _top_up(self) -> None:
+        if self.strategy.synchronous and self._in_flight:
+            return
+        want = self.config.concurrency - len(self._in_flight)
+        idle = [i for i in range(len(self._clients)) if i not in self._busy]
+        if want <= 0 or not idle:
+            return
+        chosen = self._pick_rng.choice(idle, size=min(want, len(idle)), replace=False)
+        start = self._clock()
+        messages, jobs = [], []
+        for client in (int(c) for c in chosen):
+            version = self.versions.acquire()
+            seq = self._seq
+            self._seq += 1
+            duration = self.delays.job_duration(client) if self.config.clock == "virtual" else 0.0
+            config = dict(self.train_config)
+            config["model-version"] = version
+            config["job-seed"] = int(np.random.SeedSequence([self.config.seed, 4, seq]).generate_state(1)[0] >> 1)
+            content = RecordDict({"arrays": self.versions.record(version), "config": ConfigRecord(config)})
+            messages.append(
+                Message(
+                    content,
+                    dst_node_id=self._clients[client],
+                    message_type=MessageType.TRAIN,
+                    ttl=self.config.job_timeout,
+                )
+            )
+            jobs.append(Job("", self._clients[client], client, version, start, start + duration, seq, 0.0))
+        message_ids = list(self.grid.push_messages(messages))
+        sent = time.monotonic()
+        for job, message_id in zip(jobs, message_ids):
+            job.message_id, job.sent_wall = message_id, sent
+            self._in_flight[message_id] = job
+            self._busy.add(job.client)
+        for job in jobs[len(message_ids) :]:  # refused by the SuperLink
+            self.versions.release(job.version)
+            self.stats.reject("push-refused")
+        self.stats.dispatched += len(message_ids)
+
+    # -------------------------------------------------------------- receive
+    def _pull(self) -> int:
+        waiting = [mid for mid in self._in_flight if mid not in self._inbox]
+        if not waiting:
+            return 0
+        got = 0
+        for reply in self.grid.pull_messages(waiting):
+            reply_to = reply.metadata.reply_to_message_id
+            if reply_to in self._in_flight:
+                self._inbox[reply_to] = reply
+                got += 1
+        return got
+
+    def _next_completion(self) -> tuple[Job, Message | None]:
+        """Block until the next job to accept is known; ``None`` reply = lost."""
+        while True:
+            got = self._pull()
+            picked = self._pick_ready()
+            if picked is not None:
+                self._poll_sleep = 0.001
+                return picked
+            if not got:
+                time.sleep(self._poll_sleep)
+                self._poll_sleep = min(self._poll_sleep * 2, 0.05)
+
+    def _pick_ready(self) -> tuple[Job, Message | None] | None:
+        now_wall = time.monotonic()
+        if self.config.clock == "virtual":
+            head = min(self._in_flight.values(), key=lambda j: (j.finish, j.seq))
+            if head.message_id in self._inbox:
+                return head, self._inbox.pop(head.message_id)
+            if now_wall - head.sent_wall > self.config.job_timeout:
+                return head, None
+            return None
+        for message_id, reply in self._inbox.items():  # wall: first pulled, first accepted
+            job = self._in_flight[message_id]
+            job.finish = self._clock()
+            del self._inbox[message_id]
+            return job, reply
+        for job in self._in_flight.values():
+            if now_wall - job.sent_wall > self.config.job_timeout:
+                job.finish = self._clock()
+                return job, None
+        return None
+
+    # ---------------------------------------------------------------- accept
+    def _complete(self, job: Job, reply: Message | None) -> None:
+        started = time.perf_counter()
+        del self._in_flight[job.message_id]
+        self._busy.discard(job.client)
+        try:
+            arrival = self._to_arrival(job, reply)
+            if arrival is not None:
+                new_model = self.strategy.on_arrival(arrival, self.versions.current)
+                self._accepted(arrival, new_model)
+        finally:
+            self.versions.release(job.version)
+        if self.strategy.synchronous and not self._in_flight:
+            new_model = self.strategy.on_round_end(self.versions.current)
+            if new_model is not None:
+                self.versions.advance(new_model)
+        self.stats.server_seconds += time.perf_counter() - started
+
+    def _to_arrival(self, job: Job, reply: Message | None) -> Arrival | None:
+        if reply is None:
+            log.warning("job %s to client %d lost (no reply in %.0fs)", job.seq, job.client, self.config.job_timeout)
+            self.stats.reject("lost")
+            return None
+        if reply.has_error():
+            log.warning("client %d replied with error: %s", job.client, reply.error.reason)
+            self.stats.reject("error-reply")
+            return None
+        content = reply.content
+        if "arrays" not in content.array_records:
+            log.warning("client %d reply lacks 'arrays'; rejected", job.client)
+            self.stats.reject("no-arrays")
+            return None
+        try:
+            weights = self.codec.decode(content.array_records["arrays"])
+        except MalformedUpdate as exc:
+            log.warning("client %d reply rejected: %s", job.client, exc)
+            self.stats.reject(exc.reason)
+            return None
+        metrics = content.metric_records.get("metrics")
+        num_examples = int(metrics.get("num-examples", 0)) if metrics is not None else 0
+        train_loss = float(metrics.get("train-loss", float("nan"))) if metrics is not None else float("nan")
+        return Arrival(
+            client_index=job.client,
+            base_version=job.version,
+            staleness=self.versions.version - job.version,
+            weights=weights,
+            base=self.versions.model(job.version),
+            num_examples=num_examples,
+            train_loss=train_loss,
+            time=job.finish,
+        )
+
+    def _accepted(self, arrival: Arrival, new_model: np.ndarray | None) -> None:
+        self.stats.arrivals += 1
+        self.stats.staleness.append(arrival.staleness)
+        if new_model is not None:
+            if not np.isfinite(new_model).all():
+                raise FloatingPointError(f"strategy produced a non-finite model after arrival {self.stats.arrivals}")
+            self.versions.advance(new_model)
+
+    # ------------------------------------------------------------- evaluate
+    def _evaluate_until(self, clock: float) -> None:
+        """Evaluate the model in effect at every scheduled point ``<= clock``."""
+        while self._next_eval <= clock:
+            self._record_evaluation(self._next_eval)
+            self._next_eval += self.config.eval_every
+
+    def _final_evaluation(self) -> None:
+        if not self.stats.evaluations or self.stats.evaluations[-1]["time"] < self._now:
+            self._record_evaluation(self._now)
+
+    def _record_evaluation(self, at: float) -> None:
+        version = self.versions.version
+        if self._last_eval is None or self._last_eval[0] != version:
+            loss, accuracy = self.evaluate_fn(self.versions.current)
+            self._last_eval = (version, loss, accuracy)
+        _, loss, accuracy = self._last_eval
+        row = {
+            "time": round(at, 6),
+            "server_version": version,
+            "arrivals": self.stats.arrivals,
+            "rejected": self.stats.rejected_total,
+            "accuracy": round(accuracy, 6),
+            "loss": round(loss, 6),
+        }
+        self.stats.evaluations.append(row)
+        if self.recorder is not None:
+            self.recorder.on_evaluation(row)
+
+    def _abandon_in_flight(self) -> None:
+        for job in list(self._in_flight.values()):
+            self.versions.release(job.version)
+        self._in_flight.clear()
+        self._inbox.clear()
+
+    # -------------------------------------------------------------- summary
+    @property
+    def clients(self) -> list[int]:
+        """Node id of each client index, in the deterministic client order."""
+        return list(self._clients)
+
+    @property
+    def now(self) -> float:
+        """The clock at the last accepted event."""
+        return self._now
+
+    @property
+    def global_model(self) -> np.ndarray:
+        """The current global model (flat)."""
+        return self.versions.current

@@ -1,0 +1,35 @@
+"""Centralised evaluation of flat global models on the server-held test split."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from asyncfl.client_app.training import evaluate, pick_device
+from asyncfl.server_app.codec import ModelCodec
+
+
+def state_as_numpy(model: torch.nn.Module) -> "OrderedDict[str, np.ndarray]":
+    """A model's ``state_dict`` as numpy arrays (CPU)."""
+    return OrderedDict((k, v.detach().cpu().numpy()) for k, v in model.state_dict().items())
+
+
+class CentralEvaluator:
+    """Loads a flat vector into a reusable torch model and scores it on ``(x, y)``."""
+
+    def __init__(self, model: torch.nn.Module, codec: ModelCodec, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
+        self.device = pick_device()
+        self.model = model.to(self.device)
+        self.codec = codec
+        self.x, self.y = x, y
+        self.batch_size = batch_size
+
+    def __call__(self, flat: np.ndarray) -> tuple[float, float]:
+        state = OrderedDict()
+        for i, name in enumerate(self.codec.names):
+            piece = flat[self.codec.offsets[i] : self.codec.offsets[i + 1]].reshape(self.codec.shapes[i])
+            state[name] = torch.from_numpy(np.ascontiguousarray(piece).astype(self.codec.dtypes[i]))
+        self.model.load_state_dict(state)
+        return evaluate(self.model, self.x, self.y, self.batch_size, self.device)

@@ -1,0 +1,135 @@
+"""Results of a run, written as they come: config.json, metrics.csv, summary.json, accuracy.png.
+
+``metrics.csv`` holds only clock-derived columns, so two runs with the same
+seed produce byte-identical files; wall-clock figures go to ``timing.csv`` and
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("asyncfl.recorder")
+
+METRIC_COLUMNS = ["time", "server_version", "arrivals", "rejected", "accuracy", "loss"]
+
+
+def time_to_targets(rows: list[dict], targets: tuple[float, ...]) -> dict[str, float | None]:
+    """First clock time at which accuracy reached each target (``None`` if never)."""
+    out: dict[str, float | None] = {}
+    for target in targets:
+        out[f"{target:g}"] = next((row["time"] for row in rows if row["accuracy"] >= target), None)
+    return out
+
+
+def staleness_histogram(staleness: list[int]) -> dict[str, int]:
+    """``{tau: count}`` with string keys (JSON)."""
+    values, counts = np.unique(np.asarray(staleness, dtype=np.int64), return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+class RunRecorder:
+    """Writes a run's folder incrementally and draws a progress line."""
+
+    def __init__(self, folder: Path, config: dict, targets: tuple[float, ...], progress: bool,
+                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.targets = targets
+        self.progress = progress
+        self.max_arrivals = max_arrivals
+        self.max_time = max_time
+        self.rows: list[dict] = []
+        self.wall_start = time.monotonic()
+        self._last_progress = 0.0
+        self._last_plot = time.monotonic()
+        self._plot_every_s = plot_every_s
+        #: Set by the ServerApp: builds the current summary, rewritten after every evaluation.
+        self.summary_source = None
+        (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        with open(folder / "metrics.csv", "w", newline="") as handle:
+            csv.writer(handle).writerow(METRIC_COLUMNS)
+        with open(folder / "timing.csv", "w", newline="") as handle:
+            csv.writer(handle).writerow(["time", "arrivals", "wall_seconds"])
+
+    def on_evaluation(self, row: dict) -> None:
+        self.rows.append(row)
+        with open(self.folder / "metrics.csv", "a", newline="") as handle:
+            csv.writer(handle).writerow([row[c] for c in METRIC_COLUMNS])
+        with open(self.folder / "timing.csv", "a", newline="") as handle:
+            csv.writer(handle).writerow([row["time"], row["arrivals"], round(time.monotonic() - self.wall_start, 3)])
+        log.info("t=%.2f version=%d arrivals=%d accuracy=%.4f loss=%.4f", row["time"], row["server_version"],
+                 row["arrivals"], row["accuracy"], row["loss"])
+        if self.summary_source is not None:
+            self.write_summary(self.summary_source())
+        if time.monotonic() - self._last_plot > self._plot_every_s:
+            self.plot()
+
+    def on_progress(self, clock: float, arrivals: int) -> None:
+        if not self.progress or time.monotonic() - self._last_progress < 2.0:
+            return
+        self._last_progress = time.monotonic()
+        fraction = max(arrivals / self.max_arrivals if self.max_arrivals else 0.0,
+                       clock / self.max_time if self.max_time else 0.0)
+        filled = int(round(min(fraction, 1.0) * 30))
+        best = max((r["accuracy"] for r in self.rows), default=0.0)
+        log.info("[%s%s] %3.0f%% | virtual t=%.1f | arrivals=%d | best acc=%.3f | %.0fs",
+                 "#" * filled, "." * (30 - filled), 100 * min(fraction, 1.0), clock, arrivals, best,
+                 time.monotonic() - self.wall_start)
+
+    def write_summary(self, summary: dict) -> None:
+        """Write ``summary.json`` (atomically, so a reader never sees half a file)."""
+        tmp = self.folder / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.folder / "summary.json")
+
+    def plot(self) -> None:
+        """Draw accuracy vs. clock time into ``accuracy.png``."""
+        self._last_plot = time.monotonic()
+        if not self.rows:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["time"] for r in self.rows], [r["accuracy"] for r in self.rows], marker=".")
+        ax.set_xlabel("time")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(self.folder.name)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(self.folder / "accuracy.png", dpi=100)
+        plt.close(fig)
+
+    def summary(self, strategy: str, stats, versions: int, extra: dict, clock: float) -> dict:
+        """The summary.json contents from the engine's counters."""
+        accuracies = [r["accuracy"] for r in self.rows]
+        staleness = stats.staleness
+        arrivals = max(stats.arrivals, 1)
+        return {
+            "strategy": strategy,
+            "final-accuracy": accuracies[-1] if accuracies else None,
+            "best-accuracy": max(accuracies) if accuracies else None,
+            "final-loss": self.rows[-1]["loss"] if self.rows else None,
+            "time-to-target": time_to_targets(self.rows, self.targets),
+            "final-time": round(clock, 6),
+            "arrivals": stats.arrivals,
+            "dispatched": stats.dispatched,
+            "server-versions": versions,
+            "rejected-updates": stats.rejected_total,
+            "rejected-by-reason": dict(sorted(stats.rejected.items())),
+            "staleness-mean": float(np.mean(staleness)) if staleness else 0.0,
+            "staleness-max": int(max(staleness)) if staleness else 0,
+            "staleness-histogram": staleness_histogram(staleness) if staleness else {},
+            "server-ms-per-arrival": round(1000.0 * stats.server_seconds / arrivals, 4),
+            "wall-seconds": round(time.monotonic() - self.wall_start, 3),
+            **extra,
+        }

@@ -1,0 +1,1 @@
+"""Simulation: delay models, scenario presets, comparison of runs."""

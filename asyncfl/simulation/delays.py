@@ -1,0 +1,152 @@
+"""Client delay models for the virtual clock.
+
+A job's duration is ``download + train + upload`` (FedRevive paper, Appendix D).
+Each component has a distribution whose *mean is persistent per client*: it is
+drawn once from a discrete mixture of speed tiers ``{(p_k, mu_k)}`` and then
+every job of that client samples around it. A single tier ``mu`` gives all
+clients the same mean.
+
+Distributions (``spread`` is the distribution's second parameter):
+
+* ``constant``: always the mean.
+* ``uniform``: ``U[max(0, mu - spread), mu + spread]`` (``spread`` = half-width).
+* ``exponential``: mean ``mu``.
+* ``lognormal``: mean ``mu``, log-space sigma ``spread``.
+* ``pareto``: classic Pareto with shape ``spread > 1``, scaled to mean ``mu``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DISTRIBUTIONS = ("constant", "uniform", "exponential", "lognormal", "pareto")
+COMPONENTS = ("download", "train", "upload")
+
+
+@dataclass(frozen=True)
+class ComponentDelay:
+    """One delay component: a distribution and the speed tiers of its per-client mean.
+
+    Parameters
+    ----------
+    distribution : str
+        One of :data:`DISTRIBUTIONS`.
+    tiers : tuple of (probability, mean)
+        Mixture the per-client mean is drawn from; probabilities sum to 1.
+    spread : float
+        Half-width (uniform), sigma (lognormal) or shape (pareto); unused otherwise.
+    """
+
+    distribution: str
+    tiers: tuple[tuple[float, float], ...]
+    spread: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"unknown delay distribution {self.distribution!r}; valid: {', '.join(DISTRIBUTIONS)}")
+        if not self.tiers:
+            raise ValueError("a delay component needs at least one tier (probability, mean)")
+        probabilities = [p for p, _ in self.tiers]
+        if any(p < 0 for p in probabilities) or abs(sum(probabilities) - 1.0) > 1e-6:
+            raise ValueError(f"tier probabilities must be >= 0 and sum to 1, got {probabilities}")
+        if any(mean < 0 for _, mean in self.tiers):
+            raise ValueError(f"tier means must be >= 0, got {[m for _, m in self.tiers]}")
+        if self.distribution == "pareto" and self.spread <= 1.0:
+            raise ValueError(f"pareto delays need a shape (spread) > 1 for a finite mean, got {self.spread}")
+        if self.distribution in ("uniform", "lognormal") and self.spread < 0:
+            raise ValueError(f"{self.distribution} delays need spread >= 0, got {self.spread}")
+
+    def draw_mean(self, rng: np.random.Generator) -> float:
+        """Draw one client's persistent mean from the tiers."""
+        probabilities = np.array([p for p, _ in self.tiers])
+        index = rng.choice(len(self.tiers), p=probabilities / probabilities.sum())
+        return float(self.tiers[index][1])
+
+    def sample(self, mean: float, rng: np.random.Generator) -> float:
+        """Sample one duration around a client's ``mean``."""
+        if mean == 0.0 or self.distribution == "constant":
+            return mean
+        if self.distribution == "uniform":
+            return float(rng.uniform(max(0.0, mean - self.spread), mean + self.spread))
+        if self.distribution == "exponential":
+            return float(rng.exponential(mean))
+        if self.distribution == "lognormal":
+            mu = np.log(mean) - 0.5 * self.spread**2
+            return float(rng.lognormal(mu, self.spread))
+        shape = self.spread  # pareto: x_m * shape / (shape - 1) = mean
+        scale = mean * (shape - 1.0) / shape
+        return float(scale * (1.0 + rng.pareto(shape)))
+
+
+@dataclass(frozen=True)
+class DelayModel:
+    """The three components of a job's duration."""
+
+    download: ComponentDelay
+    train: ComponentDelay
+    upload: ComponentDelay
+
+    def components(self) -> tuple[tuple[str, ComponentDelay], ...]:
+        return (("download", self.download), ("train", self.train), ("upload", self.upload))
+
+
+@dataclass(frozen=True)
+class ClientProfile:
+    """One client's persistent mean per component."""
+
+    download: float
+    train: float
+    upload: float
+
+
+class DelaySampler:
+    """Seeded per-client profiles and per-job durations.
+
+    Profiles depend only on ``(seed, client index)`` and job durations on
+    ``(seed, client index, job number of that client)``, so the schedule does
+    not depend on the order in which other clients are sampled.
+    """
+
+    def __init__(self, model: DelayModel, seed: int) -> None:
+        self.model = model
+        self.seed = seed
+        self._profiles: dict[int, ClientProfile] = {}
+        self._jobs_done: dict[int, int] = {}
+
+    def profile(self, client: int) -> ClientProfile:
+        """The persistent means of ``client``."""
+        if client not in self._profiles:
+            rng = np.random.default_rng([self.seed, 1, client])
+            means = {name: comp.draw_mean(rng) for name, comp in self.model.components()}
+            self._profiles[client] = ClientProfile(**means)
+        return self._profiles[client]
+
+    def job_duration(self, client: int) -> float:
+        """Duration of the next job of ``client``: download + train + upload."""
+        job = self._jobs_done.get(client, 0)
+        self._jobs_done[client] = job + 1
+        rng = np.random.default_rng([self.seed, 2, client, job])
+        profile = self.profile(client)
+        return sum(comp.sample(getattr(profile, name), rng) for name, comp in self.model.components())
+
+
+def parse_tiers(text: str) -> tuple[tuple[float, float], ...]:
+    """Parse ``"0.25:1.0,0.5:1.3,0.25:1.6"`` (probability:mean pairs) or a single mean ``"0.1"``."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty delay tiers; write a mean like '0.1' or pairs like '0.5:0.15,0.5:0.25'")
+    try:
+        if ":" not in text:
+            return ((1.0, float(text)),)
+        pairs = []
+        for item in text.split(","):
+            probability, mean = item.split(":")
+            pairs.append((float(probability), float(mean)))
+        return tuple(pairs)
+    except ValueError as exc:
+        raise ValueError(
+            f"cannot parse delay tiers {text!r}; write a mean like '0.1' or probability:mean pairs like "
+            "'0.5:0.15,0.5:0.25'"
+        ) from exc

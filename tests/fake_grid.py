@@ -1,0 +1,74 @@
+"""A fake Grid: replies are computed at push time and released in a chosen physical order.
+
+It follows the Grid contract the engine relies on: ``push_messages`` returns
+one id per accepted message, ``pull_messages`` is destructive and returns only
+replies that are already "back".
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
+
+Handler = Callable[[int, Message], Message | None]
+
+
+class FakeGrid:
+    """Nodes ``1..num_nodes``; ``handler(node_id, message)`` builds a reply or ``None`` (lost).
+
+    ``release`` decides which replies each pull returns: it gets the list of
+    waiting message ids in push order and returns those to deliver now.
+    """
+
+    def __init__(self, num_nodes: int, handler: Handler, release=None, partition_ids: bool = True) -> None:
+        self.nodes = list(range(101, 101 + num_nodes))
+        self.handler = handler
+        self.release = release or (lambda waiting: waiting)
+        self.partition_ids = partition_ids
+        self._ids = itertools.count()
+        self._waiting: dict[str, Message] = {}
+        self.pushed: list[Message] = []
+        self.pull_calls = 0
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            message_id = f"m{next(self._ids)}"
+            message.metadata.__dict__["_message_id"] = message_id
+            self.pushed.append(message)
+            node = message.metadata.dst_node_id
+            if message.metadata.message_type == "query":
+                reply = self._identify(node, message)
+            else:
+                reply = self.handler(node, message)
+            if reply is not None:
+                reply.metadata.__dict__["_src_node_id"] = node
+                self._waiting[message_id] = reply
+            ids.append(message_id)
+        return ids
+
+    def _identify(self, node: int, message: Message) -> Message:
+        if not self.partition_ids:
+            return Message(Error(code=0, reason="no query handler"), reply_to=message)
+        from flwr.app import ConfigRecord
+
+        return Message(RecordDict({"config": ConfigRecord({"partition-id": self.nodes.index(node)})}), reply_to=message)
+
+    def pull_messages(self, message_ids):
+        self.pull_calls += 1
+        wanted = [mid for mid in self._waiting if mid in set(message_ids)]
+        out = []
+        for mid in self.release(wanted):
+            out.append(self._waiting.pop(mid))
+        return out
+
+
+def trained_reply(message: Message, arrays: ArrayRecord, num_examples: int = 10, loss: float = 0.5) -> Message:
+    """A well-formed train reply carrying ``arrays``."""
+    content = RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": num_examples, "train-loss": loss})})
+    return Message(content, reply_to=message)

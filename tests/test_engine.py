@@ -1,0 +1,224 @@
+"""Engine behaviour against a fake Grid: ordering, failures, exact buffering, determinism."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Error, Message
+
+from asyncfl.config import EngineConfig
+from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.engine import AsyncEngine
+from asyncfl.simulation.delays import ComponentDelay, DelayModel
+from asyncfl.simulation.presets import DELAY_PRESETS
+from asyncfl.strategies import FedAvg, FedBuff, Strategy
+from tests.fake_grid import FakeGrid, trained_reply
+
+CODEC = ModelCodec.from_state(OrderedDict(w=np.zeros(2, np.float32), b=np.zeros(1, np.float32)))
+FIXED = DelayModel(
+    download=ComponentDelay("constant", ((1.0, 0.0),)),
+    train=ComponentDelay("constant", ((1.0, 1.0),)),
+    upload=ComponentDelay("constant", ((1.0, 0.0),)),
+)
+
+
+def engine_config(**overrides) -> EngineConfig:
+    base = dict(
+        clock="virtual", concurrency=3, max_arrivals=6, max_virtual_time=0.0, eval_every=1.0,
+        target_accuracy=(), job_timeout=5.0, wait_for_nodes=0.0, seed=7, delay_preset="custom",
+        delays=FIXED, eval_batch_size=10, progress=False,
+    )
+    base.update(overrides)
+    return EngineConfig(**base)
+
+
+def plus_one(node, message):
+    """Each client returns the received model + 1 everywhere."""
+    received = message.content.array_records["arrays"]
+    flat = CODEC.decode(received) + 1.0
+    return trained_reply(message, CODEC.to_record(flat))
+
+
+class Recording(Strategy):
+    """Records arrivals and applies nothing."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_arrival(self, arrival, current):
+        self.seen.append((arrival.time, arrival.client_index, arrival.staleness))
+        return None
+
+
+def make_engine(grid, strategy, **overrides):
+    return AsyncEngine(grid, strategy, CODEC, np.zeros(3, np.float32), engine_config(**overrides), {}, lambda m: (0.0, float(m[0])))
+
+
+def test_virtual_order_ignores_reversed_physical_order():
+    # Prepare: heterogeneous constant train times per client; the grid returns newest first.
+    tiers = ComponentDelay("uniform", ((0.5, 1.0), (0.5, 3.0)), spread=0.5)
+    delays = DelayModel(FIXED.download, tiers, FIXED.upload)
+    forward = make_engine(FakeGrid(6, plus_one), Recording(), delays=delays, max_arrivals=12)
+    backward = make_engine(FakeGrid(6, plus_one, release=lambda w: list(reversed(w))[:1]), Recording(), delays=delays, max_arrivals=12)
+    # Execute
+    forward.run()
+    backward.run()
+    # Assert: accepted strictly by virtual time, identically in both physical orders
+    times = [t for t, _, _ in forward.strategy.seen]
+    assert times == sorted(times)
+    assert forward.strategy.seen == backward.strategy.seen
+
+
+def test_ties_are_broken_by_dispatch_order():
+    strategy = Recording()
+    engine = make_engine(FakeGrid(3, plus_one, release=lambda w: list(reversed(w))), strategy, max_arrivals=3)
+    engine.run()
+    dispatched = [m.metadata.dst_node_id for m in engine.grid.pushed if m.metadata.message_type == "train"][:3]
+    accepted_nodes = [engine._clients[c] for _, c, _ in strategy.seen]
+    assert accepted_nodes == dispatched
+    assert [t for t, _, _ in strategy.seen] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 100])
+def test_fedbuff_aggregates_exactly_b_however_replies_are_batched(batch):
+    strategy = FedBuff(buffer_size=4, server_lr=1.0)
+    grid = FakeGrid(8, plus_one, release=lambda w: w[:batch])
+    engine = make_engine(grid, strategy, concurrency=5, max_arrivals=12)
+    engine.run()
+    # Every model update consumed exactly 4 arrivals: 12 arrivals -> versions 3.
+    assert strategy.aggregations == 3
+    assert engine.versions.version == 3
+    assert strategy.buffered == 0
+
+
+def test_error_replies_are_counted_and_the_slot_is_reused():
+    calls = {"n": 0}
+
+    def flaky(node, message):
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            return Message(Error(code=1, reason="client crashed"), reply_to=message)
+        return plus_one(node, message)
+
+    engine = make_engine(FakeGrid(4, flaky), Recording(), max_arrivals=6)
+    stats = engine.run()
+    assert stats.arrivals == 6
+    assert stats.rejected["error-reply"] >= 2
+    assert not engine._in_flight
+
+
+def test_lost_replies_time_out_and_the_run_finishes():
+    lost_nodes = {101}
+
+    def sometimes_silent(node, message):
+        return None if node in lost_nodes else plus_one(node, message)
+
+    engine = make_engine(FakeGrid(4, sometimes_silent), Recording(), max_arrivals=5, job_timeout=0.05)
+    stats = engine.run()
+    assert stats.arrivals == 5
+    assert stats.rejected["lost"] >= 1
+
+
+@pytest.mark.parametrize(
+    "bad_record, reason",
+    [
+        (ArrayRecord(OrderedDict(w=Array(np.zeros(3, np.float32)), b=Array(np.zeros(1, np.float32)))), "wrong-shape"),
+        (ArrayRecord(OrderedDict(w=Array(np.array([np.nan, 0], np.float32)), b=Array(np.zeros(1, np.float32)))), "non-finite"),
+        (ArrayRecord(OrderedDict(w=Array(np.zeros(2, np.float32)))), "wrong-layout"),
+    ],
+)
+def test_malformed_updates_are_rejected_never_aggregated(bad_record, reason):
+    def bad_from_node_101(node, message):
+        if node == 101:
+            return trained_reply(message, bad_record)
+        return plus_one(node, message)
+
+    strategy = FedBuff(buffer_size=1, server_lr=1.0)
+    engine = make_engine(FakeGrid(3, bad_from_node_101), strategy, max_arrivals=6)
+    stats = engine.run()
+    assert stats.rejected[reason] >= 1
+    assert np.isfinite(engine.global_model).all()
+    # Each accepted FedBuff(B=1) step adds exactly +1 (client = base + 1).
+    assert np.allclose(engine.global_model, 6.0)
+
+
+def test_reply_without_arrays_is_rejected():
+    from flwr.app import MetricRecord, RecordDict
+
+    def no_arrays(node, message):
+        if node == 102:
+            return Message(RecordDict({"metrics": MetricRecord({"num-examples": 1})}), reply_to=message)
+        return plus_one(node, message)
+
+    engine = make_engine(FakeGrid(3, no_arrays), Recording(), max_arrivals=4)
+    assert engine.run().rejected["no-arrays"] >= 1
+
+
+def test_staleness_is_versions_since_dispatch():
+    strategy = FedBuff(buffer_size=1)
+    seen = []
+    original = strategy.on_arrival
+
+    def spy(arrival, current):
+        seen.append(arrival.staleness)
+        return original(arrival, current)
+
+    strategy.on_arrival = spy
+    engine = make_engine(FakeGrid(3, plus_one), strategy, concurrency=3, max_arrivals=3)
+    engine.run()
+    # Three jobs dispatched at version 0 finish together; each accepted update advances the version.
+    assert seen == [0, 1, 2]
+
+
+def test_synchronous_fedavg_waits_for_the_slowest_job():
+    tiers = ComponentDelay("constant", ((0.5, 1.0), (0.5, 4.0)))
+    delays = DelayModel(FIXED.download, tiers, FIXED.upload)
+    strategy = FedAvg(server_lr=1.0)
+    engine = make_engine(FakeGrid(4, plus_one), strategy, delays=delays, concurrency=4, max_arrivals=8)
+    engine.run()
+    assert strategy.rounds == 2
+    assert np.allclose(engine.global_model, 2.0)
+    # Each round lasts as long as its slowest client.
+    profiles = [engine.delays.profile(c).train for c in range(4)]
+    assert engine.now == pytest.approx(2 * max(profiles))
+
+
+def test_version_store_keeps_only_versions_in_use():
+    engine = make_engine(FakeGrid(10, plus_one), FedBuff(buffer_size=1), concurrency=4, max_arrivals=40,
+                         delays=DELAY_PRESETS["fedrevive-default"])
+    engine.run()
+    assert engine.versions.peak_versions <= 4 + 1
+    assert engine.versions.stored == 1
+
+
+def test_same_seed_same_evaluations_different_seed_differs():
+    def run(seed):
+        engine = make_engine(FakeGrid(6, plus_one, release=lambda w: w[::-1][:2]), FedBuff(buffer_size=2, server_lr=0.5),
+                             seed=seed, delays=DELAY_PRESETS["fedrevive-default"], max_arrivals=20)
+        engine.run()
+        return engine.stats.evaluations, engine.stats.staleness
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+def test_max_virtual_time_stops_at_the_limit():
+    engine = make_engine(FakeGrid(3, plus_one), FedBuff(buffer_size=1), max_arrivals=0, max_virtual_time=2.5, concurrency=1)
+    stats = engine.run()
+    assert stats.arrivals == 2
+    assert engine.now == 2.5
+    assert [row["time"] for row in stats.evaluations] == [0.0, 1.0, 2.0, 2.5]
+
+
+def test_nodes_without_query_handler_still_train():
+    engine = make_engine(FakeGrid(3, plus_one, partition_ids=False), FedBuff(buffer_size=1), max_arrivals=3)
+    assert engine.run().arrivals == 3
+
+
+def test_wall_clock_accepts_in_pull_order():
+    strategy = Recording()
+    engine = make_engine(FakeGrid(3, plus_one, release=lambda w: list(reversed(w))), strategy, clock="wall", max_arrivals=3)
+    engine.run()
+    accepted_nodes = [engine._clients[c] for _, c, _ in strategy.seen]
+    pushed = [m.metadata.dst_node_id for m in engine.grid.pushed if m.metadata.message_type == "train"][:3]
+    assert accepted_nodes == list(reversed(pushed))
