@@ -49,6 +49,36 @@ def _wait_for_port(port: int, process: subprocess.Popen, timeout: float) -> None
     raise RuntimeError(f"flower-superlink did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
 
 
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (Linux ``/proc``), children first.
+
+    The SuperLink starts a SuperExec in a session of its own, which starts the
+    simulation and Ray; stopping only the SuperLink's process group would leave
+    them running.
+    """
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 class LocalSuperLink:
     """A simulation SuperLink on loopback, stopped by PID on exit."""
 
@@ -79,14 +109,18 @@ class LocalSuperLink:
         return env
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            # The SuperLink leads its own session: stop it and its simulation children.
-            os.killpg(self.process.pid, signal.SIGTERM)
+        if self.process is not None:
+            family = descendants(self.process.pid)
+            _signal_all(family + [self.process.pid], signal.SIGTERM)
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.kill()
                 self.process.wait()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in family):
+                time.sleep(0.2)
+            _signal_all([p for p in family if Path(f"/proc/{p}").exists()], signal.SIGKILL)
         self._log.close()
         for db in self.flwr_home.glob(f"state-{self.port}.db*"):
             db.unlink(missing_ok=True)
@@ -121,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--out", type=Path, default=Path("comparison.png"), help="plot file (default: comparison.png)")
     compare.add_argument("--target", type=float, default=None, help="common target accuracy for time-to-target")
     args = parser.parse_args(argv)
+    # SIGTERM (e.g. a test timeout) unwinds like Ctrl-C, so the SuperLink is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.command == "run":
         if args.num_supernodes < 1:
             parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")

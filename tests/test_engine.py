@@ -222,3 +222,13 @@ def test_wall_clock_accepts_in_pull_order():
     accepted_nodes = [engine._clients[c] for _, c, _ in strategy.seen]
     pushed = [m.metadata.dst_node_id for m in engine.grid.pushed if m.metadata.message_type == "train"][:3]
     assert accepted_nodes == list(reversed(pushed))
+
+
+def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
+    def broken(node, message):
+        return Message(Error(code=1, reason="Traceback ...\nRuntimeError: broken model"), reply_to=message)
+
+    engine = make_engine(FakeGrid(3, broken), Recording(), max_arrivals=5)
+    with pytest.raises(RuntimeError, match="all failed"):
+        engine.run()
+    assert engine.stats.rejected["error-reply"] == 5 * 3 + 10

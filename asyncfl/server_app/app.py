@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def main(grid: Grid, context: Context) -> None:
         summary = recorder.summary_source()
         summary["peak-stored-versions"] = engine.versions.peak_versions
         summary["clients"] = len(engine.clients)
+        summary["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         recorder.write_summary(summary)
         recorder.plot()
     log.info("asyncfl: done: final accuracy %.4f after %d arrivals (%s)", summary["final-accuracy"] or 0.0,

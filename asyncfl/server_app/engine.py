@@ -147,6 +147,7 @@ class AsyncEngine:
         self._last_eval: tuple[int, float, float] | None = None
         self._seq = 0
         self._poll_sleep = 0.001
+        self._failures_in_a_row = 0
 
     # ----------------------------------------------------------------- setup
     def discover_clients(self) -> list[int]:
@@ -207,6 +208,7 @@ class AsyncEngine:
             if not self._in_flight:
                 raise RuntimeError("no job could be dispatched (no idle client)")
             job, reply = self._next_completion()
+            self._check_not_all_failing()
             if self.config.max_virtual_time and job.finish > self.config.max_virtual_time:
                 self._now = self.config.max_virtual_time
                 self._evaluate_until(self._now)
@@ -219,6 +221,15 @@ class AsyncEngine:
         self._final_evaluation()
         self._abandon_in_flight()
         return self.stats
+
+    def _check_not_all_failing(self) -> None:
+        """Abort when every one of many consecutive jobs failed: a broken ClientApp, not bad luck."""
+        limit = 5 * self.config.concurrency + 10
+        if self._failures_in_a_row >= limit:
+            raise RuntimeError(
+                f"the last {limit} jobs all failed (rejected: {dict(self.stats.rejected)}); "
+                "check the ClientApp logs: the run cannot make progress"
+            )
 
     def _should_stop(self) -> bool:
         max_arrivals = self.config.max_arrivals
@@ -321,6 +332,7 @@ class AsyncEngine:
         self._busy.discard(job.client)
         try:
             arrival = self._to_arrival(job, reply)
+            self._failures_in_a_row = 0 if arrival is not None else self._failures_in_a_row + 1
             if arrival is not None:
                 new_model = self.strategy.on_arrival(arrival, self.versions.current)
                 self._accepted(arrival, new_model)
@@ -338,7 +350,8 @@ class AsyncEngine:
             self.stats.reject("lost")
             return None
         if reply.has_error():
-            log.warning("client %d replied with error: %s", job.client, reply.error.reason)
+            reason = (reply.error.reason or "").strip().splitlines()
+            log.warning("client %d replied with error: %s", job.client, reason[-1][:300] if reason else "?")
             self.stats.reject("error-reply")
             return None
         content = reply.content

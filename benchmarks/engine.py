@@ -1,0 +1,179 @@
+"""Engine benchmark (not a test): how close the Flower path gets to bare local training.
+
+Measures, in one run on this machine:
+
+(a) local-training throughput of the CNN in-process, one thread per worker:
+    the ideal jobs/s of ``workers`` Ray workers;
+(b) the async engine's accepted arrivals/s in a real Flower simulation with the
+    same training (``flwr run`` through ``asyncfl run``), steady state, and the
+    ratio b / (a * workers);
+(c) server milliseconds per arrival of each strategy (decode + validate +
+    strategy + re-encode), in-process with instant replies, CNN-sized model;
+(d) peak server memory and arrivals/s in a Flower simulation with 1000 clients
+    and 100 jobs in flight (the FedRevive paper's setting), light training.
+
+Usage: ``.venv/bin/python benchmarks/engine.py [--quick]``; writes
+``benchmarks/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from asyncfl.client_app.training import train_local  # noqa: E402
+from asyncfl.config import EngineConfig  # noqa: E402
+from asyncfl.data import load_dataset, partition_indices  # noqa: E402
+from asyncfl.models import build_model  # noqa: E402
+from asyncfl.server_app.codec import ModelCodec  # noqa: E402
+from asyncfl.server_app.engine import AsyncEngine  # noqa: E402
+from asyncfl.server_app.evaluation import state_as_numpy  # noqa: E402
+from asyncfl.simulation.presets import DELAY_PRESETS  # noqa: E402
+from asyncfl.strategies import build_strategy  # noqa: E402
+
+
+def ideal_jobs_per_second(jobs: int) -> float:
+    """(a) Jobs/s of one thread doing exactly the ClientApp's training (25 Adam steps, batch 32)."""
+    torch.set_num_threads(1)
+    data = load_dataset("mnist5k", "", 0.2, 42)
+    rows = partition_indices(data.y_train, 0, 50, "dirichlet", 0.5, 2, 42)
+    model = build_model("cnn", data.input_shape, data.num_classes, seed=0)
+    train_local(model, data.x_train[rows], data.y_train[rows], steps=25, epochs=0, batch_size=32, optimizer="adam", lr=1e-3)
+    start = time.perf_counter()
+    for job in range(jobs):
+        train_local(model, data.x_train[rows], data.y_train[rows], steps=25, epochs=0, batch_size=32,
+                    optimizer="adam", lr=1e-3, seed=job)
+    return jobs / (time.perf_counter() - start)
+
+
+def flower_run(tag: str, supernodes: int, overrides: str, out: Path) -> dict:
+    """Run ``asyncfl run`` and return its summary plus steady-state arrivals/s from timing.csv."""
+    command = [sys.executable, "-m", "asyncfl.cli", "run", "--app", str(ROOT), "--num-supernodes", str(supernodes),
+               "-c", f"{overrides} output-dir='{out}' run-name='{tag}' progress=false"]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1200)
+    total = time.perf_counter() - started
+    summary = json.loads((out / tag / "summary.json").read_text())
+    with open(out / tag / "timing.csv") as handle:
+        timing = [(int(r["arrivals"]), float(r["wall_seconds"])) for r in csv.DictReader(handle)]
+    # Steady state: from the first evaluation with arrivals > 10% of the total to the last one.
+    total_arrivals = timing[-1][0]
+    first = next(t for t in timing if t[0] >= 0.1 * total_arrivals)
+    steady = (total_arrivals - first[0]) / max(timing[-1][1] - first[1], 1e-9)
+    return {"summary": summary, "steady-arrivals-per-s": steady, "process-seconds": total}
+
+
+class InstantGrid:
+    """Replies at once with base + small noise: measures the server's own cost."""
+
+    def __init__(self, num_nodes: int) -> None:
+        from flwr.app import Message, MetricRecord, RecordDict
+
+        self._Message, self._MetricRecord, self._RecordDict = Message, MetricRecord, RecordDict
+        self.nodes = list(range(1, num_nodes + 1))
+        self.waiting = {}
+        self.count = 0
+        self.rng = np.random.default_rng(0)
+
+    def get_node_ids(self):
+        return self.nodes
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            self.count += 1
+            mid = str(self.count)
+            message.metadata.__dict__["_message_id"] = mid
+            if message.metadata.message_type == "train":
+                arrays = message.content.array_records["arrays"]
+                content = self._RecordDict({"arrays": arrays, "metrics": self._MetricRecord({"num-examples": 80, "train-loss": 0.1})})
+                self.waiting[mid] = self._Message(content, reply_to=message)
+            else:
+                from flwr.app import Error
+
+                self.waiting[mid] = self._Message(Error(code=0, reason="no query"), reply_to=message)
+            self.waiting[mid].metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.waiting.pop(i) for i in list(ids) if i in self.waiting]
+
+
+def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
+    """(c) Server ms per arrival for each strategy, CNN-sized model, 10 in flight."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    model = build_model("cnn", (1, 28, 28), 10, seed=0)
+    state = state_as_numpy(model)
+    codec = ModelCodec.from_state(state)
+    params = {"fedavg": {"server_lr": 1.0}, "fedasync": {"alpha": 0.6, "staleness": "polynomial", "a": 0.5, "b": 4.0},
+              "fedbuff": {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"},
+              "afl-dw": {"server_lr": 0.5, "beta": "cosine", "tau_max": 150.0, "beta_constant": 0.5}}
+    out = {}
+    for name, p in params.items():
+        config = EngineConfig("virtual", 10, arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",
+                              DELAY_PRESETS["fedrevive-default"], 500, False)
+        engine = AsyncEngine(InstantGrid(50), build_strategy(name, p), codec, codec.flatten(list(state.values())),
+                             config, {}, lambda m: (0.0, 0.0))
+        stats = engine.run()
+        out[name] = 1000 * stats.server_seconds / stats.arrivals
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer arrivals (a smoke run of the benchmark)")
+    args = parser.parse_args()
+    workers = 2  # Ray workers: one CPU each on this 2-core machine
+    arrivals = 60 if args.quick else 200
+    results: dict = {"machine": {"cpus": torch.get_num_threads(), "torch": torch.__version__}}
+
+    ideal = ideal_jobs_per_second(10 if args.quick else 30)
+    results["a-ideal-jobs-per-s-per-worker"] = ideal
+    print(f"(a) ideal: {ideal:.2f} jobs/s per thread -> {ideal * workers:.2f} jobs/s for {workers} workers")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = flower_run("bench-cnn", 50, f"max-arrivals={arrivals} concurrency=10 eval-every=1000.0", Path(tmp))
+    ratio = run["steady-arrivals-per-s"] / (ideal * workers)
+    results["b-flower-arrivals-per-s"] = run["steady-arrivals-per-s"]
+    results["b-ratio"] = ratio
+    results["b-process-seconds"] = run["process-seconds"]
+    print(f"(b) flower simulation: {run['steady-arrivals-per-s']:.2f} arrivals/s steady; ratio b/(a*workers) = {ratio:.3f}")
+
+    results["c-server-ms-per-arrival"] = server_ms_per_arrival(200 if args.quick else 1000)
+    for name, ms in results["c-server-ms-per-arrival"].items():
+        print(f"(c) {name:<9} {ms:.3f} ms per arrival (CNN, 421k parameters)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        large = flower_run("bench-1000", 1000, f"max-arrivals={arrivals * 2} concurrency=100 partitioning='iid' "
+                                                "local-steps=1 eval-every=1000.0", Path(tmp))
+    results["d-1000-clients"] = {
+        "arrivals-per-s": large["steady-arrivals-per-s"],
+        "server-peak-rss-mb": large["summary"].get("server-peak-rss-mb"),
+        "peak-stored-versions": large["summary"].get("peak-stored-versions"),
+        "server-ms-per-arrival": large["summary"].get("server-ms-per-arrival"),
+        "process-seconds": large["process-seconds"],
+    }
+    print(f"(d) 1000 clients, 100 in flight: {large['steady-arrivals-per-s']:.2f} arrivals/s, server peak RSS "
+          f"{results['d-1000-clients']['server-peak-rss-mb']} MB, peak stored versions "
+          f"{results['d-1000-clients']['peak-stored-versions']}")
+    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Run-config parsing: defaults from pyproject parse; bad values name the valid ones."""
+
+from pathlib import Path
+
+import pytest
+from flwr.common.config import flatten_dict, get_project_config
+
+from asyncfl.config import ConfigError, parse_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def defaults(**overrides):
+    cfg = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
+    cfg.update(overrides)
+    return cfg
+
+
+def test_pyproject_defaults_parse():
+    cfg = parse_run_config(defaults())
+    assert cfg.strategy == "fedbuff"
+    assert cfg.strategy_params["buffer_size"] == 5
+    assert cfg.engine.delay_preset == "fedrevive-default"
+    assert cfg.engine.target_accuracy == (0.8, 0.9)
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("strategy", "fedprox", "fedavg, fedasync, fedbuff, afl-dw"),
+        ("dataset", "imagenet", "mnist5k, digits"),
+        ("model", "vgg", "cnn, lenet5, resnet18, mlp"),
+        ("delay-model", "slow", "fedrevive-default, fedrevive-shifted"),
+        ("clock", "lunar", "virtual, wall"),
+        ("partitioning", "zipf", "dirichlet, iid, shards"),
+        ("fedbuff.buffer-size", 0, "buffer-size"),
+        ("concurrency", 0, "concurrency"),
+        ("target-accuracy", "high", "comma-separated"),
+        ("optimizer", "lion", "sgd, adam"),
+    ],
+)
+def test_bad_values_are_rejected_with_valid_choices(key, value, message):
+    cfg = defaults(**{key: value})
+    if key == "fedbuff.buffer-size":
+        cfg["strategy"] = "fedbuff"
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config(cfg)
+
+
+def test_custom_delay_model_is_parsed():
+    cfg = parse_run_config(defaults(**{"delay-model": "custom", "delay.train.distribution": "lognormal",
+                                       "delay.train.tiers": "0.5:1,0.5:3", "delay.train.spread": 0.4}))
+    assert cfg.engine.delays.train.distribution == "lognormal"
+    assert cfg.engine.delays.train.tiers == ((0.5, 1.0), (0.5, 3.0))
+
+
+def test_bad_custom_delay_names_the_component():
+    with pytest.raises(ConfigError, match="delay.upload"):
+        parse_run_config(defaults(**{"delay-model": "custom", "delay.upload.distribution": "weibull"}))
+
+
+def test_run_must_be_able_to_stop():
+    with pytest.raises(ConfigError, match="never stops"):
+        parse_run_config(defaults(**{"max-arrivals": 0, "max-virtual-time": 0.0}))
+
+
+def test_missing_key_is_reported():
+    cfg = defaults()
+    del cfg["lr"]
+    with pytest.raises(ConfigError, match="'lr'"):
+        parse_run_config(cfg)

@@ -1,0 +1,105 @@
+"""Datasets (embedded and on-disk readers on small files we write) and partitioning."""
+
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+from asyncfl.data import load_dataset, partition_indices
+from asyncfl.data.readers import DatasetNotFoundError
+
+
+def test_mnist5k_ships_and_is_split_per_class():
+    data = load_dataset("mnist5k", "", 0.2, 0)
+    assert data.x_train.shape == (4000, 1, 28, 28) and data.x_test.shape == (1000, 1, 28, 28)
+    assert data.num_classes == 10
+    assert np.bincount(data.y_test).tolist() == [100] * 10
+    assert abs(float(data.x_train.mean())) < 1e-3
+
+
+def test_digits_ships():
+    data = load_dataset("digits", "", 0.2, 0)
+    assert data.input_shape == (1, 8, 8) and data.num_classes == 10
+
+
+def test_unknown_dataset_names_valid_ones():
+    with pytest.raises(ValueError, match="mnist5k, digits, mnist"):
+        load_dataset("imagenet")
+
+
+def test_missing_files_say_where_we_looked(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match=str(tmp_path)):
+        load_dataset("cifar10", str(tmp_path))
+
+
+def _write_idx(path, array, magic):
+    with gzip.open(path, "wb") as handle:
+        handle.write(struct.pack(">II", magic, len(array)))
+        if magic == 2051:
+            handle.write(struct.pack(">II", *array.shape[1:]))
+        handle.write(array.astype(np.uint8).tobytes())
+
+
+def test_mnist_idx_reader(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (20, 28, 28))
+    labels = np.arange(20) % 10
+    _write_idx(raw / "train-images-idx3-ubyte.gz", images, 2051)
+    _write_idx(raw / "train-labels-idx1-ubyte.gz", labels, 2049)
+    _write_idx(raw / "t10k-images-idx3-ubyte.gz", images[:10], 2051)
+    _write_idx(raw / "t10k-labels-idx1-ubyte.gz", labels[:10], 2049)
+    data = load_dataset("mnist", str(tmp_path))
+    assert data.x_train.shape == (20, 1, 28, 28) and data.y_test.tolist() == list(range(10))
+
+
+def test_cifar10_pickle_reader(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 255, (4, 3072), dtype=np.uint8), b"labels": [0, 1, 2, 9]}
+        with open(folder / name, "wb") as handle:
+            pickle.dump(batch, handle)
+    data = load_dataset("cifar10", str(tmp_path))
+    assert data.x_train.shape == (20, 3, 32, 32) and data.num_classes == 10
+
+
+def test_svhn_mat_reader(tmp_path):
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(0)
+    for name, n in (("train_32x32.mat", 6), ("test_32x32.mat", 3)):
+        savemat(tmp_path / name, {"X": rng.integers(0, 255, (32, 32, 3, n), dtype=np.uint8),
+                                  "y": np.array([[10], [1], [2], [3], [4], [5]][:n])})
+    data = load_dataset("svhn", str(tmp_path))
+    assert data.x_train.shape == (6, 3, 32, 32)
+    assert data.y_train[0] == 0  # SVHN stores digit 0 as label 10
+
+
+@pytest.mark.parametrize("kind", ["dirichlet", "iid", "shards"])
+def test_partitions_are_disjoint_seeded_and_cover(kind):
+    labels = np.repeat(np.arange(10), 100)
+    parts = [partition_indices(labels, i, 10, kind, 0.5, 2, seed=1) for i in range(10)]
+    again = [partition_indices(labels, i, 10, kind, 0.5, 2, seed=1) for i in range(10)]
+    flat = np.concatenate(parts)
+    assert len(flat) == len(set(flat.tolist()))
+    assert all((a == b).all() for a, b in zip(parts, again))
+    if kind != "shards":
+        assert len(flat) == 1000
+
+
+def test_dirichlet_is_label_skewed_and_iid_is_not():
+    labels = np.repeat(np.arange(10), 100)
+    skewed = partition_indices(labels, 0, 10, "dirichlet", 0.1, 2, seed=3)
+    iid = partition_indices(labels, 0, 10, "iid", 0.1, 2, seed=3)
+    assert np.bincount(labels[skewed], minlength=10).max() > 0.5 * len(skewed)
+    assert np.bincount(labels[iid], minlength=10).max() < 0.3 * len(iid)
+
+
+def test_partition_id_out_of_range():
+    with pytest.raises(ValueError, match="outside"):
+        partition_indices(np.zeros(10, np.int64), 5, 5)

@@ -1,0 +1,52 @@
+"""Model zoo sizes and the local training loop."""
+
+import numpy as np
+import pytest
+import torch
+
+from asyncfl.client_app.training import evaluate, train_local
+from asyncfl.models import build_model, count_parameters
+
+
+def test_cnn_is_femnist_size():
+    assert 400_000 < count_parameters(build_model("cnn", (1, 28, 28), 10)) < 440_000
+
+
+def test_resnet18_cifar_variant_size():
+    assert count_parameters(build_model("resnet18", (3, 32, 32), 10)) == pytest.approx(11.17e6, rel=0.01)
+
+
+def test_model_input_checks():
+    with pytest.raises(ValueError, match="28x28"):
+        build_model("cnn", (1, 8, 8), 10)
+    with pytest.raises(ValueError, match="cnn, lenet5, resnet18, mlp"):
+        build_model("vit", (1, 28, 28), 10)
+
+
+def test_batchnorm_option_adds_running_stats():
+    model = build_model("cnn", (1, 28, 28), 10, batchnorm=True)
+    assert any("running_mean" in k for k in model.state_dict())
+
+
+def _toy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 1, 8, 8)).astype(np.float32)
+    y = (x.reshape(64, -1)[:, 0] > 0).astype(np.int64)
+    return x, y
+
+
+def test_training_reduces_loss_and_is_seeded():
+    x, y = _toy()
+    before = evaluate(build_model("mlp", (1, 8, 8), 2, seed=0), x, y)[0]
+    model_a, model_b = build_model("mlp", (1, 8, 8), 2, seed=0), build_model("mlp", (1, 8, 8), 2, seed=0)
+    train_local(model_a, x, y, steps=30, epochs=0, batch_size=16, optimizer="adam", lr=0.01, seed=5)
+    train_local(model_b, x, y, steps=30, epochs=0, batch_size=16, optimizer="adam", lr=0.01, seed=5)
+    assert evaluate(model_a, x, y)[0] < before
+    for a, b in zip(model_a.state_dict().values(), model_b.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_empty_partition_is_an_error():
+    with pytest.raises(ValueError, match="empty"):
+        train_local(build_model("mlp", (1, 8, 8), 2), np.zeros((0, 1, 8, 8), np.float32), np.zeros(0, np.int64),
+                    steps=1, epochs=0, batch_size=4, optimizer="sgd", lr=0.1)
