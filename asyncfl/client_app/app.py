@@ -44,15 +44,21 @@ def _load(model: torch.nn.Module, record: ArrayRecord) -> None:
     model.load_state_dict(state)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train the received model on this node's partition."""
+def _prepare(msg: Message, context: Context):
+    """Parse the run-config, fetch this node's data and load the received model."""
     _threads(context)
     cfg = parse_run_config(context.run_config)
     partition_id, num_partitions = _node_ids(context)
     data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
     model = node_model(cfg.data, cfg.engine.seed)
     _load(model, msg.content["arrays"])
+    return cfg, data, model
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received model on this node's partition."""
+    cfg, data, model = _prepare(msg, context)
     request = msg.content.config_records.get("config", ConfigRecord())
     knobs = {**cfg.train.to_message_config(), **{k: v for k, v in request.items()}}
     loss = train_local(
@@ -82,12 +88,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy and loss of the received model on this node's test slice."""
-    _threads(context)
-    cfg = parse_run_config(context.run_config)
-    partition_id, num_partitions = _node_ids(context)
-    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
-    model = node_model(cfg.data, cfg.engine.seed)
-    _load(model, msg.content["arrays"])
+    _, data, model = _prepare(msg, context)
     loss, accuracy = evaluate_model(model, data.x_test, data.y_test, device=pick_device())
     metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": loss, "eval-acc": accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
