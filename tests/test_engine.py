@@ -232,3 +232,16 @@ def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
     with pytest.raises(RuntimeError, match="all failed"):
         engine.run()
     assert engine.stats.rejected["error-reply"] == 5 * 3 + 10
+
+
+def test_codec_round_trip_keeps_dtypes_and_values():
+    state = OrderedDict(w=np.arange(6, dtype=np.float32).reshape(2, 3), n=np.array(7, dtype=np.int64))
+    codec = ModelCodec.from_state(state)
+    flat = codec.flatten(list(state.values()))
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7]
+    record = codec.to_record(flat)
+    assert record["n"].numpy().dtype == np.int64 and int(record["n"].numpy()) == 7
+    assert np.array_equal(codec.decode(record), flat)
+    # A float64 reply of the right shape is accepted and cast.
+    as_f64 = ArrayRecord(OrderedDict(w=Array(state["w"].astype(np.float64)), n=Array(state["n"])))
+    assert np.array_equal(codec.decode(as_f64), flat)

@@ -50,3 +50,18 @@ def test_empty_partition_is_an_error():
     with pytest.raises(ValueError, match="empty"):
         train_local(build_model("mlp", (1, 8, 8), 2), np.zeros((0, 1, 8, 8), np.float32), np.zeros(0, np.int64),
                     steps=1, epochs=0, batch_size=4, optimizer="sgd", lr=0.1)
+
+
+def test_central_evaluator_loads_batchnorm_models_from_flat_vectors():
+    from asyncfl.server_app.codec import ModelCodec
+    from asyncfl.server_app.evaluation import CentralEvaluator, state_as_numpy
+
+    model = build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=0)
+    state = state_as_numpy(model)
+    codec = ModelCodec.from_state(state)
+    x = np.zeros((4, 1, 28, 28), np.float32)
+    evaluator = CentralEvaluator(model, codec, x, np.zeros(4, np.int64), batch_size=2)
+    loss, accuracy = evaluator(codec.flatten(list(state.values())))
+    assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
+    record = codec.to_record(codec.flatten(list(state.values())))
+    model.load_state_dict(record.to_torch_state_dict())  # 0-d num_batches_tracked survives the round trip

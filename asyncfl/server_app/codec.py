@@ -21,6 +21,28 @@ class MalformedUpdate(ValueError):
         self.reason = reason
 
 
+def array_view(array: Array) -> np.ndarray:
+    """Read-only numpy view of a Flower ``Array`` without ``np.load``'s header parsing.
+
+    Flower serialises numpy arrays in ``.npy`` format and also stores dtype and
+    shape on the ``Array``; we skip the header and view the payload in place.
+    Other serialisations fall back to ``Array.numpy()``.
+    """
+    data = array.data
+    if array.stype != "numpy.ndarray" or data[:6] != b"\x93NUMPY":
+        return array.numpy()
+    major = data[6]
+    if major == 1:
+        offset = 10 + int.from_bytes(data[8:10], "little")
+    else:
+        offset = 12 + int.from_bytes(data[8:12], "little")
+    header = data[10 if major == 1 else 12 : offset]
+    if b"'fortran_order': True" in header:
+        return array.numpy()
+    dtype = np.dtype(array.dtype)
+    return np.frombuffer(data, dtype=dtype, offset=offset, count=int(np.prod(array.shape))).reshape(array.shape)
+
+
 class ModelCodec:
     """Layout of one model: converts ArrayRecords to flat vectors and back."""
 
@@ -38,17 +60,21 @@ class ModelCodec:
         return cls(list(state), [tuple(a.shape) for a in state.values()], [a.dtype for a in state.values()])
 
     def flatten(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """Concatenate arrays of this layout into one float32 vector."""
-        return np.concatenate([np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays])
+        """Copy arrays of this layout into one new float32 vector (a single copy)."""
+        out = np.empty(self.size, dtype=np.float32)
+        for i, array in enumerate(arrays):
+            out[self.offsets[i] : self.offsets[i + 1]] = np.asarray(array).reshape(-1)
+        return out
 
     def to_record(self, flat: np.ndarray) -> ArrayRecord:
         """An ArrayRecord with this layout's names, shapes and dtypes."""
         items = OrderedDict()
         for i, name in enumerate(self.names):
             piece = flat[self.offsets[i] : self.offsets[i + 1]].reshape(self.shapes[i])
-            if self.dtypes[i] != np.float32:
-                piece = np.rint(piece).astype(self.dtypes[i]) if np.issubdtype(self.dtypes[i], np.integer) else piece.astype(self.dtypes[i])
-            items[name] = Array(np.ascontiguousarray(piece))
+            if np.issubdtype(self.dtypes[i], np.integer):
+                piece = np.rint(piece)
+            # np.array keeps 0-d entries 0-d (np.ascontiguousarray would make them 1-d).
+            items[name] = Array(np.array(piece, dtype=self.dtypes[i], order="C"))
         return ArrayRecord(items)
 
     def decode(self, record: ArrayRecord) -> np.ndarray:
@@ -69,7 +95,7 @@ class ModelCodec:
         arrays = []
         for i, key in enumerate(order):
             try:
-                array = record[key].numpy()
+                array = array_view(record[key])
             except Exception as exc:  # corrupt bytes or unknown serialisation
                 raise MalformedUpdate("undecodable", f"array {key!r}: {exc}") from exc
             if tuple(array.shape) != self.shapes[i]:

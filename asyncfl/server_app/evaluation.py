@@ -30,6 +30,6 @@ class CentralEvaluator:
         state = OrderedDict()
         for i, name in enumerate(self.codec.names):
             piece = flat[self.codec.offsets[i] : self.codec.offsets[i + 1]].reshape(self.codec.shapes[i])
-            state[name] = torch.from_numpy(np.ascontiguousarray(piece).astype(self.codec.dtypes[i]))
+            state[name] = torch.from_numpy(np.array(piece, dtype=self.codec.dtypes[i], order="C"))
         self.model.load_state_dict(state)
         return evaluate(self.model, self.x, self.y, self.batch_size, self.device)
