@@ -140,6 +140,25 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
         return subprocess.call(command, cwd=app_dir, env=env)
 
 
+def resolve_run_config(run_config: list[str]) -> list[str]:
+    """Make TOML file arguments absolute (``flwr run`` is started from the app folder)."""
+    return [str(Path(item).resolve()) if item.endswith(".toml") and Path(item).exists() else item for item in run_config]
+
+
+def check_run_config(app_dir: Path, run_config: list[str]) -> None:
+    """Validate the fused run-config here, before a SuperLink or Ray starts.
+
+    Raises ``ValueError`` (unknown key, bad TOML) or
+    :class:`asyncfl.config.ConfigError` (invalid value), naming what is valid.
+    """
+    from flwr.common.config import get_fused_config_from_dir, parse_config_args
+
+    from asyncfl.config import parse_run_config
+
+    overrides = parse_config_args(run_config) if run_config else {}
+    parse_run_config(get_fused_config_from_dir(app_dir, overrides))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``asyncfl`` console script."""
     parser = argparse.ArgumentParser(prog="asyncfl", description=__doc__.split("\n\n")[0])
@@ -162,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
         if not (args.app / "pyproject.toml").exists():
             parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
-        return run_app(args.app, args.run_config, args.num_supernodes, args.cpus_per_client)
+        run_config = resolve_run_config(args.run_config)
+        try:
+            check_run_config(args.app, run_config)
+        except ValueError as exc:
+            parser.error(f"invalid run-config: {exc}")
+        return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client)
     from asyncfl.simulation.compare import compare_runs
 
     print(compare_runs(args.runs, args.out, args.target))

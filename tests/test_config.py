@@ -69,3 +69,27 @@ def test_missing_key_is_reported():
     del cfg["lr"]
     with pytest.raises(ConfigError, match="'lr'"):
         parse_run_config(cfg)
+
+
+def test_asyncfl_run_rejects_bad_config_before_starting_anything(capsys):
+    from asyncfl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--app", str(ROOT), "-c", "strategy='fedprox'"])
+    assert exit_info.value.code == 2
+    assert "fedavg, fedasync, fedbuff, afl-dw" in capsys.readouterr().err
+
+
+def test_asyncfl_run_rejects_unknown_keys(capsys):
+    from asyncfl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--app", str(ROOT), "-c", "buffer-size=3"])
+    assert "buffer-size" in capsys.readouterr().err
+
+
+def test_scenario_presets_in_conf_are_valid():
+    from asyncfl.cli import check_run_config
+
+    for preset in sorted((ROOT / "conf").glob("*.toml")):
+        check_run_config(ROOT, [str(preset)])

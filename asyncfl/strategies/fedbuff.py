@@ -56,8 +56,13 @@ class FedBuff(Strategy):
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         scale = np.float32(fedbuff_weight(arrival.staleness, self.staleness_weighting))
-        contribution = arrival.delta if scale == 1.0 else scale * arrival.delta
-        self._sum = contribution.copy() if self._sum is None else self._sum + contribution
+        if self._sum is None:
+            self._sum = np.zeros_like(arrival.weights)
+        if scale == 1.0:  # in place, no temporary: the hot path for the default setting
+            self._sum += arrival.weights
+            self._sum -= arrival.base
+        else:
+            self._sum += scale * arrival.delta
         self._count += 1
         if self._count < self.buffer_size:
             return None
