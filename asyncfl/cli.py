@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def flower_bin_dir() -> Path:
+    """Folder of this interpreter's console scripts (``flwr``, ``flower-superlink``)."""
+    return Path(sys.executable).parent
+
+
+def flower_tool(name: str) -> str:
+    """Path of a Flower executable: next to this Python first (an unactivated venv), else on PATH."""
+    found = shutil.which(name, path=str(flower_bin_dir())) or shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name!r} not found next to {sys.executable} nor on PATH; install flwr[simulation]")
+    return found
 
 
 def write_flower_config(flwr_home: Path, port: int) -> None:
@@ -92,7 +106,7 @@ class LocalSuperLink:
         write_flower_config(self.flwr_home, self.port)
         log_path = self.flwr_home / "superlink.log"
         command = [
-            "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+            flower_tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(self.port),
             "--database", str(self.flwr_home / f"state-{self.port}.db"),
         ]
@@ -106,6 +120,8 @@ class LocalSuperLink:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["FLWR_HOME"] = str(self.flwr_home)
+        # The SuperLink starts flower-superexec and flwr-simulation by name.
+        env["PATH"] = f"{flower_bin_dir()}{os.pathsep}{env.get('PATH', '')}"
         return env
 
     def __exit__(self, *exc) -> None:
@@ -131,7 +147,7 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
     app_dir = app_dir.resolve()
     flwr_home = app_dir / ".flwr"
     with LocalSuperLink(app_dir, flwr_home) as link:
-        command = ["flwr", "run", str(app_dir), CONNECTION, "--stream",
+        command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                    "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
         for item in run_config:
             command += ["--run-config", item]

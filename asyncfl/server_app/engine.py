@@ -159,6 +159,9 @@ class AsyncEngine:
         """
         deadline = time.monotonic() + self.config.wait_for_nodes
         nodes = sorted(self.grid.get_node_ids())
+        if len(nodes) < self.config.concurrency and self.config.wait_for_nodes > 0:
+            log.info("%d node(s) connected, concurrency is %d: waiting up to %.0fs (wait-for-nodes) for more",
+                     len(nodes), self.config.concurrency, self.config.wait_for_nodes)
         while len(nodes) < self.config.concurrency and time.monotonic() < deadline:
             time.sleep(0.2)
             nodes = sorted(self.grid.get_node_ids())
