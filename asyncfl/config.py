@@ -18,7 +18,7 @@ from asyncfl.simulation.presets import DELAY_PRESETS
 from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
-STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw")
+STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa")
 CLOCKS = ("virtual", "wall")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -36,6 +36,12 @@ def _choice(key: str, value: str, valid: tuple[str, ...]) -> str:
 def _positive(key: str, value: float, allow_zero: bool = False) -> float:
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+    return value
+
+
+def _at_least_one(key: str, value: int) -> int:
+    if value < 1:
+        raise ConfigError(f"{key}={value} must be >= 1")
     return value
 
 
@@ -170,16 +176,33 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
             "b": _positive("fedasync.b", float(cfg["fedasync.b"]), allow_zero=True),
         }
     if strategy == "fedbuff":
-        buffer_size = int(cfg["fedbuff.buffer-size"])
-        if buffer_size < 1:
-            raise ConfigError(f"fedbuff.buffer-size={buffer_size} must be >= 1")
         return {
-            "buffer_size": buffer_size,
+            "buffer_size": _at_least_one("fedbuff.buffer-size", int(cfg["fedbuff.buffer-size"])),
             "server_lr": _positive("fedbuff.server-lr", float(cfg["fedbuff.server-lr"])),
             "staleness_weighting": _choice(
                 "fedbuff.staleness-weighting", str(cfg["fedbuff.staleness-weighting"]), STALENESS_WEIGHTINGS
             ),
         }
+    if strategy == "ca2fl":
+        return {
+            "buffer_size": _at_least_one("ca2fl.buffer-size", int(cfg["ca2fl.buffer-size"])),
+            "server_lr": _positive("ca2fl.server-lr", float(cfg["ca2fl.server-lr"])),
+        }
+    if strategy == "fadas":
+        beta1, beta2 = float(cfg["fadas.beta1"]), float(cfg["fadas.beta2"])
+        for key, value in (("fadas.beta1", beta1), ("fadas.beta2", beta2)):
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{key}={value} must be in [0, 1)")
+        return {
+            "buffer_size": _at_least_one("fadas.buffer-size", int(cfg["fadas.buffer-size"])),
+            "server_lr": _positive("fadas.server-lr", float(cfg["fadas.server-lr"])),
+            "beta1": beta1,
+            "beta2": beta2,
+            "eps": _positive("fadas.eps", float(cfg["fadas.eps"])),
+            "tau_c": int(_positive("fadas.tau-c", int(cfg["fadas.tau-c"]), allow_zero=True)),
+        }
+    if strategy == "fedfa":
+        return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
     beta_constant = float(cfg["afl-dw.beta-constant"])
     if not 0.0 <= beta_constant <= 1.0:
         raise ConfigError(f"afl-dw.beta-constant={beta_constant} must be in [0, 1]")

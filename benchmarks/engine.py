@@ -136,7 +136,10 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
     codec = ModelCodec.from_state(state)
     params = {"fedavg": {"server_lr": 1.0}, "fedasync": {"alpha": 0.6, "staleness": "polynomial", "a": 0.5, "b": 4.0},
               "fedbuff": {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"},
-              "afl-dw": {"server_lr": 0.5, "beta": "cosine", "tau_max": 150.0, "beta_constant": 0.5}}
+              "afl-dw": {"server_lr": 0.5, "beta": "cosine", "tau_max": 150.0, "beta_constant": 0.5},
+              "ca2fl": {"buffer_size": 5, "server_lr": 1.0},
+              "fadas": {"buffer_size": 5, "server_lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "tau_c": 5},
+              "fedfa": {"queue_size": 10}}
     out = {}
     for name, p in params.items():
         config = EngineConfig("virtual", 10, arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",

@@ -245,3 +245,13 @@ def test_codec_round_trip_keeps_dtypes_and_values():
     # A float64 reply of the right shape is accepted and cast.
     as_f64 = ArrayRecord(OrderedDict(w=Array(state["w"].astype(np.float64)), n=Array(state["n"])))
     assert np.array_equal(codec.decode(as_f64), flat)
+
+
+def test_engine_tells_the_strategy_how_many_clients_there_are():
+    from asyncfl.strategies import CA2FL
+
+    strategy = CA2FL(buffer_size=2)
+    engine = make_engine(FakeGrid(5, plus_one), strategy, max_arrivals=6)
+    engine.run()
+    assert strategy.num_clients == 5
+    assert strategy.aggregations == 3

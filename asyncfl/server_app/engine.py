@@ -205,6 +205,7 @@ class AsyncEngine:
         """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
         if not self._clients:
             self.discover_clients()
+        self.strategy.on_start(len(self._clients))
         self._evaluate_until(0.0)
         while not self._should_stop():
             self._top_up()

@@ -61,6 +61,9 @@ class Strategy(ABC):
     #: reply of the round (accepted or lost).
     synchronous: bool = False
 
+    def on_start(self, num_clients: int) -> None:
+        """Called once by the engine, after client discovery, before the first dispatch."""
+
     @abstractmethod
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         """React to one accepted arrival; return the new global model or ``None``."""

@@ -1,0 +1,82 @@
+"""FADAS: federated adaptive asynchronous optimization.
+
+Wang, Wang, Lu and Chen, ICML 2024, "FADAS: Towards Federated Adaptive
+Asynchronous Optimization". Buffered like FedBuff; the mean of M buffered
+updates ``Delta_t`` drives a server AMSGrad step:
+
+``m <- b1 m + (1 - b1) Delta_t``; ``v <- b2 v + (1 - b2) Delta_t^2``;
+``v_hat <- max(v_hat, v)``; ``x <- x + eta_t m / (sqrt(v_hat) + eps)``
+
+with the delay-adaptive rate ``eta_t = eta`` while the largest staleness in the
+buffer ``tau_max <= tau_c`` and ``eta_t = eta / tau_max`` beyond it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncfl.strategies.base import Arrival, Strategy
+
+
+def delay_adaptive_lr(server_lr: float, tau_max: int, tau_c: int) -> float:
+    """``server_lr`` if ``tau_max <= tau_c`` else ``server_lr / tau_max``."""
+    return server_lr if tau_max <= tau_c else server_lr / tau_max
+
+
+class AMSGrad:
+    """Server-side AMSGrad state over flat vectors (FADAS, Algorithm 1)."""
+
+    def __init__(self, beta1: float, beta2: float, eps: float) -> None:
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self.m: np.ndarray | None = None
+        self.v: np.ndarray | None = None
+        self.v_hat: np.ndarray | None = None
+
+    def direction(self, update: np.ndarray) -> np.ndarray:
+        """Fold ``update`` into the moments and return ``m / (sqrt(v_hat) + eps)``."""
+        if self.m is None:
+            self.m, self.v, self.v_hat = (np.zeros_like(update) for _ in range(3))
+        self.m *= np.float32(self.beta1)
+        self.m += np.float32(1.0 - self.beta1) * update
+        self.v *= np.float32(self.beta2)
+        self.v += np.float32(1.0 - self.beta2) * update * update
+        np.maximum(self.v_hat, self.v, out=self.v_hat)
+        return self.m / (np.sqrt(self.v_hat) + np.float32(self.eps))
+
+
+class FADAS(Strategy):
+    """FADAS (Wang et al., 2024): buffered updates, AMSGrad server step, delay-adaptive rate."""
+
+    def __init__(self, buffer_size: int = 5, server_lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.99,
+                 eps: float = 1e-8, tau_c: int = 5) -> None:
+        if buffer_size < 1:
+            raise ValueError(f"fadas.buffer-size must be >= 1, got {buffer_size}")
+        self.buffer_size = buffer_size
+        self.server_lr = server_lr
+        self.tau_c = tau_c
+        self.optimizer = AMSGrad(beta1, beta2, eps)
+        self._sum: np.ndarray | None = None
+        self._count = 0
+        self._tau_max = 0
+        self.aggregations = 0
+        self.reduced_steps = 0
+
+    def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
+        if self._sum is None:
+            self._sum = np.zeros_like(arrival.weights)
+        self._sum += arrival.weights
+        self._sum -= arrival.base
+        self._tau_max = max(self._tau_max, arrival.staleness)
+        self._count += 1
+        if self._count < self.buffer_size:
+            return None
+        lr = delay_adaptive_lr(self.server_lr, self._tau_max, self.tau_c)
+        self.reduced_steps += lr < self.server_lr
+        new = current + np.float32(lr) * self.optimizer.direction(self._sum / np.float32(self.buffer_size))
+        self._sum[:] = 0.0
+        self._count, self._tau_max = 0, 0
+        self.aggregations += 1
+        return new
+
+    def summary(self) -> dict[str, float | int | str]:
+        return {"aggregations": self.aggregations, "delay-reduced-steps": int(self.reduced_steps)}
