@@ -18,7 +18,7 @@ from asyncfl.simulation.presets import DELAY_PRESETS
 from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
-STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa")
+STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt")
 CLOCKS = ("virtual", "wall")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -200,6 +200,22 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
             "beta2": beta2,
             "eps": _positive("fadas.eps", float(cfg["fadas.eps"])),
             "tau_c": int(_positive("fadas.tau-c", int(cfg["fadas.tau-c"]), allow_zero=True)),
+        }
+    if strategy == "fedadt":
+        fraction = float(cfg["fedadt.server-fraction"])
+        if not 0.0 < fraction < 1.0:
+            raise ConfigError(f"fedadt.server-fraction={fraction} must be in (0, 1)")
+        alpha_min, alpha_max = float(cfg["fedadt.alpha-min"]), float(cfg["fedadt.alpha-max"])
+        if not 0.0 <= alpha_min <= alpha_max <= 1.0:
+            raise ConfigError(f"need 0 <= fedadt.alpha-min ({alpha_min}) <= fedadt.alpha-max ({alpha_max}) <= 1")
+        return {
+            "server_fraction": fraction,
+            "temperature": _positive("fedadt.temperature", float(cfg["fedadt.temperature"])),
+            "alpha_min": alpha_min,
+            "alpha_max": alpha_max,
+            "t_g": _at_least_one("fedadt.t-g", int(cfg["fedadt.t-g"])),
+            "kd_lr": _positive("fedadt.kd-lr", float(cfg["fedadt.kd-lr"])),
+            "kd_batch_size": _at_least_one("fedadt.kd-batch-size", int(cfg["fedadt.kd-batch-size"])),
         }
     if strategy == "fedfa":
         return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}

@@ -18,7 +18,7 @@ from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.evaluation import CentralEvaluator, state_as_numpy
 from asyncfl.server_app.recorder import RunRecorder
-from asyncfl.strategies import build_strategy
+from asyncfl.strategies import StrategyResources, build_strategy
 
 app = ServerApp()
 log = logging.getLogger("asyncfl")
@@ -52,7 +52,13 @@ def main(grid: Grid, context: Context) -> None:
     model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=cfg.engine.seed)
     state = state_as_numpy(model)
     codec = ModelCodec.from_state(state)
-    strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params))
+    resources = StrategyResources(
+        make_model=lambda: build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm),
+        x_train=splits.x_train,
+        y_train=splits.y_train,
+        seed=cfg.engine.seed,
+    )
+    strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
     evaluator = CentralEvaluator(model, codec, splits.x_test, splits.y_test, cfg.engine.eval_batch_size)
 
     folder = run_folder(cfg)

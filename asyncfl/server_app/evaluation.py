@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from asyncfl.client_app.training import evaluate, pick_device
+from asyncfl.models.flat import load_flat
 from asyncfl.server_app.codec import ModelCodec
 
 
@@ -27,9 +28,5 @@ class CentralEvaluator:
         self.batch_size = batch_size
 
     def __call__(self, flat: np.ndarray) -> tuple[float, float]:
-        state = OrderedDict()
-        for i, name in enumerate(self.codec.names):
-            piece = flat[self.codec.offsets[i] : self.codec.offsets[i + 1]].reshape(self.codec.shapes[i])
-            state[name] = torch.from_numpy(np.array(piece, dtype=self.codec.dtypes[i], order="C"))
-        self.model.load_state_dict(state)
+        load_flat(self.model, flat)
         return evaluate(self.model, self.x, self.y, self.batch_size, self.device)

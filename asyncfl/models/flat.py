@@ -1,0 +1,33 @@
+"""Flat float32 vectors <-> torch models, in ``state_dict`` order.
+
+The engine's global model is one vector laid out as the model's
+``state_dict`` (every entry flattened and cast to float32). These helpers let
+server-side methods that need a live network (evaluation, distillation) move
+between the two without knowing Flower's ArrayRecord.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def load_flat(model: nn.Module, flat: np.ndarray) -> nn.Module:
+    """Copy ``flat`` into ``model`` in place (dtypes follow the model's own)."""
+    offset = 0
+    state = model.state_dict()
+    with torch.no_grad():
+        for tensor in state.values():
+            size = tensor.numel()
+            piece = torch.from_numpy(np.asarray(flat[offset : offset + size])).view(tensor.shape)
+            tensor.copy_(piece.round() if not tensor.is_floating_point() else piece)
+            offset += size
+    if offset != flat.size:
+        raise ValueError(f"flat vector has {flat.size} values, the model needs {offset}")
+    return model
+
+
+def model_to_flat(model: nn.Module) -> np.ndarray:
+    """The model's ``state_dict`` as one new float32 vector."""
+    return np.concatenate([t.detach().cpu().reshape(-1).float().numpy() for t in model.state_dict().values()])

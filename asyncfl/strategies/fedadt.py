@@ -1,0 +1,111 @@
+"""FedADT: the newest global model distils into stale client models before mixing.
+
+FedADT paper, Algorithm 2 and Sec. IV. On an arrival with staleness ``tau > 1``
+the current global model (teacher, logits ``z_S``) corrects the client model
+(student, logits ``z_C``) by one pass of knowledge distillation over a small
+labeled server set (0.5% of the training data in the paper):
+
+``L = a(t) * KL(softmax(z_S / T) || softmax(z_C / T)) + (1 - a(t)) * CE(z_C, y)``
+
+with ``T = 3`` and the adaptive weight
+``a(t) = a_min + (a_max - a_min) * min(1, t / T_g)`` (0.2, 0.6, ``T_g = 1000``;
+``t`` is the global timestamp, i.e. the number of arrivals). Then
+``w <- (1 - beta) w + beta w_i`` with ``beta = 1 / sqrt(tau + 1)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.strategies.base import Arrival, Strategy
+
+
+def adaptive_kd_weight(t: int, alpha_min: float, alpha_max: float, t_g: int) -> float:
+    """``a(t) = a_min + (a_max - a_min) * min(1, t / T_g)`` (FedADT, Sec. IV-B)."""
+    return alpha_min + (alpha_max - alpha_min) * min(1.0, t / t_g)
+
+
+def fedadt_beta(tau: int) -> float:
+    """``beta = 1 / sqrt(tau + 1)``."""
+    return 1.0 / math.sqrt(tau + 1.0)
+
+
+def fedadt_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                   alpha: float, temperature: float) -> torch.Tensor:
+    """``alpha * KL(softmax(z_S/T) || softmax(z_C/T)) + (1 - alpha) * CE(z_C, y)``, batch mean."""
+    kl = F.kl_div(F.log_softmax(student_logits / temperature, dim=1), F.softmax(teacher_logits / temperature, dim=1),
+                  reduction="batchmean")
+    return alpha * kl + (1.0 - alpha) * F.cross_entropy(student_logits, labels)
+
+
+@dataclass(frozen=True)
+class ServerSet:
+    """A small labeled set held by the server (FedADT's distillation data)."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+
+class FedADT(Strategy):
+    """FedADT: KD version correction of stale client models, then staleness-weighted mixing.
+
+    Parameters
+    ----------
+    make_model : callable
+        Builds a fresh network of the global model's architecture.
+    server_set : ServerSet
+        Labeled distillation data on the server.
+    """
+
+    def __init__(self, make_model: Callable[[], nn.Module], server_set: ServerSet, temperature: float = 3.0,
+                 alpha_min: float = 0.2, alpha_max: float = 0.6, t_g: int = 1000, kd_lr: float = 0.01,
+                 kd_batch_size: int = 32, seed: int = 0) -> None:
+        if len(server_set.y) == 0:
+            raise ValueError("FedADT needs a non-empty server set (fedadt.server-fraction too small?)")
+        self.teacher, self.student = make_model(), make_model()
+        self.server_set = server_set
+        self.temperature = temperature
+        self.alpha_min, self.alpha_max, self.t_g = alpha_min, alpha_max, t_g
+        self.kd_lr, self.kd_batch_size = kd_lr, kd_batch_size
+        self._x = torch.from_numpy(server_set.x)
+        self._y = torch.from_numpy(server_set.y)
+        self._generator = torch.Generator().manual_seed(seed)
+        self.timestamp = 0
+        self.corrected = 0
+
+    def correct(self, client: np.ndarray, global_model: np.ndarray) -> np.ndarray:
+        """One KD pass over the server set: the global model teaches the client model."""
+        load_flat(self.teacher, global_model).eval()
+        load_flat(self.student, client).train()
+        alpha = adaptive_kd_weight(self.timestamp, self.alpha_min, self.alpha_max, self.t_g)
+        optimizer = torch.optim.SGD(self.student.parameters(), lr=self.kd_lr)
+        order = torch.randperm(len(self._y), generator=self._generator)
+        for start in range(0, len(order), self.kd_batch_size):
+            index = order[start : start + self.kd_batch_size]
+            with torch.no_grad():
+                teacher_logits = self.teacher(self._x[index])
+            loss = fedadt_kd_loss(self.student(self._x[index]), teacher_logits, self._y[index], alpha, self.temperature)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return model_to_flat(self.student)
+
+    def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
+        client = arrival.weights
+        if arrival.staleness > 1:
+            client = self.correct(client, current)
+            self.corrected += 1
+        beta = np.float32(fedadt_beta(arrival.staleness))
+        self.timestamp += 1
+        return (1.0 - beta) * current + beta * client
+
+    def summary(self) -> dict[str, float | int | str]:
+        return {"kd-corrected": self.corrected, "server-set-size": int(len(self.server_set.y))}
