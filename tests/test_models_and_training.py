@@ -60,7 +60,7 @@ def test_central_evaluator_loads_batchnorm_models_from_flat_vectors():
     state = state_as_numpy(model)
     codec = ModelCodec.from_state(state)
     x = np.zeros((4, 1, 28, 28), np.float32)
-    evaluator = CentralEvaluator(model, codec, x, np.zeros(4, np.int64), batch_size=2)
+    evaluator = CentralEvaluator(model, x, np.zeros(4, np.int64), batch_size=2)
     loss, accuracy = evaluator(codec.flatten(list(state.values())))
     assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
     record = codec.to_record(codec.flatten(list(state.values())))

@@ -59,7 +59,7 @@ def main(grid: Grid, context: Context) -> None:
         seed=cfg.engine.seed,
     )
     strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
-    evaluator = CentralEvaluator(model, codec, splits.x_test, splits.y_test, cfg.engine.eval_batch_size)
+    evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size)
 
     folder = run_folder(cfg)
     recorder = RunRecorder(folder, cfg.to_dict(), cfg.engine.target_accuracy, cfg.engine.progress,

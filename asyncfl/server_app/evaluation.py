@@ -9,7 +9,6 @@ import torch
 
 from asyncfl.client_app.training import evaluate, pick_device
 from asyncfl.models.flat import load_flat
-from asyncfl.server_app.codec import ModelCodec
 
 
 def state_as_numpy(model: torch.nn.Module) -> "OrderedDict[str, np.ndarray]":
@@ -20,10 +19,9 @@ def state_as_numpy(model: torch.nn.Module) -> "OrderedDict[str, np.ndarray]":
 class CentralEvaluator:
     """Loads a flat vector into a reusable torch model and scores it on ``(x, y)``."""
 
-    def __init__(self, model: torch.nn.Module, codec: ModelCodec, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
         self.device = pick_device()
         self.model = model.to(self.device)
-        self.codec = codec
         self.x, self.y = x, y
         self.batch_size = batch_size
 
