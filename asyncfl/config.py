@@ -13,12 +13,16 @@ from typing import Any, Mapping
 from asyncfl.data.datasets import DATASETS
 from asyncfl.data.partition import PARTITIONINGS
 from asyncfl.models.zoo import MODELS
+from asyncfl.simulation.categories import RuntimeCategories
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
-from asyncfl.simulation.presets import DELAY_PRESETS
+from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
 from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
-STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt")
+STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho")
+#: FedEcho's unlabeled distillation sets: a cross-dataset set or the server's hold-out rows.
+DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
+_CHANNELS = {"mnist5k": 1, "digits": 1, "mnist": 1, "fashion-mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
 CLOCKS = ("virtual", "wall")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -57,6 +61,7 @@ class DataConfig:
     test_fraction: float
     model: str
     batchnorm: bool
+    server_holdout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ class EngineConfig:
     wait_for_nodes: float
     seed: int
     delay_preset: str
-    delays: DelayModel
+    delays: DelayModel | RuntimeCategories
     eval_batch_size: int
     progress: bool
 
@@ -142,12 +147,15 @@ def _parse_targets(text: str) -> tuple[float, ...]:
     return targets
 
 
-def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel]:
+def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCategories]:
     preset = str(cfg["delay-model"])
     valid = tuple(DELAY_PRESETS) + ("custom",)
     _choice("delay-model", preset, valid)
     if preset != "custom":
-        return preset, DELAY_PRESETS[preset]
+        gamma = float(cfg["delay.gamma"])
+        if not 0.0 <= gamma <= 1.0:
+            raise ConfigError(f"delay.gamma={gamma} must be in [0, 1]")
+        return preset, with_gamma(DELAY_PRESETS[preset], gamma)
     parts = {}
     for component in COMPONENTS:
         prefix = f"delay.{component}"
@@ -217,6 +225,8 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
             "kd_lr": _positive("fedadt.kd-lr", float(cfg["fedadt.kd-lr"])),
             "kd_batch_size": _at_least_one("fedadt.kd-batch-size", int(cfg["fedadt.kd-batch-size"])),
         }
+    if strategy == "fedecho":
+        return _fedecho_params(cfg)
     if strategy == "fedfa":
         return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
     beta_constant = float(cfg["afl-dw.beta-constant"])
@@ -227,6 +237,39 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         "beta": _choice("afl-dw.beta", str(cfg["afl-dw.beta"]), BETA_SCHEDULES),
         "tau_max": _positive("afl-dw.tau-max", float(cfg["afl-dw.tau-max"])),
         "beta_constant": beta_constant,
+    }
+
+
+def _fedecho_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    alpha_min, alpha_max = float(cfg["fedecho.alpha-min"]), float(cfg["fedecho.alpha-max"])
+    if not 0.0 <= alpha_min <= alpha_max <= 1.0:
+        raise ConfigError(f"need 0 <= fedecho.alpha-min ({alpha_min}) <= fedecho.alpha-max ({alpha_max}) <= 1 "
+                          "(equal values give a fixed alpha)")
+    distill_set = _choice("fedecho.distill-set", str(cfg["fedecho.distill-set"]), DISTILL_SETS)
+    dataset = str(cfg["dataset"])
+    if distill_set == "holdout" and not float(cfg["server-holdout"]) > 0.0:
+        raise ConfigError("fedecho.distill-set='holdout' needs server-holdout > 0 (the fraction of the training "
+                          "split the server keeps and the clients never see)")
+    if distill_set == "digits" and _CHANNELS[dataset] != 1:
+        raise ConfigError(f"fedecho.distill-set='digits' is grayscale; dataset {dataset!r} has "
+                          f"{_CHANNELS[dataset]} channels: use cifar10/cifar100 or holdout")
+    if distill_set in ("cifar10", "cifar100") and (_CHANNELS[dataset] != 3 or distill_set == dataset):
+        raise ConfigError(f"fedecho.distill-set={distill_set!r} needs another 3-channel 32x32 dataset "
+                          f"(cifar10, cifar100, svhn), not {dataset!r}")
+    if distill_set == "digits" and dataset == "digits":
+        raise ConfigError("fedecho.distill-set='digits' with dataset 'digits' would distil on the clients' own "
+                          "data: use holdout")
+    return {
+        "buffer_size": _at_least_one("fedecho.buffer-size", int(cfg["fedecho.buffer-size"])),
+        "server_lr": _positive("fedecho.server-lr", float(cfg["fedecho.server-lr"])),
+        "distill_set": distill_set,
+        "distill_size": _at_least_one("fedecho.distill-size", int(cfg["fedecho.distill-size"])),
+        "distill_steps": int(_positive("fedecho.distill-steps", int(cfg["fedecho.distill-steps"]), allow_zero=True)),
+        "distill_batch_size": _at_least_one("fedecho.distill-batch-size", int(cfg["fedecho.distill-batch-size"])),
+        "distill_lr": _positive("fedecho.distill-lr", float(cfg["fedecho.distill-lr"])),
+        "alpha_min": alpha_min,
+        "alpha_max": alpha_max,
+        "clip": _positive("fedecho.clip", float(cfg["fedecho.clip"])),
     }
 
 
@@ -255,7 +298,10 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
         test_fraction=float(cfg["test-fraction"]),
         model=_choice("model", str(cfg["model"]), MODELS),
         batchnorm=bool(cfg["model.batchnorm"]),
+        server_holdout=float(cfg["server-holdout"]),
     )
+    if not 0.0 <= data.server_holdout < 1.0:
+        raise ConfigError(f"server-holdout={data.server_holdout} must be in [0, 1)")
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"test-fraction={data.test_fraction} must be in (0, 1)")
     train = TrainConfig(

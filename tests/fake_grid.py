@@ -22,8 +22,10 @@ class FakeGrid:
     waiting message ids in push order and returns those to deliver now.
     """
 
-    def __init__(self, num_nodes: int, handler: Handler, release=None, partition_ids: bool = True) -> None:
+    def __init__(self, num_nodes: int, handler: Handler, release=None, partition_ids: bool = True,
+                 sizes: list[int] | None = None) -> None:
         self.nodes = list(range(101, 101 + num_nodes))
+        self.sizes = sizes
         self.handler = handler
         self.release = release or (lambda waiting: waiting)
         self.partition_ids = partition_ids
@@ -57,7 +59,10 @@ class FakeGrid:
             return Message(Error(code=0, reason="no query handler"), reply_to=message)
         from flwr.app import ConfigRecord
 
-        return Message(RecordDict({"config": ConfigRecord({"partition-id": self.nodes.index(node)})}), reply_to=message)
+        identity = {"partition-id": self.nodes.index(node)}
+        if self.sizes is not None:
+            identity["num-examples"] = self.sizes[self.nodes.index(node)]
+        return Message(RecordDict({"config": ConfigRecord(identity)}), reply_to=message)
 
     def pull_messages(self, message_ids):
         self.pull_calls += 1

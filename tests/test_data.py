@@ -103,3 +103,20 @@ def test_dirichlet_is_label_skewed_and_iid_is_not():
 def test_partition_id_out_of_range():
     with pytest.raises(ValueError, match="outside"):
         partition_indices(np.zeros(10, np.int64), 5, 5)
+
+
+def test_server_holdout_rows_never_reach_a_client():
+    from dataclasses import replace
+
+    from asyncfl.client_app.task import node_data
+    from asyncfl.config import parse_run_config
+    from asyncfl.data.holdout import holdout_rows
+    from tests.test_config import defaults
+
+    data = replace(parse_run_config(defaults()).data, server_holdout=0.05)
+    splits = load_dataset("mnist5k", "", 0.2, 42)
+    held = splits.x_train[holdout_rows(splits.y_train, 0.05, 42)]
+    seen = np.concatenate([node_data(data, pid, 5, 42).x_train for pid in range(5)])
+    assert len(seen) + len(held) == len(splits.y_train)
+    held_keys = {row.tobytes() for row in held}
+    assert not any(row.tobytes() in held_keys for row in seen)

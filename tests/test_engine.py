@@ -255,3 +255,21 @@ def test_engine_tells_the_strategy_how_many_clients_there_are():
     engine.run()
     assert strategy.num_clients == 5
     assert strategy.aggregations == 3
+
+
+def test_size_tied_runtime_categories_make_the_biggest_clients_slow():
+    # Prepare: 10 clients reporting sizes 10..100; gamma 0 ranks categories by size alone.
+    from asyncfl.simulation.categories import RuntimeCategories
+
+    spec = RuntimeCategories(short=(1.0, 1.0), medium=(3.0, 3.0), long=(50.0, 50.0), gamma=0.0)
+    strategy = Recording()
+    grid = FakeGrid(10, plus_one, sizes=[10 * (i + 1) for i in range(10)])
+    engine = make_engine(grid, strategy, delays=spec, concurrency=10, max_arrivals=10)
+    # Act
+    engine.run()
+    # Assert: the biggest client is the 10% long one, the next three are medium.
+    assert engine.client_sizes == [10 * (i + 1) for i in range(10)]
+    assert list(engine.delays.categories) == [0] * 6 + [1] * 3 + [2]
+    assert engine.delays.counts() == {"short": 6, "medium": 3, "long": 1}
+    assert {client for _, client, _ in strategy.seen} <= set(range(6))  # only short jobs finish by t=2
+    assert [t for t, _, _ in strategy.seen] == [1.0] * 6 + [2.0] * 4

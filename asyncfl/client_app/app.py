@@ -96,7 +96,10 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def identify(msg: Message, context: Context) -> Message:
-    """Report this node's ``partition-id`` so the server can order clients deterministically."""
+    """Report this node's ``partition-id`` (so the server can order clients deterministically)
+    and its training-set size (for delay models tied to data size)."""
     partition_id, num_partitions = _node_ids(context)
-    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    cfg = parse_run_config(context.run_config)
+    size = len(node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed).y_train)
+    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions, "num-examples": size})
     return Message(RecordDict({"config": config}), reply_to=msg)

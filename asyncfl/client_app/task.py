@@ -10,6 +10,7 @@ from torch import nn
 
 from asyncfl.config import DataConfig
 from asyncfl.data import load_dataset, partition_indices
+from asyncfl.data.holdout import client_pool
 from asyncfl.models import build_model
 
 
@@ -26,11 +27,16 @@ class NodeData:
 @lru_cache(maxsize=64)
 def node_data(data: DataConfig, partition_id: int, num_partitions: int, seed: int) -> NodeData:
     """The node's partition of the training set (by ``data.partitioning``) and an
-    IID slice of the test split, for ``evaluate`` requests."""
+    IID slice of the test split, for ``evaluate`` requests.
+
+    Rows the server holds out (``server-holdout``) are never partitioned.
+    """
     splits = load_dataset(data.dataset, data.data_dir, data.test_fraction, seed)
-    rows = partition_indices(
-        splits.y_train, partition_id, num_partitions, data.partitioning, data.dirichlet_alpha, data.shards_per_client, seed
-    )
+    pool = client_pool(splits.y_train, data.server_holdout, seed)
+    rows = pool[partition_indices(
+        splits.y_train[pool], partition_id, num_partitions, data.partitioning, data.dirichlet_alpha,
+        data.shards_per_client, seed,
+    )]
     test_rows = np.array_split(np.random.default_rng(seed).permutation(len(splits.y_test)), num_partitions)[partition_id]
     return NodeData(splits.x_train[rows], splits.y_train[rows], splits.x_test[test_rows], splits.y_test[test_rows])
 

@@ -57,6 +57,8 @@ def main(grid: Grid, context: Context) -> None:
         x_train=splits.x_train,
         y_train=splits.y_train,
         seed=cfg.engine.seed,
+        data_dir=cfg.data.data_dir,
+        server_holdout=cfg.data.server_holdout,
     )
     strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
     evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size)
@@ -78,6 +80,8 @@ def main(grid: Grid, context: Context) -> None:
         summary = recorder.summary_source()
         summary["peak-stored-versions"] = engine.versions.peak_versions
         summary["clients"] = len(engine.clients)
+        if hasattr(engine.delays, "counts"):
+            summary["delay-categories"] = engine.delays.counts()
         summary["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         recorder.write_summary(summary)
         recorder.plot()

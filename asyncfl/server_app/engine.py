@@ -30,7 +30,7 @@ from flwr.common import MessageType
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.versions import VersionStore
-from asyncfl.simulation.delays import DelaySampler
+from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.base import Arrival, Strategy
 
 log = logging.getLogger("asyncfl.engine")
@@ -135,11 +135,12 @@ class AsyncEngine:
         self.evaluate_fn = evaluate_fn
         self.recorder = recorder
         self.stats = EngineStats()
-        self.delays = DelaySampler(config.delays, config.seed)
+        self.delays = delay_sampler(config.delays, config.seed)
         self._pick_rng = np.random.default_rng([config.seed, 3])
         self._in_flight: dict[str, Job] = {}
         self._inbox: dict[str, Message] = {}
         self._clients: list[int] = []  # client index -> node id
+        self.client_sizes: list[int] = []  # client index -> reported training-set size
         self._busy: set[int] = set()
         self._now = 0.0
         self._wall_start = time.monotonic()
@@ -167,15 +168,20 @@ class AsyncEngine:
             nodes = sorted(self.grid.get_node_ids())
         if not nodes:
             raise RuntimeError(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
-        partition_of = self._query_partition_ids(nodes)
+        partition_of, size_of = self._query_identities(nodes)
         known = sorted((pid, node) for node, pid in partition_of.items())
         unknown = sorted(node for node in nodes if node not in partition_of)
         if unknown:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
         self._clients = [node for _, node in known] + unknown
+        # Nodes that do not report their sample count count as median-sized for size-tied delays.
+        reported = [size_of[node] for node in self._clients if node in size_of]
+        fallback = int(np.median(reported)) if reported else 0
+        self.client_sizes = [size_of.get(node, fallback) for node in self._clients]
+        self.delays.bind_clients(self.client_sizes)
         return self._clients
 
-    def _query_partition_ids(self, nodes: list[int]) -> dict[int, int]:
+    def _query_identities(self, nodes: list[int]) -> tuple[dict[int, int], dict[int, int]]:
         messages = [
             Message(
                 RecordDict({"config": ConfigRecord({IDENTIFY_KEY: True})}),
@@ -187,18 +193,22 @@ class AsyncEngine:
         ]
         pending = set(self.grid.push_messages(messages))
         found: dict[int, int] = {}
+        sizes: dict[int, int] = {}
         deadline = time.monotonic() + max(self.config.wait_for_nodes, 30.0)
         while pending and time.monotonic() < deadline:
             for reply in self.grid.pull_messages(list(pending)):
                 pending.discard(reply.metadata.reply_to_message_id)
                 if reply.has_error() or "config" not in reply.content.config_records:
                     continue
-                value = reply.content.config_records["config"].get("partition-id")
+                record = reply.content.config_records["config"]
+                value, size = record.get("partition-id"), record.get("num-examples")
                 if isinstance(value, int):
                     found[reply.metadata.src_node_id] = value
+                if isinstance(size, int):
+                    sizes[reply.metadata.src_node_id] = size
             if pending:
                 time.sleep(0.01)
-        return found
+        return found, sizes
 
     # ------------------------------------------------------------------ loop
     def run(self) -> EngineStats:

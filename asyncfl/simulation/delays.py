@@ -115,6 +115,9 @@ class DelaySampler:
         self._profiles: dict[int, ClientProfile] = {}
         self._jobs_done: dict[int, int] = {}
 
+    def bind_clients(self, sizes: list[int]) -> None:
+        """Client sample counts do not matter to component delays (see ``CategorySampler``)."""
+
     def profile(self, client: int) -> ClientProfile:
         """The persistent means of ``client``."""
         if client not in self._profiles:

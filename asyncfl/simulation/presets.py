@@ -8,13 +8,21 @@ FedRevive paper, verbatim:
   mean from {(0.5, 0.15), (0.5, 0.25)}.
 * shifted: train ~ Exponential with mean 0.1; download constant 0.02; upload ~
   Uniform(mu +- 0.01) with client mean from {(0.5, 0.05), (0.5, 0.10)}.
+
+``fedecho-large`` and ``fedecho-mild`` are Table 1 of the FedEcho paper (units
+of 10 s): runtime categories short U(1, 2), medium U(3, 5), long U(50, 80)
+(large) or U(10, 20) (mild), at most 10% long, assigned from ``gamma`` and the
+clients' sample counts (:mod:`asyncfl.simulation.categories`).
 """
 
 from __future__ import annotations
 
-from asyncfl.simulation.delays import ComponentDelay, DelayModel
+from dataclasses import replace
 
-DELAY_PRESETS: dict[str, DelayModel] = {
+from asyncfl.simulation.categories import CategorySampler, RuntimeCategories
+from asyncfl.simulation.delays import ComponentDelay, DelayModel, DelaySampler
+
+DELAY_PRESETS: dict[str, DelayModel | RuntimeCategories] = {
     "fedrevive-default": DelayModel(
         download=ComponentDelay("constant", ((1.0, 0.1),)),
         train=ComponentDelay("exponential", ((0.25, 1.0), (0.5, 1.3), (0.25, 1.6))),
@@ -30,4 +38,18 @@ DELAY_PRESETS: dict[str, DelayModel] = {
         train=ComponentDelay("constant", ((1.0, 1.0),)),
         upload=ComponentDelay("constant", ((1.0, 0.0),)),
     ),
+    "fedecho-large": RuntimeCategories(short=(1.0, 2.0), medium=(3.0, 5.0), long=(50.0, 80.0)),
+    "fedecho-mild": RuntimeCategories(short=(1.0, 2.0), medium=(3.0, 5.0), long=(10.0, 20.0)),
 }
+
+
+def with_gamma(model: DelayModel | RuntimeCategories, gamma: float) -> DelayModel | RuntimeCategories:
+    """``model`` with its category-assignment ``gamma`` replaced (component models have none)."""
+    return replace(model, gamma=gamma) if isinstance(model, RuntimeCategories) else model
+
+
+def delay_sampler(model: DelayModel | RuntimeCategories, seed: int) -> DelaySampler | CategorySampler:
+    """The seeded per-job duration sampler for ``model``."""
+    if isinstance(model, RuntimeCategories):
+        return CategorySampler(model, seed)
+    return DelaySampler(model, seed)

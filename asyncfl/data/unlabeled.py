@@ -1,0 +1,64 @@
+"""Unlabeled server-side distillation inputs (FedEcho's set U).
+
+FedEcho paper, Sec. 5: U is a dataset without labels that the clients do not
+hold: CIFAR-100 for CIFAR-10 clients (and the reverse), STL10, or diffusion
+samples; 2000 samples by default. The choices here:
+
+* ``digits``: scikit-learn's 8x8 handwritten digits (1,797, ships in the
+  package), bilinearly resized to the clients' input size and standardised on
+  their own statistics: a different-resolution, different-writer set for the
+  28x28 grayscale datasets.
+* ``cifar10`` / ``cifar100``: the other CIFAR's training images, read from
+  ``data-dir`` (the paper's own pairing).
+* ``holdout``: the rows of the training split the server keeps
+  (``server-holdout``), labels dropped; the clients never see them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from asyncfl.data.datasets import load_dataset
+from asyncfl.data.holdout import holdout_rows
+
+
+def _resized_digits(height: int, width: int) -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    images = torch.from_numpy(load_digits().images.astype(np.float32) / 16.0).unsqueeze(1)
+    resized = F.interpolate(images, size=(height, width), mode="bilinear", align_corners=False)
+    resized = (resized - resized.mean()) / (resized.std() + 1e-6)
+    return resized.numpy()
+
+
+def distillation_inputs(kind: str, x_train: np.ndarray, y_train: np.ndarray, size: int, seed: int, *,
+                        data_dir: str = "", holdout_fraction: float = 0.0) -> np.ndarray:
+    """Up to ``size`` unlabeled inputs shaped like the clients' inputs (``x_train``), a seeded subsample.
+
+    Raises
+    ------
+    ValueError
+        When ``kind`` is unknown or does not fit the clients' input shape.
+    """
+    input_shape = tuple(x_train.shape[1:])
+    channels, height, width = input_shape
+    if kind == "digits":
+        if channels != 1:
+            raise ValueError(f"distill-set 'digits' is grayscale; the clients' inputs have {channels} channels")
+        pool = _resized_digits(height, width)
+    elif kind in ("cifar10", "cifar100"):
+        pool = load_dataset(kind, data_dir).x_train
+        if tuple(pool.shape[1:]) != input_shape:
+            raise ValueError(f"distill-set {kind!r} has inputs {pool.shape[1:]}, the clients {input_shape}")
+    elif kind == "holdout":
+        rows = holdout_rows(y_train, holdout_fraction, seed)
+        if len(rows) == 0:
+            raise ValueError("distill-set 'holdout' needs server-holdout > 0")
+        pool = x_train[rows]
+    else:
+        raise ValueError(f"unknown distill-set {kind!r}; valid: digits, cifar10, cifar100, holdout")
+    if len(pool) > size:
+        pool = pool[np.sort(np.random.default_rng([seed, 8]).choice(len(pool), size=size, replace=False))]
+    return np.ascontiguousarray(pool, dtype=np.float32)

@@ -1,0 +1,157 @@
+"""FedEcho: entropy-weighted loss by hand, the logit bank, FedBuff equivalence without distillation,
+and that distillation pulls the global model toward the clients' averaged predictions."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from asyncfl.config import ConfigError
+from asyncfl.data.holdout import client_pool, holdout_rows
+from asyncfl.data.unlabeled import distillation_inputs
+from asyncfl.models import build_model
+from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.strategies import Arrival, FedBuff, StrategyResources, build_strategy
+from asyncfl.strategies.fedecho import (
+    ClientLogitBank,
+    FedEcho,
+    fedecho_distillation_loss,
+    normalised_batch_entropy,
+    uncertainty_weight,
+)
+from tests.test_config import defaults
+
+
+def test_normalised_entropy_is_one_for_uniform_and_near_zero_for_confident():
+    assert normalised_batch_entropy(torch.zeros(4, 10)).item() == pytest.approx(1.0)
+    confident = torch.full((3, 10), -50.0)
+    confident[:, 2] = 50.0
+    assert normalised_batch_entropy(confident).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_alpha_interpolates_between_min_and_max_by_entropy():
+    assert uncertainty_weight(torch.zeros(2, 4), 0.2, 0.8) == pytest.approx(0.8)
+    # Two classes, p = (0.5, 0.5) for one row and one-hot for the other: H_hat = (ln 2 / ln 2 + 0) / 2 = 0.5.
+    logits = torch.tensor([[0.0, 0.0], [60.0, -60.0]])
+    assert uncertainty_weight(logits, 0.2, 0.8) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_distillation_loss_by_hand():
+    student = torch.tensor([[0.0, 0.0]])
+    teacher = torch.tensor([[math.log(3.0), 0.0]])  # p_t = (0.75, 0.25), argmax 0
+    kl = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    ce = math.log(2.0)
+    loss = fedecho_distillation_loss(student, teacher, alpha=0.3)
+    assert loss.item() == pytest.approx(0.3 * kl + 0.7 * ce, rel=1e-5)
+    assert fedecho_distillation_loss(teacher, teacher, alpha=1.0).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_logit_bank_keeps_only_each_clients_latest_logits():
+    bank = ClientLogitBank()
+    bank.store(0, np.full((2, 3), 1.0))
+    bank.store(1, np.full((2, 3), 3.0))
+    bank.store(0, np.full((2, 3), 5.0))  # replaces client 0's first logits
+    assert len(bank) == 2
+    assert np.allclose(bank.mean(), 4.0)
+    assert np.allclose(bank.mean(np.array([1])), [[4.0, 4.0, 4.0]])
+    assert bank.nbytes == 2 * 2 * 3 * 2  # float16
+
+
+def _mlp_setup():
+    make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
+    unlabeled = np.random.default_rng(0).normal(size=(60, 1, 8, 8)).astype(np.float32)
+    global_model = model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=1))
+    clients = [model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=10 + i)) for i in range(4)]
+    return make, unlabeled, global_model, clients
+
+
+def _arrival(client, weights, base, staleness=0):
+    return Arrival(client, 0, staleness, weights, base, 10, 0.1, 0.0)
+
+
+def test_without_distillation_steps_fedecho_is_fedbuff():
+    make, unlabeled, base, clients = _mlp_setup()
+    echo = FedEcho(make, unlabeled, buffer_size=2, server_lr=0.7, distill_steps=0)
+    buff = FedBuff(buffer_size=2, server_lr=0.7)
+    for i, weights in enumerate(clients):
+        a, b = echo.on_arrival(_arrival(i, weights, base), base), buff.on_arrival(_arrival(i, weights, base), base)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert np.allclose(a, b, atol=1e-6)
+    assert echo.aggregations == 2 and len(echo.bank) == 4
+
+
+def test_distillation_moves_the_global_model_toward_the_averaged_client_predictions():
+    make, unlabeled, base, clients = _mlp_setup()
+    echo = FedEcho(make, unlabeled, buffer_size=4, server_lr=1.0, distill_steps=30, distill_lr=0.01,
+                   alpha_min=1.0, alpha_max=1.0, clip=5.0)
+    candidate = base + np.mean([c - base for c in clients], axis=0)
+    for i, weights in enumerate(clients[:3]):
+        assert echo.on_arrival(_arrival(i, weights, base), base) is None
+    new = echo.on_arrival(_arrival(3, clients[3], base), base)
+    teacher = torch.from_numpy(echo.bank.mean())
+
+    def kl(weights):
+        net = load_flat(make(), weights).eval()
+        with torch.no_grad():
+            return fedecho_distillation_loss(net(torch.from_numpy(unlabeled)), teacher, 1.0).item()
+
+    assert kl(new) < 0.5 * kl(candidate)
+    summary = echo.summary()
+    assert summary["mean-alpha"] == pytest.approx(1.0) and summary["logit-clients"] == 4
+
+
+def test_fedecho_is_deterministic_for_a_seed():
+    make, unlabeled, base, clients = _mlp_setup()
+    outputs = []
+    for _ in range(2):
+        echo = FedEcho(make, unlabeled, buffer_size=2, distill_steps=5, distill_batch_size=8, seed=3)
+        echo.on_arrival(_arrival(0, clients[0], base), base)
+        outputs.append(echo.on_arrival(_arrival(1, clients[1], base), base))
+    assert np.array_equal(outputs[0], outputs[1])
+
+
+def test_digits_are_resized_to_the_clients_input_shape_and_subsampled():
+    x_train = np.zeros((5, 1, 28, 28), np.float32)
+    inputs = distillation_inputs("digits", x_train, np.zeros(5, np.int64), size=300, seed=0)
+    assert inputs.shape == (300, 1, 28, 28) and inputs.dtype == np.float32
+    assert abs(float(inputs.mean())) < 0.2  # standardised on its own statistics
+    with pytest.raises(ValueError, match="grayscale"):
+        distillation_inputs("digits", np.zeros((5, 3, 32, 32), np.float32), np.zeros(5, np.int64), 10, 0)
+
+
+def test_holdout_rows_are_never_in_any_client_partition():
+    labels = np.repeat(np.arange(10), 40)
+    held = holdout_rows(labels, 0.1, seed=1)
+    pool = client_pool(labels, 0.1, seed=1)
+    assert len(held) == 40 and np.intersect1d(held, pool).size == 0
+    assert len(held) + len(pool) == len(labels)
+    x = np.arange(len(labels), dtype=np.float32).reshape(-1, 1, 1, 1)
+    inputs = distillation_inputs("holdout", x, labels, size=1000, seed=1, holdout_fraction=0.1)
+    assert set(inputs.ravel().astype(int)) == set(held)
+
+
+def test_build_strategy_makes_fedecho_from_run_config_params():
+    from asyncfl.config import parse_run_config
+
+    cfg = parse_run_config({**defaults(), "strategy": "fedecho", "fedecho.distill-size": 50})
+    rng = np.random.default_rng(0)
+    resources = StrategyResources(lambda: build_model("mlp", (1, 28, 28), 10), rng.normal(size=(20, 1, 28, 28)).astype(np.float32),
+                                  rng.integers(0, 10, 20), seed=0)
+    strategy = build_strategy("fedecho", dict(cfg.strategy_params), resources)
+    assert isinstance(strategy, FedEcho) and strategy.unlabeled.shape == (50, 1, 28, 28)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"fedecho.distill-set": "holdout"}, "server-holdout > 0"),
+    ({"fedecho.distill-set": "digits", "dataset": "cifar10"}, "grayscale"),
+    ({"fedecho.distill-set": "cifar10", "dataset": "cifar10"}, "another 3-channel"),
+    ({"fedecho.alpha-min": 0.9, "fedecho.alpha-max": 0.1}, "alpha-min"),
+    ({"fedecho.distill-set": "stl10"}, "choose one of"),
+])
+def test_bad_fedecho_settings_are_refused_with_the_valid_choices(overrides, message):
+    from asyncfl.config import parse_run_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config({**defaults(), "strategy": "fedecho", **overrides})
