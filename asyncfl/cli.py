@@ -4,140 +4,65 @@
 SuperLink of its own (with runtime dependency installation disabled, so the
 already-installed environment is used), points ``FLWR_HOME`` at a folder the
 project owns, streams the run and stops the SuperLink by PID.
+
+``asyncfl deploy`` runs the same app as a real deployment on this machine: a
+SuperLink and N SuperNode processes over Flower's transport, the engine on the
+wall clock (:mod:`asyncfl.deploy.local`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from asyncfl.deploy.local import write_connection
+from asyncfl.deploy.processes import (
+    FlowerProcess,
+    TlsFiles,
+    flower_env,
+    flower_tool,
+    free_port,
+    superlink_command,
+    wait_for_port,
+)
 
 CONNECTION = "asyncfl-local"
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def flower_bin_dir() -> Path:
-    """Folder of this interpreter's console scripts (``flwr``, ``flower-superlink``)."""
-    return Path(sys.executable).parent
-
-
-def flower_tool(name: str) -> str:
-    """Path of a Flower executable: next to this Python first (an unactivated venv), else on PATH."""
-    found = shutil.which(name, path=str(flower_bin_dir())) or shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(f"{name!r} not found next to {sys.executable} nor on PATH; install flwr[simulation]")
-    return found
-
-
 def write_flower_config(flwr_home: Path, port: int) -> None:
     """Write ``$FLWR_HOME/config.toml`` with one insecure loopback connection."""
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-
-
-def _wait_for_port(port: int, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited early with code {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"flower-superlink did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (Linux ``/proc``), children first.
-
-    The SuperLink starts a SuperExec in a session of its own, which starts the
-    simulation and Ray; stopping only the SuperLink's process group would leave
-    them running.
-    """
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    write_connection(flwr_home, CONNECTION, f"127.0.0.1:{port}")
 
 
 class LocalSuperLink:
-    """A simulation SuperLink on loopback, stopped by PID on exit."""
+    """A simulation SuperLink on loopback, stopped by PID (with all its descendants) on exit."""
 
     def __init__(self, workdir: Path, flwr_home: Path) -> None:
         self.workdir = workdir
         self.flwr_home = flwr_home
         self.port = free_port()
-        self.process: subprocess.Popen | None = None
+        self.process: FlowerProcess | None = None
 
     def __enter__(self) -> "LocalSuperLink":
         write_flower_config(self.flwr_home, self.port)
-        log_path = self.flwr_home / "superlink.log"
-        command = [
-            flower_tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(self.port),
-            "--database", str(self.flwr_home / f"state-{self.port}.db"),
-        ]
-        self._log = open(log_path, "w")
-        self.process = subprocess.Popen(
-            command, cwd=self.workdir, env=self.env(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        _wait_for_port(self.port, self.process, timeout=60.0)
+        command = superlink_command("127.0.0.1", self.port, self.flwr_home / f"state-{self.port}.db", simulation=True)
+        self.process = FlowerProcess(command, self.flwr_home / "superlink.log", self.workdir, self.env()).start()
+        try:
+            wait_for_port("127.0.0.1", self.port, self.process.process, 60.0, "flower-superlink")
+        except BaseException:
+            self.process.stop()
+            raise
         return self
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["FLWR_HOME"] = str(self.flwr_home)
-        # The SuperLink starts flower-superexec and flwr-simulation by name.
-        env["PATH"] = f"{flower_bin_dir()}{os.pathsep}{env.get('PATH', '')}"
-        return env
+        return flower_env(self.flwr_home)
 
     def __exit__(self, *exc) -> None:
         if self.process is not None:
-            family = descendants(self.process.pid)
-            _signal_all(family + [self.process.pid], signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in family):
-                time.sleep(0.2)
-            _signal_all([p for p in family if Path(f"/proc/{p}").exists()], signal.SIGKILL)
-        self._log.close()
+            self.process.stop()
         for db in self.flwr_home.glob(f"state-{self.port}.db*"):
             db.unlink(missing_ok=True)
 
@@ -185,6 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per ClientApp (default: 1)")
     run.add_argument("--run-config", "-c", action="append", default=[],
                      help="run-config overrides, as for flwr run (repeatable), or a TOML file such as conf/x.toml")
+    deploy = commands.add_parser("deploy", help="run the app on a real SuperLink + N SuperNode processes (wall clock)")
+    deploy.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
+    deploy.add_argument("--supernodes", type=int, default=4, help="SuperNode processes, one partition each (default: 4)")
+    deploy.add_argument("--tls", type=Path, default=None,
+                        help="folder with ca.crt, server.pem, server.key (scripts/make-certs.sh) to serve over TLS")
+    deploy.add_argument("--run-config", "-c", action="append", default=[],
+                        help="run-config overrides as key=value (clock='wall' and an absolute output-dir are added)")
+    compose = commands.add_parser("compose", help="write a Docker Compose file for N SuperNodes")
+    compose.add_argument("--supernodes", type=int, default=4, help="SuperNodes, one partition each (default: 4)")
+    compose.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS (certificates/ mounted)")
+    compose.add_argument("--cuda", action="store_true", help="ClientApps from the CUDA image, one GPU each")
+    compose.add_argument("--out", type=Path, default=Path("docker/compose.yml"), help="output file")
     compare = commands.add_parser("compare", help="table and one plot of several run folders")
     compare.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.csv, summary.json)")
     compare.add_argument("--out", type=Path, default=Path("comparison.png"), help="plot file (default: comparison.png)")
@@ -203,10 +140,62 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(f"invalid run-config: {exc}")
         return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client)
+    if args.command == "deploy":
+        return _deploy(parser, args)
+    if args.command == "compose":
+        from asyncfl.deploy.compose import write_compose
+
+        if args.supernodes < 1:
+            parser.error(f"--supernodes must be >= 1, got {args.supernodes}")
+        print(write_compose(args.out, args.supernodes, tls=args.tls, cuda=args.cuda))
+        return 0
     from asyncfl.simulation.compare import compare_runs
 
     print(compare_runs(args.runs, args.out, args.target))
     return 0
+
+
+def deployment_run_config(app_dir: Path, run_config: list[str]) -> list[str]:
+    """Overrides for a deployment: wall clock and an absolute output folder first, the user's after (they win).
+
+    The ServerApp runs in a process started by the SuperLink, from the SuperLink's
+    working directory, so a relative ``output-dir`` would land there.
+    """
+    if any(item.endswith(".toml") for item in run_config):
+        raise ValueError("asyncfl deploy takes key=value overrides only (Flower cannot mix a TOML file with them)")
+    return [f"clock='wall' output-dir='{(app_dir / 'outputs').resolve()}'"] + list(run_config)
+
+
+def _deploy(parser: argparse.ArgumentParser, args) -> int:
+    from asyncfl.deploy.local import LocalDeployment
+
+    if args.supernodes < 1:
+        parser.error(f"--supernodes must be >= 1, got {args.supernodes}")
+    if not (args.app / "pyproject.toml").exists():
+        parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
+    tls = None
+    if args.tls is not None:
+        tls = TlsFiles(args.tls / "ca.crt", args.tls / "server.pem", args.tls / "server.key")
+        missing = [str(p) for p in (tls.ca_cert, tls.server_cert, tls.server_key) if not p.exists()]
+        if missing:
+            parser.error(f"--tls {args.tls}: missing {', '.join(missing)}; create them with scripts/make-certs.sh")
+    try:
+        run_config = deployment_run_config(args.app, args.run_config)
+        check_run_config(args.app, run_config)
+    except ValueError as exc:
+        parser.error(f"invalid run-config: {exc}")
+    with LocalDeployment(args.app, args.supernodes, tls=tls) as deployment:
+        print(f"SuperLink on {deployment.address} (pid {deployment.superlink.pid}); "
+              f"{args.supernodes} SuperNodes; logs in {deployment.workdir}", flush=True)
+        flwr = deployment.submit(run_config)
+        try:
+            for line in flwr.stdout:
+                print(line, end="", flush=True)
+            return flwr.wait()
+        finally:
+            if flwr.poll() is None:
+                flwr.terminate()
+                flwr.wait(timeout=30)
 
 
 if __name__ == "__main__":

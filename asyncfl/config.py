@@ -106,6 +106,7 @@ class EngineConfig:
     delays: DelayModel | RuntimeCategories
     eval_batch_size: int
     progress: bool
+    emulate_delay_scale: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
         delays=delays,
         eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
         progress=bool(cfg["progress"]),
+        emulate_delay_scale=_positive("emulate-delay-scale", float(cfg["emulate-delay-scale"]), allow_zero=True),
     )
     if engine.max_arrivals == 0 and engine.max_virtual_time == 0:
         raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")

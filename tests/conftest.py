@@ -1,7 +1,13 @@
-"""Shared fixtures: Flower's task identity for building Messages outside a run."""
+"""Shared fixtures: Flower's task identity for building Messages outside a run; a private node-data cache."""
+
+import os
+import tempfile
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
+
+# ClientApps started by the tests (also in subprocesses) cache node data here, not in the user's home.
+os.environ.setdefault("ASYNCFL_CACHE_DIR", tempfile.mkdtemp(prefix="asyncfl-test-cache-"))
 
 
 @pytest.fixture(autouse=True)

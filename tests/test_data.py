@@ -120,3 +120,22 @@ def test_server_holdout_rows_never_reach_a_client():
     assert len(seen) + len(held) == len(splits.y_train)
     held_keys = {row.tobytes() for row in held}
     assert not any(row.tobytes() in held_keys for row in seen)
+
+
+def test_node_data_is_cached_on_disk_for_fresh_clientapp_processes(tmp_path, monkeypatch):
+    from asyncfl.client_app import task
+    from asyncfl.config import parse_run_config
+    from tests.test_config import defaults
+
+    monkeypatch.setenv("ASYNCFL_CACHE_DIR", str(tmp_path))
+    data = parse_run_config(defaults()).data
+    task.node_data.cache_clear()
+    first = task.node_data(data, 1, 4, 42)
+    assert len(list(tmp_path.glob("node-*.npz"))) == 1
+    # A new process has an empty lru_cache and must not recompute.
+    task.node_data.cache_clear()
+    monkeypatch.setattr(task, "_compute", lambda *a: pytest.fail("recomputed despite the disk cache"))
+    again = task.node_data(data, 1, 4, 42)
+    assert np.array_equal(first.x_train, again.x_train) and np.array_equal(first.y_test, again.y_test)
+    assert again.input_shape == (1, 28, 28) and again.num_classes == 10
+    task.node_data.cache_clear()

@@ -273,3 +273,55 @@ def test_size_tied_runtime_categories_make_the_biggest_clients_slow():
     assert engine.delays.counts() == {"short": 6, "medium": 3, "long": 1}
     assert {client for _, client, _ in strategy.seen} <= set(range(6))  # only short jobs finish by t=2
     assert [t for t, _, _ in strategy.seen] == [1.0] * 6 + [2.0] * 4
+
+
+def test_wall_clock_gives_work_to_nodes_that_join_and_none_to_nodes_that_left(monkeypatch):
+    import asyncfl.server_app.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "NODE_REFRESH_SECONDS", 0.0)
+    grid = FakeGrid(3, plus_one)
+    later = 104  # joins after the first replies
+    gone = 101   # leaves after the first replies
+
+    def membership_change(waiting):
+        if len(grid.pushed) > 6 and later not in grid.nodes:
+            grid.nodes.remove(gone)
+            grid.nodes.append(later)
+        return waiting
+
+    grid.release = membership_change
+    strategy = Recording()
+    engine = make_engine(grid, strategy, clock="wall", concurrency=2, max_arrivals=12)
+    engine.run()
+    trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
+    first_after_change = next(i for i, m in enumerate(trains) if m.metadata.dst_node_id == later)
+    assert later in engine.clients
+    assert all(m.metadata.dst_node_id != gone for m in trains[first_after_change + 2:])
+
+
+def test_wall_clock_requests_carry_the_emulated_duration():
+    strategy = Recording()
+    grid = FakeGrid(3, plus_one)
+    make_engine(grid, strategy, clock="wall", emulate_delay_scale=0.5, max_arrivals=3).run()
+    seconds = [m.content.config_records["config"]["emulate-seconds"] for m in grid.pushed
+               if m.metadata.message_type == "train"]
+    assert seconds and all(s == pytest.approx(0.5) for s in seconds)  # FIXED delays: 1 time unit each
+
+
+def test_wall_clock_job_on_a_node_that_went_offline_is_lost_without_waiting_for_the_timeout(monkeypatch):
+    import asyncfl.server_app.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "NODE_REFRESH_SECONDS", 0.0)
+    crashed = 102
+
+    def handler(node, message):
+        if node == crashed:
+            grid.nodes.remove(crashed)  # it crashes while training: no reply, and it leaves the SuperLink's list
+            return None
+        return plus_one(node, message)
+
+    grid = FakeGrid(3, handler)
+    engine = make_engine(grid, Recording(), clock="wall", concurrency=3, max_arrivals=6, job_timeout=3600.0)
+    engine.run()
+    assert engine.stats.rejected == {"node-offline": 1}
+    assert engine.stats.arrivals == 6

@@ -9,6 +9,8 @@ send fall back to the run-config.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -50,7 +52,7 @@ def _prepare(msg: Message, context: Context):
     cfg = parse_run_config(context.run_config)
     partition_id, num_partitions = _node_ids(context)
     data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
-    model = node_model(cfg.data, cfg.engine.seed)
+    model = node_model(cfg.data, data, cfg.engine.seed)
     _load(model, msg.content["arrays"])
     return cfg, data, model
 
@@ -58,6 +60,7 @@ def _prepare(msg: Message, context: Context):
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on this node's partition."""
+    started = time.monotonic()
     cfg, data, model = _prepare(msg, context)
     request = msg.content.config_records.get("config", ConfigRecord())
     knobs = {**cfg.train.to_message_config(), **{k: v for k, v in request.items()}}
@@ -76,13 +79,37 @@ def train(msg: Message, context: Context) -> Message:
         device=pick_device(),
     )
     model.cpu()
+    arrays = _apply_fault(str(context.node_config.get("fault", "")), ArrayRecord(model.state_dict()))
     content = RecordDict(
         {
-            "arrays": ArrayRecord(model.state_dict()),
+            "arrays": arrays,
             "metrics": MetricRecord({"num-examples": len(data.y_train), "train-loss": loss}),
         }
     )
+    # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it.
+    time.sleep(max(0.0, float(knobs.get("emulate-seconds", 0.0)) - (time.monotonic() - started)))
     return Message(content, reply_to=msg)
+
+
+FAULTS = ("nan", "wrong-shape", "error")
+
+
+def _apply_fault(fault: str, arrays: ArrayRecord) -> ArrayRecord:
+    """Deployment drills: node-config ``fault=<kind>`` makes this node misbehave on purpose.
+
+    ``nan`` poisons the first tensor, ``wrong-shape`` drops its last element,
+    ``error`` raises (Flower turns it into an error reply). Unset: no change.
+    """
+    if not fault:
+        return arrays
+    if fault not in FAULTS:
+        raise ValueError(f"node-config fault={fault!r} is not valid; choose one of: {', '.join(FAULTS)}")
+    if fault == "error":
+        raise RuntimeError("fault injection: this node was started with node-config fault=error")
+    state = arrays.to_torch_state_dict()
+    first = next(iter(state))
+    state[first] = state[first].clone().float().fill_(float("nan")) if fault == "nan" else state[first].flatten()[:-1]
+    return ArrayRecord(state)
 
 
 @app.evaluate()

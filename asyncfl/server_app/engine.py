@@ -14,6 +14,11 @@ Clocks
     number) order, whatever order they physically come back in.
 ``wall``
     Replies are accepted in the order they are pulled; time is wall seconds.
+    The engine re-reads the SuperLink's online nodes every few seconds: jobs
+    go only to online nodes, and nodes that join mid-run are identified and
+    get work. With ``emulate-delay-scale > 0`` every train request carries
+    ``emulate-seconds`` (the delay model's duration times the scale) and the
+    ClientApp pads its reply to that long, so asynchrony shows on fast hardware.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ EvaluateFn = Callable[[np.ndarray], tuple[float, float]]
 """Maps a flat global model to ``(loss, accuracy)`` on the server's test split."""
 
 IDENTIFY_KEY = "asyncfl-identify"
+NODE_REFRESH_SECONDS = 2.0
 
 
 class GridLike(Protocol):
@@ -71,6 +77,7 @@ class Job:
     finish: float
     seq: int
     sent_wall: float
+    lost_reason: str = "lost"
 
 
 @dataclass
@@ -141,6 +148,7 @@ class AsyncEngine:
         self._inbox: dict[str, Message] = {}
         self._clients: list[int] = []  # client index -> node id
         self.client_sizes: list[int] = []  # client index -> reported training-set size
+        self._size_of: dict[int, int] = {}
         self._busy: set[int] = set()
         self._now = 0.0
         self._wall_start = time.monotonic()
@@ -149,6 +157,8 @@ class AsyncEngine:
         self._seq = 0
         self._poll_sleep = 0.001
         self._failures_in_a_row = 0
+        self._online: set[int] = set()
+        self._online_checked = float("-inf")
 
     # ----------------------------------------------------------------- setup
     def discover_clients(self) -> list[int]:
@@ -168,33 +178,51 @@ class AsyncEngine:
             nodes = sorted(self.grid.get_node_ids())
         if not nodes:
             raise RuntimeError(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
-        partition_of, size_of = self._query_identities(nodes)
+        self._clients, self.client_sizes, self._size_of = [], [], {}
+        self._add_clients(nodes, max(self.config.wait_for_nodes, 30.0))
+        self._online, self._online_checked = set(nodes), time.monotonic()
+        return self._clients
+
+    def _add_clients(self, nodes: list[int], deadline_s: float) -> None:
+        """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
+        partition_of, size_of = self._query_identities(nodes, deadline_s)
         known = sorted((pid, node) for node, pid in partition_of.items())
         unknown = sorted(node for node in nodes if node not in partition_of)
         if unknown:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
-        self._clients = [node for _, node in known] + unknown
+        self._clients += [node for _, node in known] + unknown
+        self._size_of.update(size_of)
         # Nodes that do not report their sample count count as median-sized for size-tied delays.
-        reported = [size_of[node] for node in self._clients if node in size_of]
+        reported = [self._size_of[node] for node in self._clients if node in self._size_of]
         fallback = int(np.median(reported)) if reported else 0
-        self.client_sizes = [size_of.get(node, fallback) for node in self._clients]
+        self.client_sizes = [self._size_of.get(node, fallback) for node in self._clients]
         self.delays.bind_clients(self.client_sizes)
-        return self._clients
 
-    def _query_identities(self, nodes: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+    def _refresh_nodes(self) -> None:
+        """Wall clock only: track which nodes are online and take in nodes that joined."""
+        if self.config.clock != "wall" or time.monotonic() - self._online_checked < NODE_REFRESH_SECONDS:
+            return
+        self._online = set(self.grid.get_node_ids())
+        self._online_checked = time.monotonic()
+        joined = sorted(self._online - set(self._clients))
+        if joined:
+            self._add_clients(joined, deadline_s=10.0)
+            log.info("%d node(s) joined; %d clients known", len(joined), len(self._clients))
+
+    def _query_identities(self, nodes: list[int], deadline_s: float) -> tuple[dict[int, int], dict[int, int]]:
         messages = [
             Message(
                 RecordDict({"config": ConfigRecord({IDENTIFY_KEY: True})}),
                 dst_node_id=node,
                 message_type=MessageType.QUERY,
-                ttl=max(self.config.wait_for_nodes, 30.0),
+                ttl=deadline_s,
             )
             for node in nodes
         ]
         pending = set(self.grid.push_messages(messages))
         found: dict[int, int] = {}
         sizes: dict[int, int] = {}
-        deadline = time.monotonic() + max(self.config.wait_for_nodes, 30.0)
+        deadline = time.monotonic() + deadline_s
         while pending and time.monotonic() < deadline:
             for reply in self.grid.pull_messages(list(pending)):
                 pending.discard(reply.metadata.reply_to_message_id)
@@ -220,7 +248,7 @@ class AsyncEngine:
         while not self._should_stop():
             self._top_up()
             if not self._in_flight:
-                raise RuntimeError("no job could be dispatched (no idle client)")
+                self._wait_for_an_online_node()
             job, reply = self._next_completion()
             self._check_not_all_failing()
             if self.config.max_virtual_time and job.finish > self.config.max_virtual_time:
@@ -235,6 +263,15 @@ class AsyncEngine:
         self._final_evaluation()
         self._abandon_in_flight()
         return self.stats
+
+    def _wait_for_an_online_node(self) -> None:
+        """Wall clock: every node may be gone for a while; wait up to ``wait-for-nodes`` for one."""
+        deadline = time.monotonic() + (self.config.wait_for_nodes if self.config.clock == "wall" else 0.0)
+        while not self._in_flight and time.monotonic() < deadline:
+            time.sleep(NODE_REFRESH_SECONDS)
+            self._top_up()
+        if not self._in_flight:
+            raise RuntimeError("no job could be dispatched: no idle client online")
 
     def _check_not_all_failing(self) -> None:
         """Abort when every one of many consecutive jobs failed: a broken ClientApp, not bad luck."""
@@ -258,8 +295,11 @@ class AsyncEngine:
     def _top_up(self) -> None:
         if self.strategy.synchronous and self._in_flight:
             return
+        self._refresh_nodes()
         want = self.config.concurrency - len(self._in_flight)
         idle = [i for i in range(len(self._clients)) if i not in self._busy]
+        if self.config.clock == "wall":
+            idle = [i for i in idle if self._clients[i] in self._online]
         if want <= 0 or not idle:
             return
         chosen = self._pick_rng.choice(idle, size=min(want, len(idle)), replace=False)
@@ -273,6 +313,8 @@ class AsyncEngine:
             config = dict(self.train_config)
             config["model-version"] = version
             config["job-seed"] = int(np.random.SeedSequence([self.config.seed, 4, seq]).generate_state(1)[0] >> 1)
+            if self.config.clock == "wall" and self.config.emulate_delay_scale > 0:
+                config["emulate-seconds"] = self.delays.job_duration(client) * self.config.emulate_delay_scale
             content = RecordDict({"arrays": self.versions.record(version), "config": ConfigRecord(config)})
             messages.append(
                 Message(
@@ -328,6 +370,12 @@ class AsyncEngine:
             if now_wall - head.sent_wall > self.config.job_timeout:
                 return head, None
             return None
+        self._refresh_nodes()
+        for message_id, job in self._in_flight.items():
+            if job.node_id not in self._online and message_id not in self._inbox:
+                # The node left (crashed or stopped): its job will not come back.
+                job.finish, job.lost_reason = self._clock(), "node-offline"
+                return job, None
         for message_id, reply in self._inbox.items():  # wall: first pulled, first accepted
             job = self._in_flight[message_id]
             job.finish = self._clock()
@@ -360,8 +408,11 @@ class AsyncEngine:
 
     def _to_arrival(self, job: Job, reply: Message | None) -> Arrival | None:
         if reply is None:
-            log.warning("job %s to client %d lost (no reply in %.0fs)", job.seq, job.client, self.config.job_timeout)
-            self.stats.reject("lost")
+            if job.lost_reason == "node-offline":
+                log.warning("job %s lost: client %d's node went offline", job.seq, job.client)
+            else:
+                log.warning("job %s to client %d lost (no reply in %.0fs)", job.seq, job.client, self.config.job_timeout)
+            self.stats.reject(job.lost_reason)
             return None
         if reply.has_error():
             reason = (reply.error.reason or "").strip().splitlines()

@@ -1,0 +1,140 @@
+"""A real Flower deployment on one machine: one SuperLink, N SuperNodes, ``flwr run``.
+
+Unlike ``asyncfl run`` (Ray simulation), every client here is its own
+``flower-supernode`` process talking to the SuperLink over Flower's Fleet API
+(HTTP on ``--host/--port`` in Flower 1.41), the ServerApp runs in a process the
+SuperLink's SuperExec starts, and the engine runs on the wall clock. The same
+commands, with real host names, deploy across machines (README, "Deployment").
+
+Optionally TLS (certificates from ``scripts/make-certs.sh``) and, for tests,
+network namespaces that make the SuperLink and the SuperNodes separate hosts.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+from asyncfl.deploy.processes import (
+    FlowerProcess,
+    TlsFiles,
+    flower_env,
+    flower_tool,
+    free_port,
+    superlink_command,
+    supernode_command,
+    wait_for_port,
+)
+
+CONNECTION = "asyncfl-deploy"
+
+
+def write_connection(flwr_home: Path, name: str, address: str, ca_cert: Path | None = None) -> None:
+    """Write ``$FLWR_HOME/config.toml`` with one SuperLink connection (insecure unless ``ca_cert``)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    security = "insecure = true\n" if ca_cert is None else f'root-certificates = "{ca_cert.resolve()}"\n'
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
+    )
+
+
+class LocalDeployment:
+    """SuperLink + SuperNodes as separate processes; a context manager that stops them all by PID.
+
+    Parameters
+    ----------
+    app_dir : Path
+        The Flower app (its pyproject.toml).
+    num_supernodes : int
+        SuperNodes started on entry, partitions ``0..num_supernodes-1``.
+    num_partitions : int, optional
+        Partitions the data is split into (default ``num_supernodes``); more
+        lets SuperNodes join later with :meth:`add_supernode`.
+    tls : TlsFiles, optional
+        Serve the SuperLink over TLS; SuperNodes and ``flwr`` verify it with the CA.
+    node_config : dict, optional
+        Extra node-config per partition id (e.g. ``{2: "fault=nan"}``).
+    link_netns, nodes_netns, link_host : str, optional
+        Network namespaces of the SuperLink and of the SuperNodes and ``flwr``
+        (emulated separate hosts) and the address the SuperLink listens on.
+    """
+
+    def __init__(self, app_dir: Path, num_supernodes: int, num_partitions: int | None = None,
+                 tls: TlsFiles | None = None, node_config: dict[int, str] | None = None,
+                 link_netns: str | None = None, nodes_netns: str | None = None, link_host: str = "127.0.0.1",
+                 workdir: Path | None = None) -> None:
+        if num_supernodes < 1:
+            raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")
+        self.app_dir = app_dir.resolve()
+        self.num_supernodes = num_supernodes
+        self.num_partitions = num_partitions or num_supernodes
+        if self.num_partitions < num_supernodes:
+            raise ValueError(f"num_partitions ({self.num_partitions}) < num_supernodes ({num_supernodes})")
+        self.tls = tls
+        self.node_config = node_config or {}
+        self.link_netns, self.nodes_netns, self.link_host = link_netns, nodes_netns, link_host
+        self.workdir = (workdir or self.app_dir / ".flwr-deploy").resolve()
+        self.flwr_home = self.workdir / "flwr-home"
+        self.port = free_port() if link_netns is None else 9093
+        self.superlink: FlowerProcess | None = None
+        self.supernodes: dict[int, FlowerProcess] = {}
+
+    @property
+    def address(self) -> str:
+        return f"{self.link_host}:{self.port}"
+
+    def __enter__(self) -> "LocalDeployment":
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self) -> None:
+        write_connection(self.flwr_home, CONNECTION, self.address, self.tls.ca_cert if self.tls else None)
+        database = self.workdir / f"superlink-{self.port}.db"
+        command = superlink_command(self.link_host, self.port, database, tls=self.tls)
+        self.superlink = FlowerProcess(command, self.workdir / "superlink.log", self.workdir,
+                                       flower_env(self.flwr_home), netns=self.link_netns).start()
+        wait_for_port(self.link_host, self.port, self.superlink.process, 60.0, "flower-superlink",
+                      netns=self.nodes_netns or self.link_netns)
+        for partition_id in range(self.num_supernodes):
+            self.add_supernode(partition_id)
+
+    def add_supernode(self, partition_id: int) -> FlowerProcess:
+        """Start the SuperNode of ``partition_id`` (also mid-run: it joins the federation)."""
+        if not 0 <= partition_id < self.num_partitions:
+            raise ValueError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
+        command = supernode_command(
+            self.address, partition_id, self.num_partitions, free_port(),
+            ca_cert=self.tls.ca_cert if self.tls else None, extra_node_config=self.node_config.get(partition_id, ""),
+        )
+        node = FlowerProcess(command, self.workdir / f"supernode-{partition_id}.log", self.workdir,
+                             flower_env(self.workdir / f"home-{partition_id}"), netns=self.nodes_netns).start()
+        self.supernodes[partition_id] = node
+        return node
+
+    def kill_supernode(self, partition_id: int) -> None:
+        """Crash a SuperNode (SIGKILL to it and its ClientApp processes): no clean goodbye."""
+        self.supernodes[partition_id].stop(signal.SIGKILL)
+
+    def submit(self, run_config: list[str], stream: bool = True) -> subprocess.Popen:
+        """``flwr run`` the app against this SuperLink; returns the ``flwr`` process (output piped)."""
+        command = [flower_tool("flwr"), "run", str(self.app_dir), CONNECTION]
+        if stream:
+            command.append("--stream")
+        for item in run_config:
+            command += ["--run-config", item]
+        if self.nodes_netns:
+            command = ["ip", "netns", "exec", self.nodes_netns] + command
+        return subprocess.Popen(command, cwd=self.app_dir, env=flower_env(self.flwr_home), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def __exit__(self, *exc) -> None:
+        for node in self.supernodes.values():
+            if node.alive():
+                node.stop()
+        if self.superlink is not None and self.superlink.alive():
+            self.superlink.stop()

@@ -1,0 +1,236 @@
+"""Run a study (methods x scenarios x seeds) through real ``asyncfl run`` and tabulate it.
+
+Every cell is one ``flwr run`` of the app on its own simulation SuperLink, so
+the numbers come from the same code path as the quickstart. Runs are written to
+``benchmarks/<study>/runs/<method>__<scenario>__s<seed>/`` and skipped when
+their ``summary.json`` exists, so an interrupted study resumes where it stopped.
+Order is seed-major: after the first pass every cell has one seed.
+
+Usage::
+
+    python benchmarks/matrix.py fedecho            # run (resumes) and write the table
+    python benchmarks/matrix.py fedecho --table    # only rebuild the table from finished runs
+
+Reported per cell (mean +- sd over seeds): ``final`` = mean accuracy of the
+last three evaluations (single evaluations oscillate under large delays),
+``best`` = best evaluation, and virtual time to a target accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A grid of runs: every method under every scenario with every seed."""
+
+    name: str
+    supernodes: int
+    common: dict
+    methods: dict[str, dict]
+    scenarios: dict[str, dict]
+    seeds: tuple[int, ...]
+    target: float
+    notes: str = ""
+    extra: dict[str, dict] = field(default_factory=dict)  # ablation cells: name -> (method overrides + scenario)
+
+
+# FedEcho's comparison (its Tables 2-3) at CPU scale: the paper's concurrency ratio (M_c = half the clients)
+# and M = 5 with 20 clients instead of 50, two delay scenarios x two Dirichlet levels; LeNet-5 on mnist5k,
+# 10 local Adam steps, U = 500 resized sklearn digits, 80 virtual time units (every long client of the
+# large scenario reports at least once).
+FEDECHO = Study(
+    name="fedecho",
+    supernodes=20,
+    common={"model": "lenet5", "local-steps": 10, "concurrency": 10, "max-arrivals": 0,
+            "max-virtual-time": 80.0, "eval-every": 4.0, "progress": False, "fedecho.distill-size": 500,
+            "target-accuracy": "0.85"},
+    methods={
+        "fedbuff": {"strategy": "fedbuff"},
+        "ca2fl": {"strategy": "ca2fl"},
+        "fadas": {"strategy": "fadas"},
+        "fedecho": {"strategy": "fedecho"},
+    },
+    scenarios={
+        "large-dir0.1": {"delay-model": "fedecho-large", "dirichlet-alpha": 0.1},
+        "large-dir0.3": {"delay-model": "fedecho-large", "dirichlet-alpha": 0.3},
+        "mild-dir0.1": {"delay-model": "fedecho-mild", "dirichlet-alpha": 0.1},
+        "mild-dir0.3": {"delay-model": "fedecho-mild", "dirichlet-alpha": 0.3},
+    },
+    seeds=(1, 2, 3),
+    target=0.85,
+    extra={
+        # FedEcho Table 7: fixed alpha (0 = CE only, 1 = KL only, 0.5) vs dynamic, large delay, Dir 0.1.
+        "fedecho-alpha0__large-dir0.1": {"strategy": "fedecho", "fedecho.alpha-min": 0.0, "fedecho.alpha-max": 0.0,
+                                         "delay-model": "fedecho-large", "dirichlet-alpha": 0.1},
+        "fedecho-alpha0.5__large-dir0.1": {"strategy": "fedecho", "fedecho.alpha-min": 0.5,
+                                           "fedecho.alpha-max": 0.5, "delay-model": "fedecho-large",
+                                           "dirichlet-alpha": 0.1},
+        "fedecho-alpha1__large-dir0.1": {"strategy": "fedecho", "fedecho.alpha-min": 1.0, "fedecho.alpha-max": 1.0,
+                                         "delay-model": "fedecho-large", "dirichlet-alpha": 0.1},
+    },
+)
+
+# FedADT's comparison (its Tables I-II) on its setting at CPU scale: 20% concurrency and response time
+# U(0, 5000) as in the paper, 200 clients instead of 500; LeNet-5, 10 local SGD steps at lr 0.01; 400 arrivals.
+_FEDADT_DELAYS = {"delay-model": "custom", "delay.download.tiers": "0.0", "delay.train.distribution": "uniform",
+                  "delay.train.tiers": "2500.0", "delay.train.spread": 2500.0, "delay.upload.distribution": "constant",
+                  "delay.upload.tiers": "0.0"}
+FEDADT = Study(
+    name="fedadt",
+    supernodes=200,
+    common={"model": "lenet5", "local-steps": 10, "concurrency": 40, "optimizer": "sgd", "lr": 0.01,
+            "max-arrivals": 400, "eval-every": 2000.0,
+            "progress": False, "target-accuracy": "0.7", **_FEDADT_DELAYS},
+    methods={
+        "fedavg": {"strategy": "fedavg"},
+        "fedasync": {"strategy": "fedasync"},
+        "fedbuff": {"strategy": "fedbuff"},
+        "ca2fl": {"strategy": "ca2fl"},
+        "fedfa": {"strategy": "fedfa"},
+        "fedadt": {"strategy": "fedadt"},
+    },
+    scenarios={"paper": {}},
+    seeds=(1, 2),
+    target=0.7,
+    extra={
+        # FedADT Table III: a fixed KD weight instead of the adaptive schedule.
+        "fedadt-fixed0.4__paper": {"strategy": "fedadt", "fedadt.alpha-min": 0.4, "fedadt.alpha-max": 0.4},
+    },
+)
+
+STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def cells(study: Study) -> list[tuple[str, dict, int]]:
+    """``(cell name, run-config overrides, seed)``, seed-major, ablations last within each seed."""
+    out = []
+    for seed in study.seeds:
+        for scenario, scenario_cfg in study.scenarios.items():
+            for method, method_cfg in study.methods.items():
+                out.append((f"{method}__{scenario}", {**study.common, **scenario_cfg, **method_cfg}, seed))
+        for name, overrides in study.extra.items():
+            out.append((name, {**study.common, **overrides}, seed))
+    return out
+
+
+def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path) -> None:
+    """One real ``asyncfl run``; skipped when its summary exists."""
+    run_name = f"{name}__s{seed}"
+    if (runs_dir / run_name / "summary.json").exists():
+        return
+    config = {**overrides, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name}
+    text = " ".join(f"{key if '.' not in key else json.dumps(key)}={_toml_value(v)}" for key, v in config.items())
+    command = [str(ROOT / ".venv/bin/asyncfl"), "run", "--num-supernodes", str(study.supernodes), "-c", text]
+    started = time.monotonic()
+    log = runs_dir / f"{run_name}.log"
+    with open(log, "w") as handle:
+        code = subprocess.call(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+    print(f"{run_name}: exit {code} in {time.monotonic() - started:.0f}s", flush=True)
+    if code == 0:
+        log.unlink()
+
+
+def _metrics(folder: Path) -> list[dict]:
+    with open(folder / "metrics.csv", newline="") as handle:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+def _mean_sd(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values) * scale
+    sd = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def cell_results(runs_dir: Path, name: str, target: float) -> dict:
+    """Per-seed figures of one cell from its finished runs."""
+    finals, bests, times, walls, server_ms, reached = [], [], [], [], [], 0
+    folders = sorted(p for p in runs_dir.glob(f"{name}__s*") if (p / "summary.json").exists())
+    for folder in folders:
+        rows = _metrics(folder)
+        summary = json.loads((folder / "summary.json").read_text())
+        finals.append(statistics.fmean(r["accuracy"] for r in rows[-3:]))
+        bests.append(max(r["accuracy"] for r in rows))
+        hit = next((r["time"] for r in rows if r["accuracy"] >= target), None)
+        if hit is not None:
+            times.append(hit)
+            reached += 1
+        walls.append(summary.get("wall-seconds", float("nan")))
+        server_ms.append(summary.get("server-ms-per-arrival", float("nan")))
+    return {"seeds": len(folders), "finals": finals, "bests": bests, "times": times, "reached": reached,
+            "walls": walls, "server_ms": server_ms}
+
+
+def table(study: Study) -> str:
+    """Markdown: one row per method (and ablation), final and best accuracy per scenario, time to target."""
+    runs_dir = ROOT / "benchmarks" / study.name / "runs"
+    lines = [f"Final accuracy % (mean of the last 3 evaluations) / best % / virtual time to {study.target:.0%} "
+             "(mean over the seeds that reached it, reached/ran), mean ± sd over seeds.", ""]
+    header = "| method | " + " | ".join(study.scenarios) + " |"
+    lines += [header, "|" + "---|" * (len(study.scenarios) + 1)]
+    names = [(m, [f"{m}__{s}" for s in study.scenarios]) for m in study.methods]
+    names += [(n.split("__")[0], [n if n.endswith("__" + s) else None for s in study.scenarios])
+              for n in study.extra]
+    for label, cell_names in names:
+        row = [label]
+        for cell in cell_names:
+            if cell is None:
+                row.append("")
+                continue
+            r = cell_results(runs_dir, cell, study.target)
+            if not r["seeds"]:
+                row.append("not run")
+                continue
+            when = f"{statistics.fmean(r['times']):.1f}" if r["times"] else "-"
+            row.append(f"{_mean_sd(r['finals'])} / {_mean_sd(r['bests'])} / {when} ({r['reached']}/{r['seeds']})")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Server ms per arrival and wall seconds per run (mean over all its runs):", ""]
+    for label, cell_names in names:
+        results = [cell_results(runs_dir, c, study.target) for c in cell_names if c]
+        ms = [v for r in results for v in r["server_ms"]]
+        walls = [v for r in results for v in r["walls"]]
+        if ms:
+            lines.append(f"- {label}: {statistics.fmean(ms):.1f} ms/arrival, {statistics.fmean(walls):.0f} s/run")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("--table", action="store_true", help="only rebuild the table from finished runs")
+    args = parser.parse_args(argv)
+    study = STUDIES[args.study]
+    runs_dir = ROOT / "benchmarks" / study.name / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        for name, overrides, seed in cells(study):
+            run_cell(study, name, overrides, seed, runs_dir)
+    text = table(study)
+    (ROOT / "benchmarks" / study.name / "table.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Real deployments: SuperLink and SuperNode processes over Flower's transport (slow; a few only).
+
+One loopback run exercises the fault paths together: a SuperNode that returns
+NaN, one killed mid-run, one that joins mid-run. Another puts the SuperLink and
+the SuperNodes in separate network namespaces (emulated hosts) with TLS.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from asyncfl.deploy.local import LocalDeployment
+from asyncfl.deploy.processes import TlsFiles
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ("dataset='digits' model='mlp' local-steps=10 lr=0.01 eval-every=2.0 progress=false clock='wall' "
+         "wait-for-nodes=60.0")
+
+pytestmark = pytest.mark.e2e
+
+
+def _collect(process: subprocess.Popen, lines: list[str]) -> threading.Thread:
+    def read():
+        for line in process.stdout:
+            lines.append(line)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _arrivals_so_far(run: Path) -> int:
+    metrics = run / "metrics.csv"
+    if not metrics.exists():
+        return 0
+    rows = list(csv.DictReader(open(metrics)))
+    return int(float(rows[-1]["arrivals"])) if rows else 0
+
+
+def _finish(process: subprocess.Popen, lines: list[str], timeout: float) -> None:
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 15)
+        process.wait(timeout=30)
+        pytest.fail("flwr run did not finish in time:\n" + "".join(lines[-60:]))
+    assert process.returncode == 0, "".join(lines[-60:])
+
+
+def test_loopback_deployment_survives_nan_a_crash_and_a_late_joiner(tmp_path):
+    # Prepare: 4 SuperNodes of 5 partitions; partition 3 returns NaN weights; partition 4 joins later.
+    out = tmp_path / "outputs"
+    overrides = (f"{SMALL} strategy='fedbuff' concurrency=3 max-arrivals=12 job-timeout=300.0 "
+                 f"output-dir='{out}' run-name='faults'")
+    with LocalDeployment(ROOT, 4, num_partitions=5, node_config={3: "fault=nan"}, workdir=tmp_path / "deploy") as dep:
+        flwr = dep.submit([overrides])
+        lines: list[str] = []
+        _collect(flwr, lines)
+        # Act: once the run is under way, crash partition 1 and start partition 4.
+        deadline = time.monotonic() + 400
+        while _arrivals_so_far(out / "faults") < 3 and time.monotonic() < deadline and flwr.poll() is None:
+            time.sleep(1.0)
+        dep.kill_supernode(1)
+        dep.add_supernode(4)
+        _finish(flwr, lines, timeout=max(60.0, deadline - time.monotonic() + 200))
+    # Assert: the run completed, NaN updates were rejected, the joiner became a client.
+    run = out / "faults"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["arrivals"] == 12
+    assert summary["rejected-by-reason"].get("non-finite", 0) >= 1
+    assert summary["clients"] == 5
+    assert summary["best-accuracy"] > 0.2
+    config = json.loads((run / "config.json").read_text())
+    assert config["engine"]["clock"] == "wall"
+
+
+def _netns_available() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "the ip tool (iproute2) is not installed"
+    probe = f"asyncfl-probe-{uuid.uuid4().hex[:6]}"
+    made = subprocess.call(["ip", "netns", "add", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if made != 0:
+        return "this machine does not allow creating network namespaces"
+    subprocess.call(["ip", "netns", "del", probe])
+    return None
+
+
+@pytest.fixture
+def two_hosts():
+    """Namespaces 'link' (10.77.0.1) and 'nodes' (10.77.0.2) joined by a veth pair; removed afterwards."""
+    reason = _netns_available()
+    if reason:
+        pytest.skip(reason)
+    tag = uuid.uuid4().hex[:6]
+    link, nodes = f"asyncfl-{tag}-link", f"asyncfl-{tag}-nodes"
+    commands = [
+        ["ip", "netns", "add", link], ["ip", "netns", "add", nodes],
+        ["ip", "link", "add", f"afl{tag}a", "type", "veth", "peer", "name", f"afl{tag}b"],
+        ["ip", "link", "set", f"afl{tag}a", "netns", link], ["ip", "link", "set", f"afl{tag}b", "netns", nodes],
+        ["ip", "-n", link, "addr", "add", "10.77.0.1/24", "dev", f"afl{tag}a"],
+        ["ip", "-n", nodes, "addr", "add", "10.77.0.2/24", "dev", f"afl{tag}b"],
+        ["ip", "-n", link, "link", "set", f"afl{tag}a", "up"], ["ip", "-n", nodes, "link", "set", f"afl{tag}b", "up"],
+        ["ip", "-n", link, "link", "set", "lo", "up"], ["ip", "-n", nodes, "link", "set", "lo", "up"],
+    ]
+    try:
+        for command in commands:
+            subprocess.run(command, check=True, capture_output=True)
+        yield link, nodes
+    finally:
+        for namespace in (link, nodes):
+            subprocess.call(["ip", "netns", "del", namespace], stderr=subprocess.DEVNULL)
+
+
+def test_superlink_and_supernodes_on_separate_hosts_over_tls(tmp_path, two_hosts):
+    link_ns, nodes_ns = two_hosts
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(ROOT / "scripts" / "make-certs.sh"), str(certs)], check=True, capture_output=True)
+    tls = TlsFiles(certs / "ca.crt", certs / "server.pem", certs / "server.key")
+    out = tmp_path / "outputs"
+    overrides = f"{SMALL} strategy='fedasync' concurrency=2 max-arrivals=6 output-dir='{out}' run-name='hosts'"
+    with LocalDeployment(ROOT, 2, tls=tls, link_netns=link_ns, nodes_netns=nodes_ns, link_host="10.77.0.1",
+                         workdir=tmp_path / "deploy") as dep:
+        flwr = dep.submit([overrides])
+        lines: list[str] = []
+        _collect(flwr, lines)
+        _finish(flwr, lines, timeout=400)
+    summary = json.loads((out / "hosts" / "summary.json").read_text())
+    assert summary["arrivals"] == 6 and summary["clients"] == 2
+    # The SuperNodes really were in the other namespace: the SuperLink saw them connect from 10.77.0.2.
+    assert "10.77.0.2" in (tmp_path / "deploy" / "superlink.log").read_text()

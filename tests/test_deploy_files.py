@@ -1,0 +1,113 @@
+"""Docker files, validated here without a Docker engine: the committed compose files are what the
+generator makes, their wiring is consistent, and every flag they pass exists in the installed Flower."""
+
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import flwr
+import pytest
+import yaml
+
+from asyncfl.deploy.compose import FLOWER_VERSION, compose_spec
+from asyncfl.deploy.processes import flower_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = {
+    "compose.yml": dict(num_supernodes=4),
+    "compose-tls.yml": dict(num_supernodes=4, tls=True),
+    "compose-cuda.yml": dict(num_supernodes=2, cuda=True),
+}
+EXECUTABLE = {"superlink": "flower-superlink", "supernode": "flower-supernode", "superexec": "flower-superexec"}
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "docker" / name).read_text())
+
+
+def _option(command: list[str], flag: str) -> str:
+    for i, item in enumerate(command):
+        if item == flag:
+            return command[i + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    raise AssertionError(f"{flag} not in {command}")
+
+
+@lru_cache(maxsize=None)
+def _accepted_flags(executable: str) -> frozenset[str]:
+    text = subprocess.run([flower_tool(executable), "--help"], capture_output=True, text=True).stdout
+    return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", text))
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_committed_compose_files_are_what_the_generator_writes(name):
+    assert _load(name) == compose_spec(**COMMITTED[name]), f"regenerate docker/{name} with `asyncfl compose`"
+
+
+def test_pinned_flower_version_is_the_installed_one():
+    assert FLOWER_VERSION == flwr.__version__
+    spec = _load("compose.yml")
+    assert spec["services"]["superlink"]["image"] == f"flwr/superlink:{flwr.__version__}"
+    assert all(s["image"].endswith(flwr.__version__) for n, s in spec["services"].items() if n.startswith("supernode-"))
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_services_are_wired_to_each_other(name):
+    services = _load(name)["services"]
+    link_port = _option(services["superlink"]["command"], "--port")
+    assert services["superlink"]["ports"] == [f"{link_port}:{link_port}"]
+    assert _option(services["superexec-serverapp"]["command"], "--runtime-api-address") == f"superlink:{link_port}"
+    nodes = sorted(n for n in services if n.startswith("supernode-"))
+    partitions = []
+    for node in nodes:
+        command = services[node]["command"]
+        assert _option(command, "--superlink") == f"superlink:{link_port}"
+        assert _option(command, "--isolation") == "process"
+        config = dict(item.split("=") for item in _option(command, "--node-config").split())
+        partitions.append(int(config["partition-id"]))
+        assert int(config["num-partitions"]) == len(nodes)
+        clientapp = services[node.replace("supernode-", "superexec-clientapp-")]
+        assert _option(clientapp["command"], "--runtime-api-address") == f"{node}:{_option(command, '--port')}"
+        assert clientapp["depends_on"] == [node]
+    assert partitions == list(range(len(nodes)))
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_every_flag_exists_in_the_installed_flower_executables(name):
+    for service_name, service in _load(name)["services"].items():
+        kind = "superexec" if service_name.startswith("superexec") else service_name.split("-")[0]
+        flags = {item.split("=")[0] for item in service["command"] if item.startswith("--")}
+        unknown = flags - _accepted_flags(EXECUTABLE[kind])
+        assert not unknown, f"{service_name}: {EXECUTABLE[kind]} does not accept {sorted(unknown)}"
+
+
+def test_tls_file_mounts_certificates_and_verifies_with_the_ca():
+    services = _load("compose-tls.yml")["services"]
+    assert "--insecure" not in services["superlink"]["command"]
+    assert "../certificates:/app/certificates:ro" in services["superlink"]["volumes"]
+    assert _option(services["supernode-0"]["command"], "--root-certificates") == "/app/certificates/ca.crt"
+    assert _option(services["superexec-serverapp"]["command"], "--root-certificates") == "/app/certificates/ca.crt"
+
+
+def test_dockerfiles_build_on_the_pinned_superexec_and_install_asyncfl():
+    for name in ("superexec.Dockerfile", "superexec-cuda.Dockerfile"):
+        text = (ROOT / "docker" / name).read_text()
+        assert f"ARG FLWR_VERSION={flwr.__version__}" in text
+        assert "FROM flwr/superexec:${FLWR_VERSION}" in text
+        assert "COPY --chown=app:app asyncfl ./asyncfl" in text
+        assert 'ENTRYPOINT ["flower-superexec"]' in text
+        assert "torch==2.14.1" in text
+
+
+def test_compose_command_writes_a_file_for_n_supernodes(tmp_path):
+    out = tmp_path / "c.yml"
+    code = subprocess.call([sys.executable, "-m", "asyncfl.cli", "compose", "--supernodes", "7", "--out", str(out)],
+                           stdout=subprocess.DEVNULL)
+    assert code == 0
+    services = yaml.safe_load(out.read_text())["services"]
+    assert len([n for n in services if n.startswith("supernode-")]) == 7
+    with pytest.raises(ValueError, match=">= 1"):
+        compose_spec(0)
