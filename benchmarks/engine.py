@@ -141,12 +141,16 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
               "fadas": {"buffer_size": 5, "server_lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "tau_c": 5},
               "fedfa": {"queue_size": 10},
               "fedadt": {"server_fraction": 0.005, "temperature": 3.0, "alpha_min": 0.2, "alpha_max": 0.6,
-                         "t_g": 1000, "kd_lr": 0.01, "kd_batch_size": 32}}
+                         "t_g": 1000, "kd_lr": 0.01, "kd_batch_size": 32},
+              "fedecho": {"buffer_size": 5, "server_lr": 1.0, "distill_set": "digits", "distill_size": 1000,
+                          "distill_steps": 10, "distill_batch_size": 64, "distill_lr": 1e-4, "alpha_min": 0.2,
+                          "alpha_max": 0.8, "clip": 5.0}}
+    distilling = {"fedadt", "fedecho"}  # ~100x the server work per arrival: fewer arrivals suffice
     data = load_dataset("mnist5k", "", 0.2, 42)
     resources = StrategyResources(lambda: build_model("cnn", (1, 28, 28), 10), data.x_train, data.y_train, 0)
     out = {}
     for name, p in params.items():
-        config = EngineConfig("virtual", 10, arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",
+        config = EngineConfig("virtual", 10, max(20, arrivals // 10) if name in distilling else arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",
                               DELAY_PRESETS["fedrevive-default"], 500, False)
         engine = AsyncEngine(InstantGrid(50), build_strategy(name, p, resources), codec, codec.flatten(list(state.values())),
                              config, {}, lambda m: (0.0, 0.0))
@@ -158,6 +162,7 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer arrivals (a smoke run of the benchmark)")
+    parser.add_argument("--parts", default="abcd", help="which measurements to take (default: abcd)")
     args = parser.parse_args()
     workers = 2  # Ray workers: one CPU each on this 2-core machine
     arrivals = 60 if args.quick else 200
@@ -167,6 +172,15 @@ def main() -> None:
     ideal = ideal_total / workers
     results["a-ideal-jobs-per-s-per-worker"] = ideal
     print(f"(a) ideal: {ideal_total:.2f} jobs/s for {workers} concurrent single-thread trainers ({ideal:.2f} each)")
+    if "c" in args.parts:
+        results["c-server-ms-per-arrival"] = server_ms_per_arrival(200 if args.quick else 1000)
+        job_ms = 1000.0 / ideal  # one client's local training on one thread
+        results["c-ratio-to-one-local-job"] = {n: ms / job_ms for n, ms in results["c-server-ms-per-arrival"].items()}
+        for name, ms in results["c-server-ms-per-arrival"].items():
+            print(f"(c) {name:<9} {ms:.3f} ms per arrival (CNN, 421k parameters) = {ms / job_ms:.4f} of a local job")
+    if "b" not in args.parts and "d" not in args.parts:
+        (ROOT / "benchmarks" / f"results-{args.parts}.json").write_text(json.dumps(results, indent=2))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         run = flower_run("bench-cnn", 50, f"max-arrivals={arrivals} concurrency=10 eval-every=5.0", Path(tmp))
@@ -175,10 +189,6 @@ def main() -> None:
     results["b-ratio"] = ratio
     results["b-process-seconds"] = run["process-seconds"]
     print(f"(b) flower simulation: {run['steady-arrivals-per-s']:.2f} arrivals/s steady; ratio b/(a*workers) = {ratio:.3f}")
-
-    results["c-server-ms-per-arrival"] = server_ms_per_arrival(200 if args.quick else 1000)
-    for name, ms in results["c-server-ms-per-arrival"].items():
-        print(f"(c) {name:<9} {ms:.3f} ms per arrival (CNN, 421k parameters)")
 
     with tempfile.TemporaryDirectory() as tmp:
         large = flower_run("bench-1000", 1000, f"max-arrivals={arrivals * 2} concurrency=100 partitioning='iid' "

@@ -8,6 +8,7 @@ replies that are already "back".
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Callable
 
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
@@ -33,11 +34,16 @@ class FakeGrid:
         self._waiting: dict[str, Message] = {}
         self.pushed: list[Message] = []
         self.pull_calls = 0
+        self._lock = threading.RLock()  # the engine pulls from worker threads in wall-clock runs
 
     def get_node_ids(self):
         return list(self.nodes)
 
     def push_messages(self, messages):
+        with self._lock:
+            return self._push(messages)
+
+    def _push(self, messages):
         ids = []
         for message in messages:
             message_id = f"m{next(self._ids)}"
@@ -65,6 +71,10 @@ class FakeGrid:
         return Message(RecordDict({"config": ConfigRecord(identity)}), reply_to=message)
 
     def pull_messages(self, message_ids):
+        with self._lock:
+            return self._pull(message_ids)
+
+    def _pull(self, message_ids):
         self.pull_calls += 1
         wanted = [mid for mid in self._waiting if mid in set(message_ids)]
         out = []

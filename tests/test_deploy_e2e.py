@@ -56,9 +56,9 @@ def _finish(process: subprocess.Popen, lines: list[str], timeout: float) -> None
 
 
 def test_loopback_deployment_survives_nan_a_crash_and_a_late_joiner(tmp_path):
-    # Prepare: 4 SuperNodes of 5 partitions; partition 3 returns NaN weights; partition 4 joins later.
+    # Prepare: 4 SuperNodes of 5 partitions, all busy; partition 3 returns NaN weights; partition 4 joins later.
     out = tmp_path / "outputs"
-    overrides = (f"{SMALL} strategy='fedbuff' concurrency=3 max-arrivals=12 job-timeout=300.0 "
+    overrides = (f"{SMALL} strategy='fedbuff' concurrency=4 max-arrivals=12 job-timeout=300.0 "
                  f"output-dir='{out}' run-name='faults'")
     with LocalDeployment(ROOT, 4, num_partitions=5, node_config={3: "fault=nan"}, workdir=tmp_path / "deploy") as dep:
         flwr = dep.submit([overrides])
@@ -75,7 +75,11 @@ def test_loopback_deployment_survives_nan_a_crash_and_a_late_joiner(tmp_path):
     run = out / "faults"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["arrivals"] == 12
-    assert summary["rejected-by-reason"].get("non-finite", 0) >= 1
+    reasons = summary["rejected-by-reason"]
+    assert reasons.get("non-finite", 0) >= 1
+    # The crashed node's job (every node is busy at concurrency 4) is counted as lost, whichever way it ended:
+    # the node dropped off the SuperLink's list, or its half-uploaded reply expired into an error.
+    assert reasons.get("node-offline", 0) + reasons.get("lost", 0) + reasons.get("error-reply", 0) >= 1
     assert summary["clients"] == 5
     assert summary["best-accuracy"] > 0.2
     config = json.loads((run / "config.json").read_text())
@@ -138,3 +142,66 @@ def test_superlink_and_supernodes_on_separate_hosts_over_tls(tmp_path, two_hosts
     assert summary["arrivals"] == 6 and summary["clients"] == 2
     # The SuperNodes really were in the other namespace: the SuperLink saw them connect from 10.77.0.2.
     assert "10.77.0.2" in (tmp_path / "deploy" / "superlink.log").read_text()
+
+
+def test_compose_topology_runs_as_plain_processes(tmp_path):
+    """The commands of docker/compose.yml, run as processes on loopback (no Docker engine here).
+
+    Service names become 127.0.0.1, each SuperNode's Runtime API port a free one,
+    and the SuperLink's database a temporary file; every other flag is the file's.
+    """
+    import yaml
+
+    from asyncfl.deploy.local import write_connection
+    from asyncfl.deploy.processes import FlowerProcess, flower_env, flower_tool, free_port, wait_for_port
+
+    services = yaml.safe_load((ROOT / "docker" / "compose.yml").read_text())["services"]
+    link_port = free_port()
+    node_ports = {name: free_port() for name in services if name.startswith("supernode-")}
+    nodes_wanted = 2
+
+    def localise(command: list[str], own_port: int | None = None) -> list[str]:
+        out = []
+        for item in command:
+            item = item.replace("superlink:9093", f"127.0.0.1:{link_port}")
+            for name, port in node_ports.items():
+                item = item.replace(f"{name}:9094", f"127.0.0.1:{port}")
+            out.append(item.replace("/app/state/superlink.db", str(tmp_path / "link.db")))
+        if own_port is not None:
+            out[out.index("--port") + 1] = str(own_port)
+        return out
+
+    home = tmp_path / "home"
+    write_connection(home, "compose", f"127.0.0.1:{link_port}")
+    env = flower_env(home)
+    started = []
+    try:
+        link = FlowerProcess([flower_tool("flower-superlink")] + localise(services["superlink"]["command"], link_port),
+                             tmp_path / "link.log", tmp_path, env).start()
+        started.append(link)
+        wait_for_port("127.0.0.1", link_port, link.process, 60, "superlink")
+        started.append(FlowerProcess([flower_tool("flower-superexec")] + localise(services["superexec-serverapp"]["command"]),
+                                     tmp_path / "sx.log", tmp_path, env).start())
+        for i in range(nodes_wanted):
+            name = f"supernode-{i}"
+            command = localise(services[name]["command"], node_ports[name])
+            command[command.index("--node-config") + 1] = f"partition-id={i} num-partitions={nodes_wanted}"
+            started.append(FlowerProcess([flower_tool("flower-supernode")] + command, tmp_path / f"{name}.log",
+                                         tmp_path, env).start())
+            started.append(FlowerProcess(
+                [flower_tool("flower-superexec")] + localise(services[f"superexec-clientapp-{i}"]["command"]),
+                tmp_path / f"cx{i}.log", tmp_path, env).start())
+        out = tmp_path / "outputs"
+        flwr = subprocess.Popen(
+            [flower_tool("flwr"), "run", str(ROOT), "compose", "--stream", "--run-config",
+             f"{SMALL} strategy='fedbuff' fedbuff.buffer-size=2 concurrency=2 max-arrivals=4 output-dir='{out}' "
+             "run-name='compose'"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: list[str] = []
+        _collect(flwr, lines)
+        _finish(flwr, lines, timeout=400)
+    finally:
+        for process in reversed(started):
+            process.stop()
+    summary = json.loads((out / "compose" / "summary.json").read_text())
+    assert summary["arrivals"] == 4 and summary["clients"] == 2

@@ -216,12 +216,54 @@ def test_nodes_without_query_handler_still_train():
 
 
 def test_wall_clock_accepts_in_pull_order():
+    # Prepare: replies become pullable one at a time, newest job first.
+    schedule: list[str] = []
+
+    def newest_first(waiting):
+        trains = [m.metadata.message_id for m in grid.pushed if m.metadata.message_type == "train"]
+        if not trains:
+            return waiting  # the discovery queries
+        if not schedule:
+            schedule.extend(reversed(trains[:3]))
+        if schedule and schedule[0] in waiting:
+            return [schedule.pop(0)]
+        return []
+
+    grid = FakeGrid(3, plus_one, release=newest_first)
     strategy = Recording()
-    engine = make_engine(FakeGrid(3, plus_one, release=lambda w: list(reversed(w))), strategy, clock="wall", max_arrivals=3)
+    engine = make_engine(grid, strategy, clock="wall", max_arrivals=3)
+    # Act
     engine.run()
+    # Assert: accepted in the order they became available, not in dispatch order.
     accepted_nodes = [engine._clients[c] for _, c, _ in strategy.seen]
-    pushed = [m.metadata.dst_node_id for m in engine.grid.pushed if m.metadata.message_type == "train"][:3]
+    pushed = [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"][:3]
     assert accepted_nodes == list(reversed(pushed))
+
+
+def test_wall_clock_a_stuck_pull_does_not_block_other_replies():
+    # Prepare: pulling node 101's reply blocks (like a reply whose upload died with its SuperNode).
+    import threading
+
+    release_stuck = threading.Event()
+    grid = FakeGrid(3, plus_one)
+    plain_pull = grid.pull_messages
+
+    def pull(message_ids):
+        owners = [m.metadata.dst_node_id for m in grid.pushed
+                  if m.metadata.message_id in set(message_ids) and m.metadata.message_type == "train"]
+        if 101 in owners:
+            release_stuck.wait(timeout=30)
+        return plain_pull(message_ids)
+
+    grid.pull_messages = pull
+    strategy = Recording()
+    engine = make_engine(grid, strategy, clock="wall", concurrency=3, max_arrivals=8, job_timeout=3600.0)
+    # Act
+    engine.run()
+    release_stuck.set()
+    # Assert: the run finished on the other two nodes while 101's pull hung.
+    assert engine.stats.arrivals == 8
+    assert 0 not in {client for _, client, _ in strategy.seen}
 
 
 def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
@@ -325,3 +367,21 @@ def test_wall_clock_job_on_a_node_that_went_offline_is_lost_without_waiting_for_
     engine.run()
     assert engine.stats.rejected == {"node-offline": 1}
     assert engine.stats.arrivals == 6
+
+
+def test_transport_figures_are_recorded_per_accepted_reply():
+    from asyncfl.server_app.recorder import transport_summary
+
+    def timed(node, message):
+        reply = plus_one(node, message)
+        reply.content.metric_records["metrics"]["train-seconds"] = 0.25
+        return reply
+
+    engine = make_engine(FakeGrid(3, timed), Recording(), max_arrivals=4)
+    engine.run()
+    stats = engine.stats
+    assert len(stats.reply_bytes) == len(stats.round_trip_seconds) == len(stats.client_train_seconds) == 4
+    assert all(b > 3 * 4 for b in stats.reply_bytes)  # 3 float32 values plus the .npy headers
+    summary = transport_summary(stats)
+    assert summary["client-train-s-mean"] == 0.25
+    assert summary["dispatch-overhead-s-mean"] == pytest.approx(summary["job-round-trip-s-mean"] - 0.25)

@@ -79,11 +79,13 @@ def train(msg: Message, context: Context) -> Message:
         device=pick_device(),
     )
     model.cpu()
+    train_seconds = time.monotonic() - started
     arrays = _apply_fault(str(context.node_config.get("fault", "")), ArrayRecord(model.state_dict()))
     content = RecordDict(
         {
             "arrays": arrays,
-            "metrics": MetricRecord({"num-examples": len(data.y_train), "train-loss": loss}),
+            "metrics": MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
+                                     "train-seconds": train_seconds}),
         }
     )
     # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it.

@@ -55,7 +55,8 @@ def compose_spec(num_supernodes: int, tls: bool = False, cuda: bool = False, flo
     services: dict[str, dict] = {
         "superlink": {
             "image": f"flwr/superlink:{flower_version}",
-            "command": link_security + ["--isolation", "process", "--host", "0.0.0.0", "--port", str(SUPERLINK_PORT),
+            "command": link_security + ["--isolation", "process", "--disable-runtime-dependency-installation",
+                                        "--host", "0.0.0.0", "--port", str(SUPERLINK_PORT),
                                         "--database", "/app/state/superlink.db"],
             "ports": [f"{SUPERLINK_PORT}:{SUPERLINK_PORT}"],
             "volumes": ["superlink-state:/app/state"] + certs.get("volumes", []),

@@ -34,6 +34,7 @@ from flwr.common import MessageType
 
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
+from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.base import Arrival, Strategy
@@ -90,6 +91,9 @@ class EngineStats:
     rejected: dict[str, int] = field(default_factory=dict)
     server_seconds: float = 0.0
     evaluations: list[dict] = field(default_factory=list)
+    round_trip_seconds: list[float] = field(default_factory=list)  # push -> reply pulled, wall seconds
+    client_train_seconds: list[float] = field(default_factory=list)  # as the ClientApps report it
+    reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -149,6 +153,10 @@ class AsyncEngine:
         self._clients: list[int] = []  # client index -> node id
         self.client_sizes: list[int] = []  # client index -> reported training-set size
         self._size_of: dict[int, int] = {}
+        self._pulled_at: dict[str, float] = {}
+        # Wall clock (deployments): pull message by message in threads, so one reply whose upload
+        # died with its SuperNode cannot stall every other reply (see asyncfl.server_app.puller).
+        self._puller = ThreadedPuller(grid, workers=max(8, config.concurrency)) if config.clock == "wall" else None
         self._busy: set[int] = set()
         self._now = 0.0
         self._wall_start = time.monotonic()
@@ -342,10 +350,12 @@ class AsyncEngine:
         if not waiting:
             return 0
         got = 0
-        for reply in self.grid.pull_messages(waiting):
+        replies = self._puller.poll(waiting) if self._puller is not None else self.grid.pull_messages(waiting)
+        for reply in replies:
             reply_to = reply.metadata.reply_to_message_id
             if reply_to in self._in_flight:
                 self._inbox[reply_to] = reply
+                self._pulled_at[reply_to] = time.monotonic()
                 got += 1
         return got
 
@@ -392,6 +402,8 @@ class AsyncEngine:
         started = time.perf_counter()
         del self._in_flight[job.message_id]
         self._busy.discard(job.client)
+        if self._puller is not None:
+            self._puller.forget(job.message_id)
         try:
             arrival = self._to_arrival(job, reply)
             self._failures_in_a_row = 0 if arrival is not None else self._failures_in_a_row + 1
@@ -433,6 +445,7 @@ class AsyncEngine:
         metrics = content.metric_records.get("metrics")
         num_examples = int(metrics.get("num-examples", 0)) if metrics is not None else 0
         train_loss = float(metrics.get("train-loss", float("nan"))) if metrics is not None else float("nan")
+        self._record_transport(job, content, metrics)
         return Arrival(
             client_index=job.client,
             base_version=job.version,
@@ -443,6 +456,15 @@ class AsyncEngine:
             train_loss=train_loss,
             time=job.finish,
         )
+
+    def _record_transport(self, job: Job, content: RecordDict, metrics) -> None:
+        """Bytes of the reply's arrays as serialized, its round trip, and the client's own compute time."""
+        self.stats.reply_bytes.append(sum(len(array.data) for array in content.array_records["arrays"].values()))
+        pulled = self._pulled_at.pop(job.message_id, None)
+        if pulled is not None:
+            self.stats.round_trip_seconds.append(pulled - job.sent_wall)
+        if metrics is not None and "train-seconds" in metrics:
+            self.stats.client_train_seconds.append(float(metrics["train-seconds"]))
 
     def _accepted(self, arrival: Arrival, new_model: np.ndarray | None) -> None:
         self.stats.arrivals += 1

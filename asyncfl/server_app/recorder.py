@@ -131,5 +131,24 @@ class RunRecorder:
             "staleness-histogram": staleness_histogram(staleness) if staleness else {},
             "server-ms-per-arrival": round(1000.0 * stats.server_seconds / arrivals, 4),
             "wall-seconds": round(time.monotonic() - self.wall_start, 3),
+            **transport_summary(stats),
             **extra,
         }
+
+
+def transport_summary(stats) -> dict:
+    """Wire and latency figures: reply size, push-to-pull round trip, and what of it the client computed.
+
+    ``dispatch-overhead-s-mean`` = mean round trip - mean client compute: the
+    time a job spends in transport, queues and process start-up.
+    """
+    out: dict = {}
+    if stats.reply_bytes:
+        out["reply-mb-mean"] = round(float(np.mean(stats.reply_bytes)) / 2**20, 4)
+    if stats.round_trip_seconds:
+        out["job-round-trip-s-mean"] = round(float(np.mean(stats.round_trip_seconds)), 4)
+    if stats.client_train_seconds:
+        out["client-train-s-mean"] = round(float(np.mean(stats.client_train_seconds)), 4)
+        if stats.round_trip_seconds:
+            out["dispatch-overhead-s-mean"] = round(out["job-round-trip-s-mean"] - out["client-train-s-mean"], 4)
+    return out
