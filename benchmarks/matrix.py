@@ -44,6 +44,7 @@ class Study:
     target: float
     notes: str = ""
     extra: dict[str, dict] = field(default_factory=dict)  # ablation cells: name -> (method overrides + scenario)
+    extra_seeds: tuple[int, ...] = (1,)  # ablations run with these seeds only (CPU budget)
 
 
 # FedEcho's comparison (its Tables 2-3) at CPU scale: the paper's concurrency ratio (M_c = half the clients)
@@ -128,8 +129,9 @@ def cells(study: Study) -> list[tuple[str, dict, int]]:
         for scenario, scenario_cfg in study.scenarios.items():
             for method, method_cfg in study.methods.items():
                 out.append((f"{method}__{scenario}", {**study.common, **scenario_cfg, **method_cfg}, seed))
-        for name, overrides in study.extra.items():
-            out.append((name, {**study.common, **overrides}, seed))
+        if seed in study.extra_seeds:
+            for name, overrides in study.extra.items():
+                out.append((name, {**study.common, **overrides}, seed))
     return out
 
 

@@ -111,3 +111,21 @@ def test_compose_command_writes_a_file_for_n_supernodes(tmp_path):
     assert len([n for n in services if n.startswith("supernode-")]) == 7
     with pytest.raises(ValueError, match=">= 1"):
         compose_spec(0)
+
+
+def test_deploy_command_refuses_bad_input_before_starting_anything(tmp_path, capsys):
+    from asyncfl.cli import deployment_run_config, main
+
+    with pytest.raises(SystemExit):
+        main(["deploy", "--supernodes", "0"])
+    assert "--supernodes must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["deploy", "--tls", str(tmp_path)])
+    assert "make-certs.sh" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["deploy", "-c", "strategy='nope'"])
+    assert "choose one of" in capsys.readouterr().err
+    overrides = deployment_run_config(ROOT, ["max-arrivals=5"])
+    assert overrides[0].startswith("clock='wall' output-dir='/") and overrides[1] == "max-arrivals=5"
+    with pytest.raises(ValueError, match="key=value overrides only"):
+        deployment_run_config(ROOT, ["conf/fedadt-paper.toml"])
