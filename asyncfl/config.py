@@ -19,7 +19,9 @@ from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
 from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
-STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho")
+STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho", "fedrevive",
+              "dd-fedrevive")
+REVIVE_PROPORTIONS = ("proxy", "true")
 #: FedEcho's unlabeled distillation sets: a cross-dataset set or the server's hold-out rows.
 DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
 _CHANNELS = {"mnist5k": 1, "digits": 1, "mnist": 1, "fashion-mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
@@ -228,6 +230,8 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         }
     if strategy == "fedecho":
         return _fedecho_params(cfg)
+    if strategy in ("fedrevive", "dd-fedrevive"):
+        return _fedrevive_params(cfg, strategy)
     if strategy == "fedfa":
         return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
     beta_constant = float(cfg["afl-dw.beta-constant"])
@@ -271,6 +275,39 @@ def _fedecho_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "alpha_min": alpha_min,
         "alpha_max": alpha_max,
         "clip": _positive("fedecho.clip", float(cfg["fedecho.clip"])),
+    }
+
+
+def _fedrevive_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
+    p = "fedrevive."
+    beta_constant = float(cfg[p + "beta-constant"])
+    meta_lambda = float(cfg[p + "meta-lambda"])
+    if not 0.0 <= beta_constant <= 1.0:
+        raise ConfigError(f"fedrevive.beta-constant={beta_constant} must be in [0, 1]")
+    if not 0.0 < meta_lambda <= 1.0:
+        raise ConfigError(f"fedrevive.meta-lambda={meta_lambda} must be in (0, 1]")
+    if strategy == "dd-fedrevive" and not float(cfg["server-holdout"]) > 0.0:
+        raise ConfigError("strategy 'dd-fedrevive' distils on real labeled server data: set server-holdout > 0")
+    positive = {key: _positive(p + key, float(cfg[p + key])) for key in
+                ("server-lr", "tau-max", "t-probe", "kd-lr", "temperature", "generator-lr", "latent-lr")}
+    counts = {key: _at_least_one(p + key, int(cfg[p + key])) for key in
+              ("buffer-size", "t-est", "t-gen", "kd-steps", "kd-batch-size", "pool-capacity", "latent-dim",
+               "synth-batch-size", "synth-steps")}
+    starts = {key: int(_positive(p + key, int(cfg[p + key]), allow_zero=True)) for key in ("synth-start", "kd-start")}
+    alphas = {key: _positive(p + key, float(cfg[p + key]), allow_zero=True) for key in
+              ("alpha-target", "alpha-feature", "alpha-adv")}
+    return {
+        "server_lr": positive["server-lr"], "beta": _choice(p + "beta", str(cfg[p + "beta"]), BETA_SCHEDULES),
+        "tau_max": positive["tau-max"], "beta_constant": beta_constant, "buffer_size": counts["buffer-size"],
+        "t_est": counts["t-est"], "t_probe": positive["t-probe"], "t_gen": counts["t-gen"],
+        "synth_start": starts["synth-start"], "kd_start": starts["kd-start"], "kd_steps": counts["kd-steps"],
+        "kd_batch_size": counts["kd-batch-size"], "kd_lr": positive["kd-lr"], "temperature": positive["temperature"],
+        "pool_capacity": counts["pool-capacity"], "latent_dim": counts["latent-dim"],
+        "synth_batch_size": counts["synth-batch-size"], "synth_steps": counts["synth-steps"],
+        "generator_lr": positive["generator-lr"], "latent_lr": positive["latent-lr"],
+        "alpha_target": alphas["alpha-target"], "alpha_feature": alphas["alpha-feature"],
+        "alpha_adv": alphas["alpha-adv"], "meta_lambda": meta_lambda,
+        "proportions": _choice(p + "proportions", str(cfg[p + "proportions"]), REVIVE_PROPORTIONS),
     }
 
 

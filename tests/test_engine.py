@@ -385,3 +385,14 @@ def test_transport_figures_are_recorded_per_accepted_reply():
     summary = transport_summary(stats)
     assert summary["client-train-s-mean"] == 0.25
     assert summary["dispatch-overhead-s-mean"] == pytest.approx(summary["job-round-trip-s-mean"] - 0.25)
+
+
+def test_negative_batchnorm_variances_are_clamped_without_touching_the_strategys_array():
+    state = OrderedDict([("bn.weight", np.ones(2, np.float32)), ("bn.running_var", np.ones(2, np.float32))])
+    codec = ModelCodec.from_state(state)
+    flat = np.array([-1.0, 2.0, -0.5, 3.0], np.float32)
+    clamped, count = codec.clamp_variances(flat)
+    assert count == 1 and clamped.tolist() == [-1.0, 2.0, 0.0, 3.0]  # weights may be negative, variances not
+    assert flat.tolist() == [-1.0, 2.0, -0.5, 3.0]
+    same, none = codec.clamp_variances(clamped)
+    assert none == 0 and same is clamped

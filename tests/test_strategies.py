@@ -47,7 +47,8 @@ def test_linear_and_constant_beta():
     assert linear_beta(30, 60) == 0.5
     assert linear_beta(90, 60) == 1.0
     assert beta_schedule("constant", 99, 10, 0.75) == 0.75
-    with pytest.raises(ValueError, match="cosine, linear, constant"):
+    assert beta_schedule("step", 4, 10, 0.5) == 0.0 and beta_schedule("step", 5, 10, 0.5) == 1.0
+    with pytest.raises(ValueError, match="cosine, linear, step, constant"):
         beta_schedule("sigmoid", 1, 10, 0.5)
 
 

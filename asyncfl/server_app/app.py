@@ -7,10 +7,12 @@ import resource
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from asyncfl.client_app.task import node_data
 from asyncfl.config import RunConfig, parse_run_config
 from asyncfl.data import load_dataset
 from asyncfl.models import build_model
@@ -59,6 +61,9 @@ def main(grid: Grid, context: Context) -> None:
         seed=cfg.engine.seed,
         data_dir=cfg.data.data_dir,
         server_holdout=cfg.data.server_holdout,
+        num_classes=splits.num_classes,
+        label_histogram=lambda pid, n: np.bincount(node_data(cfg.data, pid, n, cfg.engine.seed).y_train,
+                                                   minlength=splits.num_classes),
     )
     strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
     evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size)

@@ -66,6 +66,26 @@ class ModelCodec:
             out[self.offsets[i] : self.offsets[i + 1]] = np.asarray(array).reshape(-1)
         return out
 
+    def clamp_variances(self, flat: np.ndarray) -> tuple[np.ndarray, int]:
+        """``flat`` with BatchNorm ``running_var`` entries clamped to >= 0, and how many were negative.
+
+        Stale-delta updates ``x + eta * (client - stale_base)`` treat BatchNorm running
+        variances like weights; when the base's variance exceeds the client's and the
+        current one is small, the sum turns negative and evaluation yields NaN
+        (seen with FedRevive on the BatchNorm CNN). A variance cannot be negative.
+        ``flat`` itself is never modified (a strategy may keep it); a copy is made
+        only when something is clamped.
+        """
+        segments = [(self.offsets[i], self.offsets[i + 1]) for i, name in enumerate(self.names)
+                    if name.endswith("running_var")]
+        negative = sum(int((flat[a:b] < 0).sum()) for a, b in segments)
+        if not negative:
+            return flat, 0
+        out = flat.copy()
+        for a, b in segments:
+            np.maximum(out[a:b], 0.0, out=out[a:b])
+        return out, negative
+
     def to_record(self, flat: np.ndarray) -> ArrayRecord:
         """An ArrayRecord with this layout's names, shapes and dtypes."""
         items = OrderedDict()

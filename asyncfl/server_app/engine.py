@@ -94,6 +94,7 @@ class EngineStats:
     round_trip_seconds: list[float] = field(default_factory=list)  # push -> reply pulled, wall seconds
     client_train_seconds: list[float] = field(default_factory=list)  # as the ClientApps report it
     reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
+    clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -472,6 +473,8 @@ class AsyncEngine:
         if new_model is not None:
             if not np.isfinite(new_model).all():
                 raise FloatingPointError(f"strategy produced a non-finite model after arrival {self.stats.arrivals}")
+            new_model, clamped = self.codec.clamp_variances(new_model)
+            self.stats.clamped_variances += clamped
             self.versions.advance(new_model)
 
     # ------------------------------------------------------------- evaluate

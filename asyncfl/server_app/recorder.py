@@ -143,6 +143,8 @@ def transport_summary(stats) -> dict:
     time a job spends in transport, queues and process start-up.
     """
     out: dict = {}
+    if stats.clamped_variances:
+        out["clamped-bn-variances"] = stats.clamped_variances
     if stats.reply_bytes:
         out["reply-mb-mean"] = round(float(np.mean(stats.reply_bytes)) / 2**20, 4)
     if stats.round_trip_seconds:

@@ -5,7 +5,7 @@ from typing import Callable
 
 import numpy as np
 
-from asyncfl.data.holdout import stratified_rows
+from asyncfl.data.holdout import holdout_rows, stratified_rows
 from asyncfl.data.unlabeled import distillation_inputs
 from asyncfl.strategies.afl_dw import AFLDW
 from asyncfl.strategies.base import Arrival, Strategy
@@ -17,6 +17,8 @@ from asyncfl.strategies.fedadt import FedADT, ServerSet
 from asyncfl.strategies.fedbuff import FedBuff
 from asyncfl.strategies.fedecho import FedEcho
 from asyncfl.strategies.fedfa import FedFa
+from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig
+from asyncfl.strategies.revive.synthesis import SynthesisConfig
 
 _REGISTRY = {
     "fedavg": FedAvg,
@@ -42,6 +44,8 @@ class StrategyResources:
     seed: int
     data_dir: str = ""
     server_holdout: float = 0.0
+    num_classes: int = 10
+    label_histogram: Callable[[int, int], np.ndarray] | None = None  # (partition id, partitions) -> counts
 
 
 def server_rows(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -49,13 +53,35 @@ def server_rows(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     return stratified_rows(labels, fraction, seed, salt=5)
 
 
+def _build_fedrevive(name: str, params: dict, resources: StrategyResources) -> FedRevive:
+    synthesis = SynthesisConfig(
+        batch_size=params.pop("synth_batch_size"), steps=params.pop("synth_steps"),
+        generator_lr=params.pop("generator_lr"), latent_lr=params.pop("latent_lr"),
+        alpha_target=params.pop("alpha_target"), alpha_feature=params.pop("alpha_feature"),
+        alpha_adv=params.pop("alpha_adv"), meta_lambda=params.pop("meta_lambda"),
+    )
+    use_true = params.pop("proportions") == "true" or name == "dd-fedrevive"
+    if use_true and resources.label_histogram is None:
+        raise ValueError(f"{name} with true label proportions needs the clients' label histograms (simulation only)")
+    holdout = None
+    if name == "dd-fedrevive":
+        rows = holdout_rows(resources.y_train, resources.server_holdout, resources.seed)
+        holdout = (resources.x_train[rows], resources.y_train[rows])
+    return FedRevive(resources.make_model, resources.num_classes, tuple(resources.x_train.shape[1:]),
+                     ReviveConfig(synthesis=synthesis, **params), seed=resources.seed, holdout=holdout,
+                     true_proportions=resources.label_histogram if use_true else None)
+
+
 def build_strategy(name: str, params: dict, resources: StrategyResources | None = None) -> Strategy:
     """Instantiate strategy ``name`` with its parsed ``params``.
 
-    Methods that distil on the server (``fedadt``, ``fedecho``) also need ``resources``.
+    Methods that distil on the server (``fedadt``, ``fedecho``, ``fedrevive``, ``dd-fedrevive``) also need
+    ``resources``.
     """
-    if name in ("fedadt", "fedecho") and resources is None:
+    if name in ("fedadt", "fedecho", "fedrevive", "dd-fedrevive") and resources is None:
         raise ValueError(f"strategy {name!r} needs server resources (a model builder and the training split)")
+    if name in ("fedrevive", "dd-fedrevive"):
+        return _build_fedrevive(name, dict(params), resources)
     if name == "fedecho":
         params = dict(params)
         unlabeled = distillation_inputs(params["distill_set"], resources.x_train, resources.y_train,
@@ -68,11 +94,12 @@ def build_strategy(name: str, params: dict, resources: StrategyResources | None 
         server_set = ServerSet(resources.x_train[rows], resources.y_train[rows])
         return FedADT(resources.make_model, server_set, seed=resources.seed, **params)
     if name not in _REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(list(_REGISTRY) + ['fedadt', 'fedecho'])}")
+        valid = list(_REGISTRY) + ["fedadt", "fedecho", "fedrevive", "dd-fedrevive"]
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(valid)}")
     return _REGISTRY[name](**params)
 
 
 __all__ = [
-    "AFLDW", "CA2FL", "FADAS", "Arrival", "FedADT", "FedAsync", "FedAvg", "FedBuff", "FedEcho", "FedFa", "Strategy",
+    "AFLDW", "CA2FL", "FADAS", "Arrival", "FedADT", "FedAsync", "FedAvg", "FedBuff", "FedEcho", "FedFa", "FedRevive", "Strategy",
     "StrategyResources", "build_strategy", "server_rows",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 FEDASYNC_STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
-BETA_SCHEDULES = ("cosine", "linear", "constant")
+BETA_SCHEDULES = ("cosine", "linear", "step", "constant")
 
 
 def _check_tau(tau: int) -> None:
@@ -73,8 +73,20 @@ def linear_beta(tau: int, tau_max: float) -> float:
     return min(1.0, tau / tau_max)
 
 
+def step_beta(tau: int, tau_max: float) -> float:
+    """Step schedule: 0 below ``tau_max / 2``, 1 from there on (FedRevive, Appendix I.1, Figure 11).
+
+    The paper shows the family only as a figure; the switch point at half the
+    horizon is our reading of it.
+    """
+    _check_tau(tau)
+    return 1.0 if tau >= tau_max / 2 else 0.0
+
+
 def beta_schedule(name: str, tau: int, tau_max: float, constant: float) -> float:
     """Dispatch to one of :data:`BETA_SCHEDULES` by name."""
+    if name == "step":
+        return step_beta(tau, tau_max)
     if name == "cosine":
         return cosine_beta(tau, tau_max)
     if name == "linear":

@@ -1,0 +1,206 @@
+"""FedRevive: data-free knowledge distillation revives stale updates (FedRevive paper, Eq. 3, Sec. 2.2).
+
+On an arrival with staleness ``tau`` (client model ``x_i``, update ``Delta``):
+
+``x <- x + eta_s [ (1 - beta(tau)) Delta + beta(tau) Delta_KD ]``
+
+with ``Delta_KD = KD-Revive(x_i, x)``:
+
+1. the client model joins a FIFO buffer of the ``c`` most recent client models (teachers);
+   its first ``T_est`` uploads also update the client's class-proportion proxy;
+2. every ``T_gen`` server updates (from ``synth-start`` on) a synthesis round trains
+   ``(z, theta')`` for ``K_synth`` steps on Eq. 4, the lowest-loss batch joins the KD pool
+   and the generator takes the Reptile step;
+3. (from ``kd-start`` on, with a non-empty pool) ``K_KD`` Adam steps distil all buffered
+   teachers into a student initialised at the global model: for each teacher a minibatch
+   drawn from the pool by its proxy class proportions, KL at temperature ``T``;
+   ``Delta_KD = student - x``.
+
+Before ``kd-start`` only the ``(1 - beta)`` down-weighting applies (as the authors'
+public configuration does with 50/100 warm-up updates). ``beta`` is AFL-DW's
+family (1-cosine over ``tau_max`` by default; linear, step, constant).
+
+DD-FedRevive (``data = "holdout"``): the pool is the server's labeled hold-out
+split instead of synthetic samples, teachers are weighted by the clients' true
+label proportions, and ``beta`` is a constant 0.5 (the paper's upper-bound ablation).
+
+The student runs in eval mode, so the global model's BatchNorm statistics are not
+moved by synthetic inputs. Teachers are run one after the other (not batched).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.revive.generator import Generator
+from asyncfl.strategies.revive.pool import KDPool
+from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
+from asyncfl.strategies.revive.synthesis import SynthesisConfig, synthesize
+from asyncfl.strategies.staleness import beta_schedule
+
+
+@dataclass(frozen=True)
+class ReviveConfig:
+    """FedRevive's knobs (paper defaults; FEMNIST column of its Table 6 where per dataset)."""
+
+    server_lr: float = 0.05
+    beta: str = "cosine"
+    tau_max: float = 150.0
+    beta_constant: float = 0.5
+    buffer_size: int = 8
+    t_est: int = 2
+    t_probe: float = 1.4
+    t_gen: int = 10
+    synth_start: int = 50
+    kd_start: int = 100
+    kd_steps: int = 10
+    kd_batch_size: int = 32
+    kd_lr: float = 1e-4
+    temperature: float = 1.0
+    pool_capacity: int = 2048
+    latent_dim: int = 100
+    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
+
+
+def multi_teacher_kd_loss(student_logits: list[torch.Tensor], teacher_logits: list[torch.Tensor],
+                          temperature: float) -> torch.Tensor:
+    """``(1/c) sum_k mean_batch KL(softmax(t_k/T) || softmax(s/T))`` over the c teachers' minibatches."""
+    terms = [F.kl_div(F.log_softmax(s / temperature, dim=1), F.log_softmax(t / temperature, dim=1),
+                      reduction="batchmean", log_target=True) for s, t in zip(student_logits, teacher_logits)]
+    return torch.stack(terms).mean()
+
+
+class FedRevive(Strategy):
+    """FedRevive (and DD-FedRevive with a real labeled ``holdout`` pool).
+
+    Parameters
+    ----------
+    make_model : callable
+        Builds a fresh network of the global model's architecture.
+    num_classes, input_shape : int, tuple
+        The task's label count and input shape (for the generator and the probes).
+    config : ReviveConfig
+        Method knobs.
+    seed : int
+        Seeds probes, synthesis and pool sampling.
+    holdout : tuple of arrays, optional
+        ``(x, y)`` real labeled server data: DD-FedRevive.
+    true_proportions : callable, optional
+        ``(client index, number of clients) -> label histogram``; replaces the probing proxies
+        (ablation, and DD-FedRevive). Client indices are partition ids when clients report them.
+    """
+
+    def __init__(self, make_model: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
+                 config: ReviveConfig = ReviveConfig(), seed: int = 0,
+                 holdout: tuple[np.ndarray, np.ndarray] | None = None,
+                 true_proportions: Callable[[int, int], np.ndarray] | None = None) -> None:
+        self.config = config
+        self.num_classes = num_classes
+        self.make_model = make_model
+        self.student = make_model().eval()
+        self.probe_net = make_model().eval()
+        self._teacher_nets = [make_model().eval() for _ in range(config.buffer_size)]
+        self._buffer: deque[tuple[int, nn.Module]] = deque()  # (client, loaded teacher), oldest first
+        self._next_slot = 0
+        self.true_proportions = true_proportions
+        self.proxies = ClassProportionProxies(num_classes, input_shape, config.t_est, config.t_probe, seed=seed)
+        with torch.random.fork_rng():  # a seeded generator init that leaves the global RNG alone
+            torch.manual_seed(seed)
+            self.generator = Generator(config.latent_dim, num_classes, input_shape)
+        self.pool = KDPool(config.pool_capacity)
+        self.data_driven = holdout is not None
+        if holdout is not None:
+            self.pool = KDPool(len(holdout[1]))
+            self.pool.add(torch.from_numpy(np.ascontiguousarray(holdout[0], dtype=np.float32)),
+                          torch.from_numpy(np.asarray(holdout[1], dtype=np.int64)))
+        self._torch_rng = torch.Generator().manual_seed(seed)
+        self._np_rng = np.random.default_rng([seed, 9])
+        self.num_clients = 0
+        self.updates = 0
+        self.synthesis_rounds = 0
+        self.kd_updates = 0
+        self.last_synthesis_loss = float("nan")
+
+    def on_start(self, num_clients: int) -> None:
+        self.num_clients = num_clients
+
+    # ------------------------------------------------------------------ parts
+    def _proportions(self, client: int) -> np.ndarray:
+        if self.true_proportions is not None:
+            histogram = np.asarray(self.true_proportions(client, self.num_clients), dtype=np.float64)
+            return histogram / max(histogram.sum(), 1.0)
+        return self.proxies.proportions(client)
+
+    def _buffer_teacher(self, client: int, weights: np.ndarray) -> None:
+        if len(self._buffer) == self.config.buffer_size:
+            self._buffer.popleft()
+        net = self._teacher_nets[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % self.config.buffer_size
+        self._buffer.append((client, load_flat(net, weights).eval()))
+
+    def _weights(self) -> torch.Tensor:
+        return torch.from_numpy(teacher_class_weights([self._proportions(c) for c, _ in self._buffer])).float()
+
+    def beta(self, staleness: int) -> float:
+        """``beta(tau)``; DD-FedRevive uses the constant 0.5."""
+        if self.data_driven:
+            return 0.5
+        return beta_schedule(self.config.beta, staleness, self.config.tau_max, self.config.beta_constant)
+
+    def distil(self, current: np.ndarray) -> np.ndarray:
+        """``K_KD`` Adam steps of a student (from ``current``) towards all buffered teachers; returns ``Delta_KD``."""
+        load_flat(self.student, current).eval()
+        optimizer = torch.optim.Adam(self.student.parameters(), lr=self.config.kd_lr)
+        teachers = [net for _, net in self._buffer]
+        proportions = [self._proportions(c) for c, _ in self._buffer]
+        for _ in range(self.config.kd_steps):
+            batches = [self.pool.sample(p, self.config.kd_batch_size, self._np_rng) for p in proportions]
+            with torch.no_grad():
+                teacher_logits = [t(b) for t, b in zip(teachers, batches)]
+            # One student pass over all teachers' minibatches (eval mode: no cross-batch statistics).
+            student_logits = list(self.student(torch.cat(batches)).split([len(b) for b in batches]))
+            loss = multi_teacher_kd_loss(student_logits, teacher_logits, self.config.temperature)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return model_to_flat(self.student) - current
+
+    # ---------------------------------------------------------------- arrival
+    def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
+        if self.true_proportions is None:
+            self.proxies.observe(arrival.client_index, load_flat(self.probe_net, arrival.weights))
+        self._buffer_teacher(arrival.client_index, arrival.weights)
+        cfg = self.config
+        if (not self.data_driven and self.updates >= cfg.synth_start and self.updates % cfg.t_gen == 0):
+            load_flat(self.student, current)
+            batch, labels, loss = synthesize(self.generator, [n for _, n in self._buffer], self.student,
+                                             self._weights(), self.num_classes, cfg.synthesis, self._torch_rng)
+            self.pool.add(batch, labels)
+            self.synthesis_rounds += 1
+            self.last_synthesis_loss = loss
+        beta = self.beta(arrival.staleness)
+        step = np.float32(1.0 - beta) * arrival.delta
+        if self.updates >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0:
+            step += np.float32(beta) * self.distil(current)
+            self.kd_updates += 1
+        self.updates += 1
+        return current + np.float32(cfg.server_lr) * step
+
+    def summary(self) -> dict[str, float | int | str]:
+        return {
+            "variant": "dd-fedrevive" if self.data_driven else "fedrevive",
+            "kd-updates": self.kd_updates,
+            "synthesis-rounds": self.synthesis_rounds,
+            "kd-pool-size": len(self.pool),
+            "last-synthesis-loss": round(self.last_synthesis_loss, 4),
+            "teacher-proportions": "true (ablation)" if self.true_proportions is not None else "probing proxy",
+        }

@@ -1,0 +1,1 @@
+"""FedRevive's data-free KD machinery (KD-Revive): generator, teacher proxies, synthesis, KD pool."""

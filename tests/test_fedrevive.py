@@ -1,0 +1,187 @@
+"""FedRevive: teacher weights, KD pool, proxies, synthesis losses by hand, warm-up equivalence with
+AFL-DW, distillation toward the teachers, DD-FedRevive, config."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from asyncfl.config import ConfigError, parse_run_config
+from asyncfl.models import build_model
+from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.strategies import AFLDW, Arrival, StrategyResources, build_strategy
+from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig, multi_teacher_kd_loss
+from asyncfl.strategies.revive.generator import Generator
+from asyncfl.strategies.revive.pool import KDPool
+from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
+from asyncfl.strategies.revive.synthesis import BatchNormStatistics, SynthesisConfig, synthesis_loss, synthesize
+from tests.test_config import defaults
+
+SHAPE = (1, 8, 8)
+
+
+def test_teacher_class_weights_normalise_each_class_over_the_buffer():
+    weights = teacher_class_weights([np.array([0.5, 0.5]), np.array([0.25, 0.75])])
+    assert np.allclose(weights, [[2 / 3, 0.4], [1 / 3, 0.6]])
+    assert np.allclose(weights.sum(axis=0), 1.0)
+
+
+def test_kd_pool_is_fifo_and_samples_by_class_proportions():
+    pool = KDPool(capacity=5)
+    pool.add(torch.arange(3.0).view(3, 1), torch.tensor([0, 1, 1]))
+    pool.add(torch.arange(3.0, 6.0).view(3, 1), torch.tensor([2, 1, 0]))
+    assert len(pool) == 5 and pool.x.ravel().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]  # the oldest left
+    rng = np.random.default_rng(0)
+    only_class_1 = pool.sample(np.array([0.0, 1.0, 0.0]), 20, rng)
+    assert set(only_class_1.ravel().tolist()) <= {1.0, 2.0, 4.0}
+    # A class the pool lacks is skipped: all mass on class 3 falls back to uniform over present labels.
+    assert pool.sample(np.array([0.0, 0.0, 0.0, 1.0]), 10, rng).shape == (10, 1)
+
+
+class Biased(nn.Module):
+    """Logits = bias only: a model that always predicts the same distribution."""
+
+    def __init__(self, bias):
+        super().__init__()
+        self.bias = nn.Parameter(torch.tensor(bias, dtype=torch.float32))
+
+    def forward(self, x):
+        return self.bias.expand(x.shape[0], -1)
+
+
+def test_proxy_is_the_mean_probe_softmax_of_the_first_t_est_uploads():
+    proxies = ClassProportionProxies(3, SHAPE, t_est=2, t_probe=1.0, probe_size=8)
+    proxies.observe(7, Biased([math.log(2.0), 0.0, 0.0]))  # softmax (0.5, 0.25, 0.25)
+    proxies.observe(7, Biased([0.0, 0.0, 0.0]))  # (1/3, 1/3, 1/3)
+    proxies.observe(7, Biased([0.0, 0.0, 50.0]))  # third upload: ignored
+    assert np.allclose(proxies.proportions(7), [(0.5 + 1 / 3) / 2, (0.25 + 1 / 3) / 2, (0.25 + 1 / 3) / 2])
+    assert np.allclose(proxies.proportions(99), [1 / 3] * 3)  # never seen: uniform
+
+
+def test_multi_teacher_kd_loss_by_hand():
+    student = [torch.zeros(1, 2)]
+    teacher = [torch.tensor([[math.log(3.0), 0.0]])]  # (0.75, 0.25) vs (0.5, 0.5)
+    expected = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    assert multi_teacher_kd_loss(student, teacher, 1.0).item() == pytest.approx(expected, rel=1e-5)
+    assert multi_teacher_kd_loss(teacher + teacher, teacher + teacher, 1.0).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_batchnorm_statistics_term_by_hand():
+    bn = nn.BatchNorm2d(4).eval()  # running mean 0, running var 1
+    stats = BatchNormStatistics(nn.Sequential(bn))
+    bn(torch.full((2, 4, 3, 3), 0.5))
+    # batch mean 0.5, var 0 per channel: ||0.5 * 1_4|| + ||0 - 1_4|| = 0.5 * 2 + 2
+    assert stats.take().item() == pytest.approx(3.0)
+    stats.remove()
+
+
+def test_adversarial_term_counts_only_where_teacher_and_student_agree():
+    student = Biased([2.0, 0.0])
+    agreeing, disagreeing = Biased([5.0, 0.0]), Biased([0.0, 5.0])
+    labels = torch.tensor([0, 1])
+    x = torch.zeros(2, *SHAPE)
+    only_adv = SynthesisConfig(alpha_target=0.0, alpha_feature=0.0, alpha_adv=1.0)
+    w = torch.tensor([[1.0, 1.0]])
+    stats = [BatchNormStatistics(nn.Sequential())]
+    loss_agree = synthesis_loss(x, labels, [agreeing], stats, student, w, only_adv).item()
+    p_t, p_s = torch.softmax(torch.tensor([5.0, 0.0]), 0), torch.softmax(torch.tensor([2.0, 0.0]), 0)
+    assert loss_agree == pytest.approx(-float((p_t * (p_t / p_s).log()).sum()), rel=1e-5)
+    assert synthesis_loss(x, labels, [disagreeing], stats, student, w, only_adv).item() == 0.0
+
+
+def test_synthesis_returns_a_batch_shaped_like_the_inputs_and_meta_updates_the_generator():
+    generator = Generator(16, 3, (1, 8, 8), base=8)
+    before = [p.detach().clone() for p in generator.parameters()]
+    teacher = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+    config = SynthesisConfig(batch_size=6, steps=2, meta_lambda=0.5)
+    batch, labels, loss = synthesize(generator, [teacher], nn.Sequential(nn.Flatten(), nn.Linear(64, 3)),
+                                     torch.ones(1, 3), 3, config, torch.Generator().manual_seed(0))
+    assert batch.shape == (6, 1, 8, 8) and labels.shape == (6,) and math.isfinite(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, generator.parameters()))
+
+
+def _mlp():
+    return build_model("mlp", SHAPE, 3)
+
+
+def _arrival(client, weights, base, staleness):
+    return Arrival(client, 0, staleness, weights, base, 10, 0.1, 0.0)
+
+
+def test_before_kd_start_fedrevive_is_afl_dw():
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
+    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(server_lr=0.3, tau_max=10.0, synth_start=100, kd_start=100))
+    afl = AFLDW(server_lr=0.3, beta="cosine", tau_max=10.0)
+    for tau in (0, 3, 12):
+        assert np.allclose(revive.on_arrival(_arrival(0, client, base, tau), base),
+                           afl.on_arrival(_arrival(0, client, base, tau), base), atol=1e-6)
+    assert revive.kd_updates == 0 and revive.synthesis_rounds == 0
+
+
+def test_distillation_moves_the_student_toward_the_buffered_teachers():
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    teachers = [model_to_flat(build_model("mlp", SHAPE, 3, seed=10 + i)) for i in range(3)]
+    x = np.random.default_rng(0).normal(size=(60, *SHAPE)).astype(np.float32)
+    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(kd_steps=40, kd_lr=0.01, buffer_size=3), holdout=(x, np.arange(60) % 3),
+                       true_proportions=lambda client, n: np.ones(3))
+    for i, weights in enumerate(teachers):
+        revive._buffer_teacher(i, weights)
+
+    def kd_loss(weights):
+        student = load_flat(_mlp(), weights).eval()
+        inputs = torch.from_numpy(x)
+        with torch.no_grad():
+            outs = [student(inputs)] * 3
+            targets = [load_flat(_mlp(), t).eval()(inputs) for t in teachers]
+        return multi_teacher_kd_loss(outs, targets, 1.0).item()
+
+    distilled = base + revive.distil(base)
+    assert kd_loss(distilled) < 0.5 * kd_loss(base)
+
+
+def test_dd_fedrevive_mixes_half_and_half_from_the_first_update():
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
+    x = np.random.default_rng(0).normal(size=(30, *SHAPE)).astype(np.float32)
+    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(server_lr=1.0, kd_start=0, kd_steps=2), seed=4,
+                       holdout=(x, np.arange(30) % 3), true_proportions=lambda client, n: np.ones(3))
+    assert revive.beta(0) == 0.5 and revive.beta(500) == 0.5
+    new = revive.on_arrival(_arrival(0, client, base, 0), base)
+    assert revive.kd_updates == 1 and revive.summary()["variant"] == "dd-fedrevive"
+    assert not np.allclose(new, base + 0.5 * (client - base))  # the KD half moved it elsewhere
+
+
+def test_fedrevive_is_deterministic_for_a_seed():
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    clients = [model_to_flat(build_model("mlp", SHAPE, 3, seed=5 + i)) for i in range(4)]
+    config = ReviveConfig(synth_start=0, kd_start=1, t_gen=2, kd_steps=2, latent_dim=8,
+                          synthesis=SynthesisConfig(batch_size=8))
+    runs = []
+    for _ in range(2):
+        revive = FedRevive(_mlp, 3, SHAPE, config, seed=11)
+        model = base
+        for i, weights in enumerate(clients):
+            model = revive.on_arrival(_arrival(i, weights, base, 20), model)
+        runs.append(model)
+    assert np.array_equal(runs[0], runs[1])
+    assert revive.synthesis_rounds == 2 and revive.kd_updates == 3
+
+
+def test_build_strategy_from_run_config_and_bad_settings_are_refused():
+    rng = np.random.default_rng(0)
+    resources = StrategyResources(lambda: build_model("mlp", (1, 28, 28), 10),
+                                  rng.normal(size=(40, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 40), seed=0,
+                                  server_holdout=0.1, label_histogram=lambda pid, n: np.ones(10))
+    cfg = parse_run_config({**defaults(), "strategy": "fedrevive"})
+    assert isinstance(build_strategy("fedrevive", dict(cfg.strategy_params), resources), FedRevive)
+    dd = parse_run_config({**defaults(), "strategy": "dd-fedrevive", "server-holdout": 0.1})
+    assert build_strategy("dd-fedrevive", dict(dd.strategy_params), resources).data_driven
+    with pytest.raises(ConfigError, match="server-holdout > 0"):
+        parse_run_config({**defaults(), "strategy": "dd-fedrevive"})
+    with pytest.raises(ConfigError, match="choose one of"):
+        parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.beta": "sigmoid"})
+    with pytest.raises(ConfigError, match="meta-lambda"):
+        parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.meta-lambda": 0.0})
