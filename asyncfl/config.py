@@ -109,6 +109,8 @@ class EngineConfig:
     eval_batch_size: int
     progress: bool
     emulate_delay_scale: float = 0.0
+    overlap: bool = False
+    server_time_scale: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -369,7 +371,12 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
         eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
         progress=bool(cfg["progress"]),
         emulate_delay_scale=_positive("emulate-delay-scale", float(cfg["emulate-delay-scale"]), allow_zero=True),
+        overlap=bool(cfg["overlap-server-compute"]),
+        server_time_scale=_positive("server-time-scale", float(cfg["server-time-scale"]), allow_zero=True),
     )
+    if engine.overlap and engine.server_time_scale > 0:
+        raise ConfigError("overlap-server-compute hides server time from clients; set server-time-scale = 0 with it "
+                          "(or turn overlap off to charge server time to the virtual clock)")
     if engine.max_arrivals == 0 and engine.max_virtual_time == 0:
         raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))

@@ -93,3 +93,10 @@ def test_scenario_presets_in_conf_are_valid():
 
     for preset in sorted((ROOT / "conf").glob("*.toml")):
         check_run_config(ROOT, [str(preset)])
+
+
+def test_overlap_and_server_time_on_the_clock_exclude_each_other():
+    with pytest.raises(ConfigError, match="overlap-server-compute"):
+        parse_run_config(defaults(**{"overlap-server-compute": True, "server-time-scale": 1.0}))
+    cfg = parse_run_config(defaults(**{"overlap-server-compute": True}))
+    assert cfg.engine.overlap and cfg.engine.server_time_scale == 0.0

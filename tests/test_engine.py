@@ -396,3 +396,42 @@ def test_negative_batchnorm_variances_are_clamped_without_touching_the_strategys
     assert flat.tolist() == [-1.0, 2.0, -0.5, 3.0]
     same, none = codec.clamp_variances(clamped)
     assert none == 0 and same is clamped
+
+
+class EveryArrivalUpdates(Strategy):
+    """FedAsync-like: each arrival advances the version (model + 1)."""
+
+    def __init__(self, pause: float = 0.0):
+        self.pause = pause
+        self.bases = []
+
+    def on_arrival(self, arrival, current):
+        import time as _time
+
+        _time.sleep(self.pause)
+        self.bases.append(arrival.base_version)
+        return current + 1.0
+
+
+def _dispatched_versions(grid):
+    return [m.content.config_records["config"]["model-version"] for m in grid.pushed
+            if m.metadata.message_type == "train"]
+
+
+def test_overlap_dispatches_the_freed_slot_with_the_pre_update_model():
+    plain, overlapped = FakeGrid(4, plus_one), FakeGrid(4, plus_one)
+    make_engine(plain, EveryArrivalUpdates(), concurrency=2, max_arrivals=4).run()
+    make_engine(overlapped, EveryArrivalUpdates(), concurrency=2, max_arrivals=4, overlap=True).run()
+    # Jobs 0-1 start on version 0; the job replacing the first arrival gets version 1 without overlap,
+    # version 0 (the model before that arrival's update) with it.
+    assert _dispatched_versions(plain)[2] == 1
+    assert _dispatched_versions(overlapped)[2] == 0
+
+
+def test_server_time_scale_charges_server_compute_to_the_virtual_clock():
+    free = make_engine(FakeGrid(3, plus_one), EveryArrivalUpdates(), max_arrivals=4)
+    free.run()
+    charged = make_engine(FakeGrid(3, plus_one), EveryArrivalUpdates(pause=0.05), max_arrivals=4, server_time_scale=10.0)
+    charged.run()
+    # Each arrival's >= 0.05 s of server work costs >= 0.5 virtual units; later jobs start that much later.
+    assert charged.now >= free.now + 0.5

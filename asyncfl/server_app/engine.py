@@ -265,7 +265,7 @@ class AsyncEngine:
                 self._evaluate_until(self._now)
                 break
             self._evaluate_until(job.finish)
-            self._now = job.finish
+            self._now = max(self._now, job.finish)  # server time (server-time-scale) may have moved it ahead
             self._complete(job, reply)
             if self.recorder is not None:
                 self.recorder.on_progress(self._now, self.stats.arrivals)
@@ -290,6 +290,9 @@ class AsyncEngine:
                 f"the last {limit} jobs all failed (rejected: {dict(self.stats.rejected)}); "
                 "check the ClientApp logs: the run cannot make progress"
             )
+
+    def _last_arrival(self) -> bool:
+        return bool(self.config.max_arrivals) and self.stats.arrivals + 1 >= self.config.max_arrivals
 
     def _should_stop(self) -> bool:
         max_arrivals = self.config.max_arrivals
@@ -409,7 +412,12 @@ class AsyncEngine:
             arrival = self._to_arrival(job, reply)
             self._failures_in_a_row = 0 if arrival is not None else self._failures_in_a_row + 1
             if arrival is not None:
+                if self.config.overlap and not self.strategy.synchronous and not self._last_arrival():
+                    self._top_up()  # the freed slot gets the pre-update model: server compute hidden, +1 staleness
+                compute_started = time.perf_counter()
                 new_model = self.strategy.on_arrival(arrival, self.versions.current)
+                if self.config.clock == "virtual" and self.config.server_time_scale > 0:
+                    self._now += (time.perf_counter() - compute_started) * self.config.server_time_scale
                 self._accepted(arrival, new_model)
         finally:
             self.versions.release(job.version)
