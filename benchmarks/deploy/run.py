@@ -33,7 +33,7 @@ from asyncfl.deploy.local import LocalDeployment  # noqa: E402
 
 NODES = 4
 JOBS = 24
-COMMON = f"concurrency={NODES} max-arrivals={JOBS} progress=false clock='wall' eval-every=1000.0 wait-for-nodes=60.0"
+COMMON = f"concurrency={NODES} progress=false clock='wall' eval-every=1000.0 wait-for-nodes=60.0"
 
 
 def _submit(deployment: LocalDeployment, overrides: str, app: Path | None = None) -> float:
@@ -63,9 +63,10 @@ def main() -> int:
         tmp = Path(tmp_name)
         with LocalDeployment(ROOT, NODES, workdir=tmp / "deployment") as deployment:
             warm = _submit(deployment, f"{COMMON} max-arrivals={NODES} output-dir='{tmp}' run-name='warm-up'")
-            ours_wall = _submit(deployment, f"{COMMON} strategy='fedbuff' fedbuff.buffer-size={NODES} "
-                                            f"output-dir='{tmp}' run-name='ours'")
-            peer_wall = _submit(deployment, f"{COMMON} output-dir='{tmp / 'peer-out'}'", app=_peer_app(tmp))
+            ours_wall = _submit(deployment, f"{COMMON} max-arrivals={JOBS} strategy='fedbuff' "
+                                            f"fedbuff.buffer-size={NODES} output-dir='{tmp}' run-name='ours'")
+            peer_wall = _submit(deployment, f"{COMMON} max-arrivals={JOBS} output-dir='{tmp / 'peer-out'}'",
+                                app=_peer_app(tmp))
         ours = json.loads((tmp / "ours" / "summary.json").read_text())
         peer = json.loads((tmp / "peer-out" / "flower-loop.json").read_text())
     peer_jobs = sum(r["replies"] for r in peer["rounds"])
