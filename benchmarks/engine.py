@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np

@@ -135,7 +135,7 @@ class FedEcho(Strategy):
         self._sum: np.ndarray | None = None
         self._count = 0
         self.aggregations = 0
-        self._alphas: list[float] = []
+        self._alpha_sum, self._alpha_count = 0.0, 0  # for the summary's mean alpha
 
     @torch.no_grad()
     def client_logits(self, weights: np.ndarray) -> np.ndarray:
@@ -153,7 +153,8 @@ class FedEcho(Strategy):
                                  generator=self._generator)
             teacher = torch.from_numpy(self.bank.mean(rows.numpy()))
             alpha = uncertainty_weight(teacher, self.alpha_min, self.alpha_max)
-            self._alphas.append(alpha)
+            self._alpha_sum += alpha
+            self._alpha_count += 1
             loss = fedecho_distillation_loss(self.student(self.unlabeled[rows]), teacher, alpha)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -182,5 +183,5 @@ class FedEcho(Strategy):
             "distill-samples": int(len(self.unlabeled)),
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
-            "mean-alpha": round(float(np.mean(self._alphas)), 4) if self._alphas else float("nan"),
+            "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
         }
