@@ -14,13 +14,15 @@ from asyncfl.data.datasets import DATASETS
 from asyncfl.data.partition import PARTITIONINGS
 from asyncfl.models.zoo import MODELS
 from asyncfl.simulation.categories import RuntimeCategories
+from asyncfl.simulation.intertwined import IntertwinedDelays
+from asyncfl.strategies.gi.inversion import InversionConfig
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
 from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
 from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
 STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho", "fedrevive",
-              "dd-fedrevive")
+              "dd-fedrevive", "stale-weighted", "dc-asgd", "asyn-tiers", "gi-compensation")
 REVIVE_PROPORTIONS = ("proxy", "true")
 #: FedEcho's unlabeled distillation sets: a cross-dataset set or the server's hold-out rows.
 DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
@@ -105,12 +107,13 @@ class EngineConfig:
     wait_for_nodes: float
     seed: int
     delay_preset: str
-    delays: DelayModel | RuntimeCategories
+    delays: DelayModel | RuntimeCategories | IntertwinedDelays
     eval_batch_size: int
     progress: bool
     emulate_delay_scale: float = 0.0
     overlap: bool = False
     server_time_scale: float = 0.0
+    round_deadline: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,10 +155,17 @@ def _parse_targets(text: str) -> tuple[float, ...]:
     return targets
 
 
-def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCategories]:
+def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
     preset = str(cfg["delay-model"])
-    valid = tuple(DELAY_PRESETS) + ("custom",)
+    valid = tuple(DELAY_PRESETS) + ("intertwined", "custom")
     _choice("delay-model", preset, valid)
+    if preset == "intertwined":
+        try:
+            return preset, IntertwinedDelays(
+                affected_class=int(cfg["intertwined.class"]), delayed_clients=int(cfg["intertwined.clients"]),
+                staleness=int(cfg["intertwined.staleness"]), on_time=float(cfg["intertwined.on-time"]))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     if preset != "custom":
         gamma = float(cfg["delay.gamma"])
         if not 0.0 <= gamma <= 1.0:
@@ -236,6 +246,8 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         return _fedrevive_params(cfg, strategy)
     if strategy == "fedfa":
         return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
+    if strategy in ("stale-weighted", "dc-asgd", "asyn-tiers", "gi-compensation"):
+        return _semi_async_params(cfg, strategy)
     beta_constant = float(cfg["afl-dw.beta-constant"])
     if not 0.0 <= beta_constant <= 1.0:
         raise ConfigError(f"afl-dw.beta-constant={beta_constant} must be in [0, 1]")
@@ -245,6 +257,29 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         "tau_max": _positive("afl-dw.tau-max", float(cfg["afl-dw.tau-max"])),
         "beta_constant": beta_constant,
     }
+
+
+def _semi_async_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
+    """FedAvg-based baselines of the gradient-inversion paper; they share ``fedavg.server-lr``."""
+    params: dict[str, Any] = {"server_lr": _positive("fedavg.server-lr", float(cfg["fedavg.server-lr"]))}
+    if strategy == "stale-weighted":
+        params["a"] = _positive("stale-weighted.a", float(cfg["stale-weighted.a"]), allow_zero=True)
+        params["b"] = float(cfg["stale-weighted.b"])
+    elif strategy == "dc-asgd":
+        params["lam"] = _positive("dc-asgd.lambda", float(cfg["dc-asgd.lambda"]), allow_zero=True)
+    elif strategy == "asyn-tiers":
+        params["boundary"] = int(_positive("asyn-tiers.boundary", int(cfg["asyn-tiers.boundary"]), allow_zero=True))
+    else:
+        try:
+            params["inversion"] = InversionConfig(
+                rec_fraction=float(cfg["gi.rec-fraction"]), max_rec=int(cfg["gi.max-rec"]),
+                iterations=int(cfg["gi.iterations"]), warm_iterations=int(cfg["gi.warm-iterations"]),
+                lr=float(cfg["gi.lr"]), keep_fraction=float(cfg["gi.keep-fraction"]))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        params["switch_window"] = _positive("gi.switch-window", float(cfg["gi.switch-window"]), allow_zero=True)
+        params["uniqueness"] = bool(cfg["gi.uniqueness"])
+    return params
 
 
 def _fedecho_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -355,6 +390,9 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
     )
     if train.local_steps == 0 and train.local_epochs == 0:
         raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
+    if strategy == "gi-compensation" and train.optimizer != "sgd":
+        raise ConfigError("gi-compensation replays the clients' SGD program (the paper: inversion fails under Adam); "
+                          f"set optimizer = 'sgd' (got {train.optimizer!r})")
     delay_preset, delays = _parse_delays(cfg)
     engine = EngineConfig(
         clock=_choice("clock", str(cfg["clock"]), CLOCKS),
@@ -373,7 +411,13 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
         emulate_delay_scale=_positive("emulate-delay-scale", float(cfg["emulate-delay-scale"]), allow_zero=True),
         overlap=bool(cfg["overlap-server-compute"]),
         server_time_scale=_positive("server-time-scale", float(cfg["server-time-scale"]), allow_zero=True),
+        round_deadline=_positive("round-deadline", float(cfg["round-deadline"]), allow_zero=True),
     )
+    if engine.round_deadline > 0 and engine.clock != "virtual":
+        raise ConfigError("round-deadline (semi-asynchronous rounds) needs clock = 'virtual'; set round-deadline = 0 "
+                          "for wall-clock runs")
+    if engine.delay_preset == "intertwined" and engine.clock != "virtual":
+        raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
     if engine.overlap and engine.server_time_scale > 0:
         raise ConfigError("overlap-server-compute hides server time from clients; set server-time-scale = 0 with it "
                           "(or turn overlap off to charge server time to the virtual clock)")

@@ -24,9 +24,10 @@ class FakeGrid:
     """
 
     def __init__(self, num_nodes: int, handler: Handler, release=None, partition_ids: bool = True,
-                 sizes: list[int] | None = None) -> None:
+                 sizes: list[int] | None = None, label_counts: list[list[int]] | None = None) -> None:
         self.nodes = list(range(101, 101 + num_nodes))
         self.sizes = sizes
+        self.label_counts = label_counts
         self.handler = handler
         self.release = release or (lambda waiting: waiting)
         self.partition_ids = partition_ids
@@ -68,6 +69,9 @@ class FakeGrid:
         identity = {"partition-id": self.nodes.index(node)}
         if self.sizes is not None:
             identity["num-examples"] = self.sizes[self.nodes.index(node)]
+        asked = message.content.config_records["config"].get("asyncfl-label-counts", False)
+        if asked and self.label_counts is not None:
+            identity["label-counts"] = list(self.label_counts[self.nodes.index(node)])
         return Message(RecordDict({"config": ConfigRecord(identity)}), reply_to=message)
 
     def pull_messages(self, message_ids):

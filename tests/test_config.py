@@ -100,3 +100,24 @@ def test_overlap_and_server_time_on_the_clock_exclude_each_other():
         parse_run_config(defaults(**{"overlap-server-compute": True, "server-time-scale": 1.0}))
     cfg = parse_run_config(defaults(**{"overlap-server-compute": True}))
     assert cfg.engine.overlap and cfg.engine.server_time_scale == 0.0
+
+
+def test_gradient_inversion_settings_are_validated_before_any_work():
+    import tomllib
+
+    defaults = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    cfg = dict(defaults["tool"]["flwr"]["app"]["config"])
+    with pytest.raises(ConfigError, match="optimizer = 'sgd'"):
+        parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "adam"})
+    with pytest.raises(ConfigError, match="keep fraction|keep-fraction"):
+        parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "gi.keep-fraction": 0.0})
+    with pytest.raises(ConfigError, match="round-deadline"):
+        parse_run_config({**cfg, "clock": "wall", "round-deadline": 1.0})
+    with pytest.raises(ConfigError, match="intertwined"):
+        parse_run_config({**cfg, "clock": "wall", "delay-model": "intertwined"})
+    with pytest.raises(ConfigError, match="intertwined.staleness"):
+        parse_run_config({**cfg, "delay-model": "intertwined", "intertwined.staleness": 0})
+    parsed = parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "delay-model": "intertwined",
+                               "round-deadline": 1.0})
+    assert parsed.engine.round_deadline == 1.0 and parsed.engine.delays.staleness == 40
+    assert parsed.strategy_params["inversion"].keep_fraction == 0.05

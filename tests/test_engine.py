@@ -435,3 +435,52 @@ def test_server_time_scale_charges_server_compute_to_the_virtual_clock():
     charged.run()
     # Each arrival's >= 0.05 s of server work costs >= 0.5 virtual units; later jobs start that much later.
     assert charged.now >= free.now + 0.5
+
+
+class RoundRecording(FedAvg):
+    """FedAvg that also records (round, client, staleness, time) of every arrival."""
+
+    def __init__(self):
+        super().__init__(server_lr=1.0)
+        self.seen = []
+
+    def on_arrival(self, arrival, current):
+        self.seen.append((self.rounds, arrival.client_index, arrival.staleness, arrival.time))
+        return super().on_arrival(arrival, current)
+
+
+def test_round_deadline_lets_delayed_clients_arrive_exactly_s_rounds_late():
+    # Prepare: 6 clients; class 5 is held mostly by clients 1 and 4, which are 3 rounds late.
+    from asyncfl.simulation.intertwined import IntertwinedDelays
+
+    counts = [[5] * 10 for _ in range(6)]
+    counts[1][5], counts[4][5] = 50, 40
+    spec = IntertwinedDelays(affected_class=5, delayed_clients=2, staleness=3)
+    strategy = RoundRecording()
+    grid = FakeGrid(6, plus_one, label_counts=counts)
+    engine = make_engine(grid, strategy, delays=spec, delay_preset="intertwined", concurrency=6, round_deadline=1.0,
+                         max_arrivals=0, max_virtual_time=6.0)
+    # Act
+    engine.run()
+    # Assert: rounds close every unit without waiting for the late jobs ...
+    assert list(engine.delays.delayed) == [1, 4]
+    on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
+    assert [s[3] for s in on_time][:8] == [1.0] * 4 + [2.0] * 4 and all(s[2] == 0 for s in on_time)
+    # ... and each delayed job lands mid-round 3 rounds after dispatch, with tau = 3.
+    late = [s for s in strategy.seen if s[1] in (1, 4)]
+    assert [(r, tau, t) for r, _, tau, t in late] == [(3, 3, 3.5), (3, 3, 3.5)]
+    assert strategy.rounds == 6 and engine.versions.version == 6
+
+
+def test_label_counts_are_asked_for_only_when_the_delay_model_needs_them():
+    grid = FakeGrid(3, plus_one, label_counts=[[1, 2], [3, 4], [5, 6]])
+    make_engine(grid, Recording(), max_arrivals=3).run()
+    queries = [m for m in grid.pushed if m.metadata.message_type == "query"]
+    assert queries and not any(m.content.config_records["config"]["asyncfl-label-counts"] for m in queries)
+
+
+def test_clients_reporting_no_training_data_get_no_jobs():
+    strategy = Recording()
+    grid = FakeGrid(4, plus_one, sizes=[10, 0, 10, 0])
+    make_engine(grid, strategy, concurrency=4, max_arrivals=6).run()
+    assert {client for _, client, _ in strategy.seen} == {0, 2}

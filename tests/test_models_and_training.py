@@ -60,8 +60,25 @@ def test_central_evaluator_loads_batchnorm_models_from_flat_vectors():
     state = state_as_numpy(model)
     codec = ModelCodec.from_state(state)
     x = np.zeros((4, 1, 28, 28), np.float32)
-    evaluator = CentralEvaluator(model, x, np.zeros(4, np.int64), batch_size=2)
-    loss, accuracy = evaluator(codec.flatten(list(state.values())))
+    evaluator = CentralEvaluator(model, x, np.zeros(4, np.int64), batch_size=2, num_classes=10)
+    loss, accuracy, per_class = evaluator(codec.flatten(list(state.values())))
     assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
+    assert per_class[0] == accuracy and all(np.isnan(per_class[1:]))  # only class 0 is present
     record = codec.to_record(codec.flatten(list(state.values())))
     model.load_state_dict(record.to_torch_state_dict())  # 0-d num_batches_tracked survives the round trip
+
+
+def test_per_class_accuracy_is_hand_countable():
+    from asyncfl.client_app.training import evaluate_per_class
+
+    class Fixed(torch.nn.Module):  # predicts class 1 for every input
+        def forward(self, x):
+            out = torch.zeros(len(x), 3)
+            out[:, 1] = 1.0
+            return out
+
+    y = np.array([0, 1, 1, 2, 1], np.int64)
+    _, accuracy, per_class = evaluate_per_class(Fixed(), np.zeros((5, 1), np.float32), y, 3, batch_size=2,
+                                                device=torch.device("cpu"))
+    assert accuracy == 3 / 5
+    assert per_class == [0.0, 1.0, 0.0]

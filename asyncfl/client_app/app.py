@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -125,10 +126,15 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def identify(msg: Message, context: Context) -> Message:
-    """Report this node's ``partition-id`` (so the server can order clients deterministically)
-    and its training-set size (for delay models tied to data size)."""
+    """Report this node's ``partition-id`` (so the server can order clients deterministically),
+    its training-set size (for delay models tied to data size) and, only when asked, its label
+    counts (for the ``intertwined`` delay model, which delays the biggest holders of one class)."""
     partition_id, num_partitions = _node_ids(context)
     cfg = parse_run_config(context.run_config)
-    size = len(node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed).y_train)
-    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions, "num-examples": size})
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
+    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions,
+                           "num-examples": len(data.y_train)})
+    request = msg.content.config_records.get("config", ConfigRecord())
+    if request.get("asyncfl-label-counts", False):  # only simulation delay models tied to labels ask
+        config["label-counts"] = [int(c) for c in np.bincount(data.y_train, minlength=data.num_classes)]
     return Message(RecordDict({"config": config}), reply_to=msg)

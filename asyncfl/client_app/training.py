@@ -74,15 +74,29 @@ def train_local(
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 500,
              device: torch.device | None = None) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on ``(x, y)``."""
+    loss, accuracy, _ = evaluate_per_class(model, x, y, 0, batch_size, device)
+    return loss, accuracy
+
+
+@torch.no_grad()
+def evaluate_per_class(model: nn.Module, x: np.ndarray, y: np.ndarray, num_classes: int, batch_size: int = 500,
+                       device: torch.device | None = None) -> tuple[float, float, list[float]]:
+    """Mean cross-entropy, accuracy, and the accuracy on each of ``num_classes`` classes (NaN where absent)."""
     if len(x) == 0:
         raise ValueError("cannot evaluate on an empty split")
     device = device or pick_device()
     model.to(device).eval()
     loss_sum, correct = 0.0, 0
+    hits = np.zeros(num_classes, dtype=np.int64)
     for start in range(0, len(x), batch_size):
         inputs = torch.from_numpy(x[start : start + batch_size]).to(device)
         labels = torch.from_numpy(y[start : start + batch_size]).to(device)
         logits = model(inputs)
         loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        correct += int((logits.argmax(1) == labels).sum())
-    return loss_sum / len(x), correct / len(x)
+        right = logits.argmax(1) == labels
+        correct += int(right.sum())
+        if num_classes:
+            hits += np.bincount(labels[right].cpu().numpy(), minlength=num_classes)[:num_classes]
+    totals = np.bincount(y, minlength=num_classes)[:num_classes] if num_classes else np.zeros(0)
+    per_class = [float(h / t) if t else float("nan") for h, t in zip(hits, totals)]
+    return loss_sum / len(x), correct / len(x), per_class

@@ -19,7 +19,7 @@ from asyncfl.models import build_model
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.evaluation import CentralEvaluator, state_as_numpy
-from asyncfl.server_app.recorder import RunRecorder
+from asyncfl.server_app.recorder import RunRecorder, affected_class_summary
 from asyncfl.strategies import StrategyResources, build_strategy
 
 app = ServerApp()
@@ -64,17 +64,21 @@ def main(grid: Grid, context: Context) -> None:
         num_classes=splits.num_classes,
         label_histogram=lambda pid, n: np.bincount(node_data(cfg.data, pid, n, cfg.engine.seed).y_train,
                                                    minlength=splits.num_classes),
+        train_config=cfg.train.to_message_config(),
     )
     strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
-    evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size)
+    evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size, splits.num_classes)
 
     folder = run_folder(cfg)
     recorder = RunRecorder(folder, cfg.to_dict(), cfg.engine.target_accuracy, cfg.engine.progress,
-                           cfg.engine.max_arrivals, cfg.engine.max_virtual_time)
+                           cfg.engine.max_arrivals, cfg.engine.max_virtual_time, num_classes=splits.num_classes)
     engine = AsyncEngine(grid, strategy, codec, codec.flatten(list(state.values())), cfg.engine,
                          cfg.train.to_message_config(), evaluator, recorder)
+    affected = getattr(cfg.engine.delays, "affected_class", None)
     recorder.summary_source = lambda: recorder.summary(
-        cfg.strategy, engine.stats, engine.versions.version, strategy.summary(), engine.now
+        cfg.strategy, engine.stats, engine.versions.version,
+        {**strategy.summary(), **(affected_class_summary(recorder.rows, affected) if affected is not None else {})},
+        engine.now,
     )
     log.info("asyncfl: strategy=%s dataset=%s model=%s clock=%s concurrency=%d -> %s", cfg.strategy,
              cfg.data.dataset, cfg.data.model, cfg.engine.clock, cfg.engine.concurrency, folder)

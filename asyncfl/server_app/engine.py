@@ -41,10 +41,12 @@ from asyncfl.strategies.base import Arrival, Strategy
 
 log = logging.getLogger("asyncfl.engine")
 
-EvaluateFn = Callable[[np.ndarray], tuple[float, float]]
-"""Maps a flat global model to ``(loss, accuracy)`` on the server's test split."""
+EvaluateFn = Callable[[np.ndarray], tuple]
+"""Maps a flat global model to ``(loss, accuracy)`` or ``(loss, accuracy, per-class accuracies)`` on the
+server's test split."""
 
 IDENTIFY_KEY = "asyncfl-identify"
+LABEL_COUNTS_KEY = "asyncfl-label-counts"
 NODE_REFRESH_SECONDS = 2.0
 
 
@@ -154,15 +156,20 @@ class AsyncEngine:
         self._clients: list[int] = []  # client index -> node id
         self.client_sizes: list[int] = []  # client index -> reported training-set size
         self._size_of: dict[int, int] = {}
+        self._labels_of: dict[int, list[int]] = {}
+        self._no_data: set[int] = set()
+        # Label counts are private to clients: asked for only when the delay model is defined by them.
+        self._wants_label_counts = bool(getattr(self.delays, "needs_label_counts", False))
         self._pulled_at: dict[str, float] = {}
         # Wall clock (deployments): pull message by message in threads, so one reply whose upload
         # died with its SuperNode cannot stall every other reply (see asyncfl.server_app.puller).
         self._puller = ThreadedPuller(grid, workers=max(8, config.concurrency)) if config.clock == "wall" else None
         self._busy: set[int] = set()
+        self._round_start = 0.0
         self._now = 0.0
         self._wall_start = time.monotonic()
         self._next_eval = 0.0
-        self._last_eval: tuple[int, float, float] | None = None
+        self._last_eval: tuple | None = None
         self._seq = 0
         self._poll_sleep = 0.001
         self._failures_in_a_row = 0
@@ -194,18 +201,26 @@ class AsyncEngine:
 
     def _add_clients(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
-        partition_of, size_of = self._query_identities(nodes, deadline_s)
+        partition_of, size_of, labels_of = self._query_identities(nodes, deadline_s)
         known = sorted((pid, node) for node, pid in partition_of.items())
         unknown = sorted(node for node in nodes if node not in partition_of)
         if unknown:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
         self._clients += [node for _, node in known] + unknown
         self._size_of.update(size_of)
+        self._labels_of.update(labels_of)
         # Nodes that do not report their sample count count as median-sized for size-tied delays.
         reported = [self._size_of[node] for node in self._clients if node in self._size_of]
         fallback = int(np.median(reported)) if reported else 0
         self.client_sizes = [self._size_of.get(node, fallback) for node in self._clients]
-        self.delays.bind_clients(self.client_sizes)
+        # A client that reported an empty training set (e.g. a Dirichlet 0.1 split over 100 clients) gets no jobs.
+        self._no_data = {i for i, node in enumerate(self._clients) if self._size_of.get(node) == 0}
+        if self._no_data:
+            log.info("%d client(s) reported no training data and get no jobs", len(self._no_data))
+        if self._wants_label_counts:
+            self.delays.bind_clients(self.client_sizes, [self._labels_of.get(node) for node in self._clients])
+        else:
+            self.delays.bind_clients(self.client_sizes)
 
     def _refresh_nodes(self) -> None:
         """Wall clock only: track which nodes are online and take in nodes that joined."""
@@ -218,10 +233,12 @@ class AsyncEngine:
             self._add_clients(joined, deadline_s=10.0)
             log.info("%d node(s) joined; %d clients known", len(joined), len(self._clients))
 
-    def _query_identities(self, nodes: list[int], deadline_s: float) -> tuple[dict[int, int], dict[int, int]]:
+    def _query_identities(self, nodes: list[int], deadline_s: float
+                          ) -> tuple[dict[int, int], dict[int, int], dict[int, list[int]]]:
+        request = {IDENTIFY_KEY: True, LABEL_COUNTS_KEY: self._wants_label_counts}
         messages = [
             Message(
-                RecordDict({"config": ConfigRecord({IDENTIFY_KEY: True})}),
+                RecordDict({"config": ConfigRecord(request)}),
                 dst_node_id=node,
                 message_type=MessageType.QUERY,
                 ttl=deadline_s,
@@ -231,6 +248,7 @@ class AsyncEngine:
         pending = set(self.grid.push_messages(messages))
         found: dict[int, int] = {}
         sizes: dict[int, int] = {}
+        labels: dict[int, list[int]] = {}
         deadline = time.monotonic() + deadline_s
         while pending and time.monotonic() < deadline:
             for reply in self.grid.pull_messages(list(pending)):
@@ -243,9 +261,12 @@ class AsyncEngine:
                     found[reply.metadata.src_node_id] = value
                 if isinstance(size, int):
                     sizes[reply.metadata.src_node_id] = size
+                counts = record.get("label-counts")
+                if isinstance(counts, list):
+                    labels[reply.metadata.src_node_id] = [int(c) for c in counts]
             if pending:
                 time.sleep(0.01)
-        return found, sizes
+        return found, sizes, labels
 
     # ------------------------------------------------------------------ loop
     def run(self) -> EngineStats:
@@ -304,18 +325,33 @@ class AsyncEngine:
         return time.monotonic() - self._wall_start
 
     # -------------------------------------------------------------- dispatch
+    def _round_open(self) -> bool:
+        """Synchronous strategies: is some in-flight job due in the current round?
+
+        Without a ``round-deadline`` a round waits for every job. With one
+        (virtual clock), jobs finishing after ``round start + deadline`` are late:
+        the round closes without them and they arrive, stale, in a later round
+        (the semi-asynchronous setting of the gradient-inversion paper, Sec. 3).
+        """
+        if not self.config.round_deadline:
+            return bool(self._in_flight)
+        due = self._round_start + self.config.round_deadline
+        return any(job.finish <= due for job in self._in_flight.values())
+
     def _top_up(self) -> None:
-        if self.strategy.synchronous and self._in_flight:
+        if self.strategy.synchronous and self._round_open():
             return
         self._refresh_nodes()
-        want = self.config.concurrency - len(self._in_flight)
-        idle = [i for i in range(len(self._clients)) if i not in self._busy]
+        late = len(self._in_flight) if self.strategy.synchronous else 0  # late jobs belong to earlier rounds
+        want = self.config.concurrency - len(self._in_flight) + late
+        idle = [i for i in range(len(self._clients)) if i not in self._busy and i not in self._no_data]
         if self.config.clock == "wall":
             idle = [i for i in idle if self._clients[i] in self._online]
         if want <= 0 or not idle:
             return
         chosen = self._pick_rng.choice(idle, size=min(want, len(idle)), replace=False)
         start = self._clock()
+        self._round_start = start
         messages, jobs = [], []
         for client in (int(c) for c in chosen):
             version = self.versions.acquire()
@@ -421,7 +457,7 @@ class AsyncEngine:
                 self._accepted(arrival, new_model)
         finally:
             self.versions.release(job.version)
-        if self.strategy.synchronous and not self._in_flight:
+        if self.strategy.synchronous and not self._round_open():
             new_model = self.strategy.on_round_end(self.versions.current)
             if new_model is not None:
                 self.versions.advance(new_model)
@@ -499,9 +535,10 @@ class AsyncEngine:
     def _record_evaluation(self, at: float) -> None:
         version = self.versions.version
         if self._last_eval is None or self._last_eval[0] != version:
-            loss, accuracy = self.evaluate_fn(self.versions.current)
-            self._last_eval = (version, loss, accuracy)
-        _, loss, accuracy = self._last_eval
+            result = self.evaluate_fn(self.versions.current)
+            per_class = [round(float(a), 6) for a in result[2]] if len(result) > 2 else None
+            self._last_eval = (version, float(result[0]), float(result[1]), per_class)
+        _, loss, accuracy, per_class = self._last_eval
         row = {
             "time": round(at, 6),
             "server_version": version,
@@ -510,6 +547,8 @@ class AsyncEngine:
             "accuracy": round(accuracy, 6),
             "loss": round(loss, 6),
         }
+        if per_class is not None:
+            row["class_accuracy"] = per_class
         self.stats.evaluations.append(row)
         if self.recorder is not None:
             self.recorder.on_evaluation(row)

@@ -7,7 +7,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from asyncfl.client_app.training import evaluate, pick_device
+from asyncfl.client_app.training import evaluate_per_class, pick_device
 from asyncfl.models.flat import load_flat
 
 
@@ -17,14 +17,15 @@ def state_as_numpy(model: torch.nn.Module) -> "OrderedDict[str, np.ndarray]":
 
 
 class CentralEvaluator:
-    """Loads a flat vector into a reusable torch model and scores it on ``(x, y)``."""
+    """Loads a flat vector into a reusable torch model and scores it on ``(x, y)``, overall and per class."""
 
-    def __init__(self, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int, num_classes: int) -> None:
         self.device = pick_device()
         self.model = model.to(self.device)
         self.x, self.y = x, y
         self.batch_size = batch_size
+        self.num_classes = num_classes
 
-    def __call__(self, flat: np.ndarray) -> tuple[float, float]:
+    def __call__(self, flat: np.ndarray) -> tuple[float, float, list[float]]:
         load_flat(self.model, flat)
-        return evaluate(self.model, self.x, self.y, self.batch_size, self.device)
+        return evaluate_per_class(self.model, self.x, self.y, self.num_classes, self.batch_size, self.device)

@@ -38,7 +38,7 @@ class RunRecorder:
     """Writes a run's folder incrementally and draws a progress line."""
 
     def __init__(self, folder: Path, config: dict, targets: tuple[float, ...], progress: bool,
-                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0) -> None:
+                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0, num_classes: int = 0) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.targets = targets
@@ -46,6 +46,7 @@ class RunRecorder:
         self.max_arrivals = max_arrivals
         self.max_time = max_time
         self.rows: list[dict] = []
+        self.class_columns = [f"acc_class_{k}" for k in range(num_classes)]
         self.wall_start = time.monotonic()
         self._last_progress = 0.0
         self._last_plot = time.monotonic()
@@ -54,14 +55,15 @@ class RunRecorder:
         self.summary_source = None
         (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
         with open(folder / "metrics.csv", "w", newline="") as handle:
-            csv.writer(handle).writerow(METRIC_COLUMNS)
+            csv.writer(handle).writerow(METRIC_COLUMNS + self.class_columns)
         with open(folder / "timing.csv", "w", newline="") as handle:
             csv.writer(handle).writerow(["time", "arrivals", "wall_seconds"])
 
     def on_evaluation(self, row: dict) -> None:
         self.rows.append(row)
         with open(self.folder / "metrics.csv", "a", newline="") as handle:
-            csv.writer(handle).writerow([row[c] for c in METRIC_COLUMNS])
+            per_class = row.get("class_accuracy") or [""] * len(self.class_columns)
+            csv.writer(handle).writerow([row[c] for c in METRIC_COLUMNS] + list(per_class[: len(self.class_columns)]))
         with open(self.folder / "timing.csv", "a", newline="") as handle:
             csv.writer(handle).writerow([row["time"], row["arrivals"], round(time.monotonic() - self.wall_start, 3)])
         log.info("t=%.2f version=%d arrivals=%d accuracy=%.4f loss=%.4f", row["time"], row["server_version"],
@@ -132,8 +134,29 @@ class RunRecorder:
             "server-ms-per-arrival": round(1000.0 * stats.server_seconds / arrivals, 4),
             "wall-seconds": round(time.monotonic() - self.wall_start, 3),
             **transport_summary(stats),
+            **class_summary(self.rows),
             **extra,
         }
+
+
+def class_summary(rows: list[dict]) -> dict:
+    """Per-class accuracy at the last evaluation and the best per class (when the evaluator reports it)."""
+    scored = [r["class_accuracy"] for r in rows if r.get("class_accuracy")]
+    if not scored:
+        return {}
+    table = np.asarray(scored, dtype=np.float64)
+    return {"final-class-accuracy": [round(float(a), 6) for a in table[-1]],
+            "best-class-accuracy": [round(float(a), 6) for a in np.nanmax(table, axis=0)]}
+
+
+def affected_class_summary(rows: list[dict], affected: int) -> dict:
+    """The intertwined scenario's headline: accuracy on the delayed class (final, mean of last 3, best)."""
+    series = [r["class_accuracy"][affected] for r in rows if r.get("class_accuracy")]
+    if not series:
+        return {}
+    return {"affected-class": affected, "final-affected-class-accuracy": series[-1],
+            "last3-affected-class-accuracy": round(float(np.mean(series[-3:])), 6),
+            "best-affected-class-accuracy": max(series)}
 
 
 def transport_summary(stats) -> dict:

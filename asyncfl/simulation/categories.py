@@ -110,7 +110,7 @@ class CategorySampler:
         self.categories: np.ndarray | None = None
         self._jobs_done: dict[int, int] = {}
 
-    def bind_clients(self, sizes: list[int]) -> None:
+    def bind_clients(self, sizes: list[int], label_counts: list[list[int]] | None = None) -> None:
         """Assign every client its category from its sample count."""
         self.categories = assign_categories(sizes, self.spec, self.seed)
 

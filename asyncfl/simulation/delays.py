@@ -115,7 +115,7 @@ class DelaySampler:
         self._profiles: dict[int, ClientProfile] = {}
         self._jobs_done: dict[int, int] = {}
 
-    def bind_clients(self, sizes: list[int]) -> None:
+    def bind_clients(self, sizes: list[int], label_counts: list[list[int]] | None = None) -> None:
         """Client sample counts do not matter to component delays (see ``CategorySampler``)."""
 
     def profile(self, client: int) -> ClientProfile:

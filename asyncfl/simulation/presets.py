@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from asyncfl.simulation.categories import CategorySampler, RuntimeCategories
 from asyncfl.simulation.delays import ComponentDelay, DelayModel, DelaySampler
+from asyncfl.simulation.intertwined import IntertwinedDelays, IntertwinedSampler
 
 DELAY_PRESETS: dict[str, DelayModel | RuntimeCategories] = {
     "fedrevive-default": DelayModel(
@@ -48,8 +49,11 @@ def with_gamma(model: DelayModel | RuntimeCategories, gamma: float) -> DelayMode
     return replace(model, gamma=gamma) if isinstance(model, RuntimeCategories) else model
 
 
-def delay_sampler(model: DelayModel | RuntimeCategories, seed: int) -> DelaySampler | CategorySampler:
+def delay_sampler(model: DelayModel | RuntimeCategories | IntertwinedDelays,
+                  seed: int) -> DelaySampler | CategorySampler | IntertwinedSampler:
     """The seeded per-job duration sampler for ``model``."""
+    if isinstance(model, IntertwinedDelays):
+        return IntertwinedSampler(model, seed)
     if isinstance(model, RuntimeCategories):
         return CategorySampler(model, seed)
     return DelaySampler(model, seed)

@@ -18,6 +18,8 @@ from asyncfl.strategies.fedbuff import FedBuff
 from asyncfl.strategies.fedecho import FedEcho
 from asyncfl.strategies.fedfa import FedFa
 from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig
+from asyncfl.strategies.gi import GICompensation, LocalProgram
+from asyncfl.strategies.stale_compensation import DCASGD, AsynTiers, StaleWeighted
 from asyncfl.strategies.revive.synthesis import SynthesisConfig
 
 _REGISTRY = {
@@ -28,7 +30,11 @@ _REGISTRY = {
     "ca2fl": CA2FL,
     "fadas": FADAS,
     "fedfa": FedFa,
+    "stale-weighted": StaleWeighted,
+    "dc-asgd": DCASGD,
+    "asyn-tiers": AsynTiers,
 }
+NEEDS_RESOURCES = ("fedadt", "fedecho", "fedrevive", "dd-fedrevive", "gi-compensation")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class StrategyResources:
     server_holdout: float = 0.0
     num_classes: int = 10
     label_histogram: Callable[[int, int], np.ndarray] | None = None  # (partition id, partitions) -> counts
+    train_config: dict | None = None  # the clients' local-training keys (gi-compensation replays them)
 
 
 def server_rows(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -78,10 +85,15 @@ def build_strategy(name: str, params: dict, resources: StrategyResources | None 
     Methods that distil on the server (``fedadt``, ``fedecho``, ``fedrevive``, ``dd-fedrevive``) also need
     ``resources``.
     """
-    if name in ("fedadt", "fedecho", "fedrevive", "dd-fedrevive") and resources is None:
+    if name in NEEDS_RESOURCES and resources is None:
         raise ValueError(f"strategy {name!r} needs server resources (a model builder and the training split)")
     if name in ("fedrevive", "dd-fedrevive"):
         return _build_fedrevive(name, dict(params), resources)
+    if name == "gi-compensation":
+        if resources.train_config is None:
+            raise ValueError("gi-compensation needs the clients' local-training config to replay it")
+        return GICompensation(resources.make_model, tuple(resources.x_train.shape[1:]), resources.num_classes,
+                              LocalProgram.from_message_config(resources.train_config), seed=resources.seed, **params)
     if name == "fedecho":
         params = dict(params)
         unlabeled = distillation_inputs(params["distill_set"], resources.x_train, resources.y_train,
@@ -94,12 +106,12 @@ def build_strategy(name: str, params: dict, resources: StrategyResources | None 
         server_set = ServerSet(resources.x_train[rows], resources.y_train[rows])
         return FedADT(resources.make_model, server_set, seed=resources.seed, **params)
     if name not in _REGISTRY:
-        valid = list(_REGISTRY) + ["fedadt", "fedecho", "fedrevive", "dd-fedrevive"]
+        valid = list(_REGISTRY) + [n for n in NEEDS_RESOURCES if n not in _REGISTRY]
         raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(valid)}")
     return _REGISTRY[name](**params)
 
 
 __all__ = [
-    "AFLDW", "CA2FL", "FADAS", "Arrival", "FedADT", "FedAsync", "FedAvg", "FedBuff", "FedEcho", "FedFa", "FedRevive", "Strategy",
+    "AFLDW", "CA2FL", "DCASGD", "FADAS", "AsynTiers", "GICompensation", "StaleWeighted", "Arrival", "FedADT", "FedAsync", "FedAvg", "FedBuff", "FedEcho", "FedFa", "FedRevive", "Strategy",
     "StrategyResources", "build_strategy", "server_rows",
 ]

@@ -5,6 +5,11 @@ Decentralized Data". The server waits for every job of the round, so a round
 lasts as long as its slowest client (the straggler effect the async methods
 avoid). With a server learning rate ``eta_s`` (FedRevive, Table 4 uses 1.4) the
 step is ``x <- x + eta_s * sum_i n_i Delta_i / sum_i n_i``.
+
+Under a ``round-deadline`` (semi-asynchronous rounds) late jobs arrive in a
+later round and their updates are averaged in as they are: this is the
+gradient-inversion paper's "Unweighted" baseline. Subclasses change what each
+arrival contributes through :meth:`FedAvg.round_updates`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import numpy as np
 from asyncfl.strategies.base import Arrival, Strategy
 
 
-def weighted_mean_delta(deltas: list[np.ndarray], num_examples: list[int]) -> np.ndarray:
+def weighted_mean_delta(deltas: list[np.ndarray], num_examples: list[float]) -> np.ndarray:
     """Average of ``deltas`` weighted by ``num_examples`` (equal weights if all are 0)."""
     if not deltas:
         raise ValueError("cannot average an empty list of updates")
@@ -35,23 +40,27 @@ class FedAvg(Strategy):
 
     def __init__(self, server_lr: float = 1.0) -> None:
         self.server_lr = server_lr
-        self._deltas: list[np.ndarray] = []
-        self._counts: list[int] = []
+        self._arrivals: list[Arrival] = []
         self.rounds = 0
+        self.stale_arrivals = 0
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        # Every job of a round starts from the round's model, so delta is relative to it.
-        self._deltas.append(arrival.delta)
-        self._counts.append(arrival.num_examples)
+        self._arrivals.append(arrival)
+        self.stale_arrivals += arrival.staleness > 0
         return None
 
+    def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
+        """Each arrival's update and aggregation weight; FedAvg: ``Delta_i`` (relative to its own base), ``n_i``."""
+        return [a.delta for a in arrivals], [float(a.num_examples) for a in arrivals]
+
     def on_round_end(self, current: np.ndarray) -> np.ndarray | None:
-        if not self._deltas:
+        if not self._arrivals:
             return None
-        step = weighted_mean_delta(self._deltas, self._counts)
-        self._deltas, self._counts = [], []
+        deltas, weights = self.round_updates(self._arrivals, current)
+        step = weighted_mean_delta(deltas, weights)
+        self._arrivals = []
         self.rounds += 1
         return current + np.float32(self.server_lr) * step
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"rounds": self.rounds}
+        return {"rounds": self.rounds, "stale-arrivals": self.stale_arrivals}
