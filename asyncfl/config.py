@@ -22,7 +22,7 @@ from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
 STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho", "fedrevive",
-              "dd-fedrevive", "stale-weighted", "dc-asgd", "asyn-tiers", "gi-compensation")
+              "dd-fedrevive", "stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation")
 REVIVE_PROPORTIONS = ("proxy", "true")
 #: FedEcho's unlabeled distillation sets: a cross-dataset set or the server's hold-out rows.
 DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
@@ -246,7 +246,7 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         return _fedrevive_params(cfg, strategy)
     if strategy == "fedfa":
         return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
-    if strategy in ("stale-weighted", "dc-asgd", "asyn-tiers", "gi-compensation"):
+    if strategy in ("stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation"):
         return _semi_async_params(cfg, strategy)
     beta_constant = float(cfg["afl-dw.beta-constant"])
     if not 0.0 <= beta_constant <= 1.0:
@@ -267,6 +267,11 @@ def _semi_async_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         params["b"] = float(cfg["stale-weighted.b"])
     elif strategy == "dc-asgd":
         params["lam"] = _positive("dc-asgd.lambda", float(cfg["dc-asgd.lambda"]), allow_zero=True)
+    elif strategy == "w-pred":
+        params["lam"] = _positive("w-pred.lambda", float(cfg["w-pred.lambda"]), allow_zero=True)
+        params["beta"] = float(cfg["w-pred.beta"])
+        if not 0.0 <= params["beta"] < 1.0:
+            raise ConfigError(f"w-pred.beta={params['beta']} must be in [0, 1)")
     elif strategy == "asyn-tiers":
         params["boundary"] = int(_positive("asyn-tiers.boundary", int(cfg["asyn-tiers.boundary"]), allow_zero=True))
     else:

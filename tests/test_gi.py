@@ -11,7 +11,7 @@ from asyncfl.client_app.training import train_local
 from asyncfl.models import build_model
 from asyncfl.models.flat import model_to_flat
 from asyncfl.strategies.base import Arrival
-from asyncfl.strategies.gi.inversion import InversionConfig, invert_update, random_recovered_set, replay_update
+from asyncfl.strategies.gi.inversion import InversionConfig, invert_update, replay_update
 from asyncfl.strategies.gi.sparsify import kept_count, top_k_mask
 from asyncfl.strategies.gi.strategy import GICompensation
 from asyncfl.strategies.gi.switching import SwitchBack, l1_disparity

@@ -73,3 +73,53 @@ def test_intertwined_delays_pick_the_biggest_holders_of_the_class():
     assert [sampler.job_duration(c) for c in range(4)] == [0.8, 4.5, 0.8, 0.8]  # tie at 9: lower index
     with pytest.raises(ValueError, match="staleness"):
         IntertwinedDelays(staleness=0)
+
+
+def test_w_pred_sends_late_clients_a_look_ahead_and_compensates_from_it():
+    from asyncfl.strategies.stale_compensation import WPred
+
+    strategy = WPred(server_lr=1.0, lam=0.0, beta=0.5)
+    current = np.zeros(2, np.float32)
+    assert strategy.dispatch_model(3, current) is None  # nothing known yet
+    for arrival in (_arrival(3, 2, [1.0, 1.0], current), _arrival(4, 0, [1.0, 1.0], current)):
+        strategy.on_arrival(arrival, current)
+    new = strategy.on_round_end(current)  # step of +1 everywhere
+    np.testing.assert_allclose(new, [1.0, 1.0])
+    # client 3 was 2 versions late: it gets w + 2 * (bias-corrected average step = 1)
+    np.testing.assert_allclose(strategy.dispatch_model(3, new), [3.0, 3.0])
+    assert strategy.dispatch_model(4, new) is None  # on-time clients get the global model
+    assert strategy.summary()["predicted-dispatches"] == 1
+
+
+def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
+    from collections import OrderedDict
+
+    from asyncfl.config import EngineConfig
+    from asyncfl.server_app.codec import ModelCodec
+    from asyncfl.server_app.engine import AsyncEngine
+    from asyncfl.simulation.presets import DELAY_PRESETS
+    from asyncfl.strategies.base import Strategy
+    from tests.fake_grid import FakeGrid, trained_reply
+
+    codec = ModelCodec.from_state(OrderedDict(w=np.zeros(2, np.float32)))
+
+    class LookAhead(Strategy):
+        def __init__(self):
+            self.bases = []
+
+        def dispatch_model(self, client, current):
+            return current + 10.0 if client == 0 else None
+
+        def on_arrival(self, arrival, current):
+            self.bases.append((arrival.client_index, arrival.base.tolist(), arrival.delta.tolist()))
+            return None
+
+    def plus_one(node, message):
+        return trained_reply(message, codec.to_record(codec.decode(message.content.array_records["arrays"]) + 1.0))
+
+    config = EngineConfig("virtual", 2, 2, 0.0, 1.0, (), 5.0, 0.0, 0, "uniform-speed", DELAY_PRESETS["uniform-speed"],
+                          10, False)
+    strategy = LookAhead()
+    AsyncEngine(FakeGrid(2, plus_one), strategy, codec, np.zeros(2, np.float32), config, {},
+                lambda m: (0.0, 0.0)).run()
+    assert sorted(strategy.bases) == [(0, [10.0, 10.0], [1.0, 1.0]), (1, [0.0, 0.0], [1.0, 1.0])]

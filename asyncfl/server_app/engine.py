@@ -81,6 +81,7 @@ class Job:
     seq: int
     sent_wall: float
     lost_reason: str = "lost"
+    sent_model: np.ndarray | None = None  # set when the strategy sent something other than the global model
 
 
 @dataclass
@@ -363,7 +364,11 @@ class AsyncEngine:
             config["job-seed"] = int(np.random.SeedSequence([self.config.seed, 4, seq]).generate_state(1)[0] >> 1)
             if self.config.clock == "wall" and self.config.emulate_delay_scale > 0:
                 config["emulate-seconds"] = self.delays.job_duration(client) * self.config.emulate_delay_scale
-            content = RecordDict({"arrays": self.versions.record(version), "config": ConfigRecord(config)})
+            custom = self.strategy.dispatch_model(client, self.versions.current)
+            if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
+                custom, _ = self.codec.clamp_variances(custom)
+            arrays = self.codec.to_record(custom) if custom is not None else self.versions.record(version)
+            content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
             messages.append(
                 Message(
                     content,
@@ -372,7 +377,8 @@ class AsyncEngine:
                     ttl=self.config.job_timeout,
                 )
             )
-            jobs.append(Job("", self._clients[client], client, version, start, start + duration, seq, 0.0))
+            jobs.append(Job("", self._clients[client], client, version, start, start + duration, seq, 0.0,
+                            sent_model=custom))
         message_ids = list(self.grid.push_messages(messages))
         sent = time.monotonic()
         for job, message_id in zip(jobs, message_ids):
@@ -496,7 +502,7 @@ class AsyncEngine:
             base_version=job.version,
             staleness=self.versions.version - job.version,
             weights=weights,
-            base=self.versions.model(job.version),
+            base=job.sent_model if job.sent_model is not None else self.versions.model(job.version),
             num_examples=num_examples,
             train_loss=train_loss,
             time=job.finish,

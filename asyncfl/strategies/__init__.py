@@ -19,7 +19,7 @@ from asyncfl.strategies.fedecho import FedEcho
 from asyncfl.strategies.fedfa import FedFa
 from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig
 from asyncfl.strategies.gi import GICompensation, LocalProgram
-from asyncfl.strategies.stale_compensation import DCASGD, AsynTiers, StaleWeighted
+from asyncfl.strategies.stale_compensation import DCASGD, AsynTiers, StaleWeighted, WPred
 from asyncfl.strategies.revive.synthesis import SynthesisConfig
 
 _REGISTRY = {
@@ -32,6 +32,7 @@ _REGISTRY = {
     "fedfa": FedFa,
     "stale-weighted": StaleWeighted,
     "dc-asgd": DCASGD,
+    "w-pred": WPred,
     "asyn-tiers": AsynTiers,
 }
 NEEDS_RESOURCES = ("fedadt", "fedecho", "fedrevive", "dd-fedrevive", "gi-compensation")
@@ -112,6 +113,6 @@ def build_strategy(name: str, params: dict, resources: StrategyResources | None 
 
 
 __all__ = [
-    "AFLDW", "CA2FL", "DCASGD", "FADAS", "AsynTiers", "GICompensation", "StaleWeighted", "Arrival", "FedADT", "FedAsync", "FedAvg", "FedBuff", "FedEcho", "FedFa", "FedRevive", "Strategy",
+    "AFLDW", "CA2FL", "DCASGD", "FADAS", "AsynTiers", "GICompensation", "StaleWeighted", "WPred", "Arrival", "FedADT", "FedAsync", "FedAvg", "FedBuff", "FedEcho", "FedFa", "FedRevive", "Strategy",
     "StrategyResources", "build_strategy", "server_rows",
 ]

@@ -68,6 +68,13 @@ class Strategy(ABC):
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         """React to one accepted arrival; return the new global model or ``None``."""
 
+    def dispatch_model(self, client: int, current: np.ndarray) -> np.ndarray | None:
+        """The model to send ``client`` instead of the current global one (``None``: the global model).
+
+        The arrival's ``base`` is then the model that was sent. Used by W-Pred's look-ahead.
+        """
+        return None
+
     def on_round_end(self, current: np.ndarray) -> np.ndarray | None:
         """Called by the engine when a synchronous round has no job left in flight."""
         return None

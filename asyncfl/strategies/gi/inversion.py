@@ -43,8 +43,8 @@ class InversionConfig:
 
     rec_fraction: float = 0.5
     max_rec: int = 64
-    iterations: int = 150
-    warm_iterations: int = 60
+    iterations: int = 100
+    warm_iterations: int = 40
     lr: float = 0.1
     keep_fraction: float = 0.05
 
