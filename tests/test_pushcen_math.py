@@ -143,3 +143,48 @@ def test_centroid_regulariser_gradient_and_mask_on_a_toy_tensor():
     torch.testing.assert_close(weights.grad, 2 * 0.1 * (weights.detach() - anchor))
     enforce_mask_(weights.data, torch.from_numpy(indices.reshape(2, 2) != 1))
     assert weights.detach().tolist()[0][1] == 0.0
+
+
+def test_model_message_round_trip_keeps_batchnorm_local_and_shrinks_the_payload():
+    from asyncfl.decentralized.codec import Layout, decode_message, encode_state, message_bytes, with_zero
+    from asyncfl.models import build_model
+
+    model = build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=0)
+    layout = Layout.of(model)
+    state = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+    assert {n for n, kind in layout.kinds.items() if kind == "local"} >= {n for n in state if "running_var" in n}
+    message, encoded = encode_state(state, layout, k=32)
+    dense, tables = decode_message(message, layout)
+    assert set(dense) == {n for n, kind in layout.kinds.items() if kind != "local"}
+    for name in layout.clustered():
+        np.testing.assert_array_equal(dense[name], encoded[name].decode())
+        np.testing.assert_array_equal(tables[name], encoded[name].centroids)
+        assert message[name + "::indices"].dtype == np.uint8
+    full = sum(state[n].nbytes for n, kind in layout.kinds.items() if kind != "local")
+    assert full / message_bytes(message) > 5.5  # 32 bits -> 5-bit indices, plus raw biases
+    assert with_zero(np.array([-1.0, 2.0], np.float32)).tolist() == [-1.0, 0.0, 2.0]
+
+
+def test_a_compute_event_merges_trains_encodes_and_splits_mass():
+    from asyncfl.decentralized.codec import Layout
+    from asyncfl.decentralized.peer import PeerConfig, PeerState, Received, compute_event
+    from asyncfl.models import build_model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 40)
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    layout = Layout.of(model)
+    config = PeerConfig(k=8, lam=0.1, out_degree=3)
+    state = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+    peers = [PeerState(dict(state)), PeerState({n: v + 0.01 for n, v in state.items()})]
+    first, share, _ = compute_event(peers[1], model, layout, config, [], x, y, steps=3, batch_size=8, lr=0.1,
+                                    momentum=0.0, seed=1)
+    assert share == peers[1].mass == 0.25 and set(peers[1].dictionary) == set(layout.clustered())
+    message, share0, loss = compute_event(peers[0], model, layout, config, [Received(first, share)], x, y, steps=3,
+                                          batch_size=8, lr=0.1, momentum=0.0, seed=2)
+    assert share0 == pytest.approx((1.0 + 0.25) / 4) and np.isfinite(loss)
+    for name in layout.clustered():
+        table = peers[0].dictionary[name]
+        assert np.count_nonzero(table == 0.0) == 1 and len(table) == 8
+        assert np.count_nonzero(peers[0].state[name] == 0.0) > 0  # pruned coordinates held at exactly 0
+    assert any(k.endswith("::indices") for k in message)
