@@ -14,6 +14,7 @@ from asyncfl.data.datasets import DATASETS
 from asyncfl.data.partition import PARTITIONINGS
 from asyncfl.models.zoo import MODELS
 from asyncfl.simulation.categories import RuntimeCategories
+from asyncfl.decentralized.settings import GOSSIP_METHODS, GossipConfig
 from asyncfl.simulation.intertwined import IntertwinedDelays
 from asyncfl.strategies.gi.inversion import InversionConfig
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
@@ -22,7 +23,7 @@ from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
 from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
 STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho", "fedrevive",
-              "dd-fedrevive", "stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation")
+              "dd-fedrevive", "stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation") + GOSSIP_METHODS
 REVIVE_PROPORTIONS = ("proxy", "true")
 #: FedEcho's unlabeled distillation sets: a cross-dataset set or the server's hold-out rows.
 DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
@@ -134,6 +135,7 @@ class RunConfig:
     train: TrainConfig
     engine: EngineConfig
     output: OutputConfig
+    gossip: GossipConfig | None = None  # set for decentralized methods (pushcen, async-dfedavg, independent)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (for ``config.json``)."""
@@ -246,6 +248,8 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         return _fedrevive_params(cfg, strategy)
     if strategy == "fedfa":
         return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
+    if strategy in GOSSIP_METHODS:
+        return {}
     if strategy in ("stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation"):
         return _semi_async_params(cfg, strategy)
     beta_constant = float(cfg["afl-dw.beta-constant"])
@@ -429,4 +433,20 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
     if engine.max_arrivals == 0 and engine.max_virtual_time == 0:
         raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
-    return RunConfig(strategy, _strategy_params(cfg, strategy), data, train, engine, output)
+    gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None
+    return RunConfig(strategy, _strategy_params(cfg, strategy), data, train, engine, output, gossip)
+
+
+def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> GossipConfig:
+    if engine.clock != "virtual" or engine.max_virtual_time <= 0:
+        raise ConfigError(f"{strategy} runs on the gossip relay's virtual clock: set clock = 'virtual' and "
+                          "max-virtual-time > 0 (the horizon)")
+    try:
+        return GossipConfig(
+            method=strategy, out_degree=int(cfg["gossip.out-degree"]), buffer_capacity=int(cfg["gossip.buffer-capacity"]),
+            dedup=bool(cfg["gossip.dedup"]), delayed_fraction=float(cfg["gossip.delayed-fraction"]),
+            eval_points=int(cfg["gossip.eval-points"]), horizon=engine.max_virtual_time,
+            link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
+            k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -86,7 +86,7 @@ def test_system_mass_and_weighted_average_are_conserved_over_random_events():
     def totals():
         mass = masses.sum() + sum(m for *_, m in in_flight) + sum(b.mass for b in buffers)
         weighted = (np.sum(models * masses) + sum(x * m for _, _, x, m in in_flight)
-                    + sum(e.payload * e.mass for b in buffers for _, e in list(b._entries.items())))
+                    + sum(e.payload * e.mass for b in buffers for e in b.entries()))
         return mass, weighted
 
     # Act

@@ -16,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from asyncfl.client_app.gossip import gossip_event
 from asyncfl.client_app.task import node_data, node_model
 from asyncfl.client_app.training import evaluate as evaluate_model
 from asyncfl.client_app.training import pick_device, train_local
@@ -122,6 +123,16 @@ def evaluate(msg: Message, context: Context) -> Message:
     loss, accuracy = evaluate_model(model, data.x_test, data.y_test, device=pick_device())
     metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": loss, "eval-acc": accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+@app.train("gossip")
+def gossip(msg: Message, context: Context) -> Message:
+    """One decentralized compute event (PushCen-ADFL or a gossip baseline) for the gossip relay."""
+    _threads(context)
+    cfg = parse_run_config(context.run_config)
+    partition_id, num_partitions = _node_ids(context)
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
+    return gossip_event(msg, context, cfg, data, node_model(cfg.data, data, cfg.engine.seed))
 
 
 @app.query()

@@ -69,6 +69,10 @@ class DedupBuffer:
             self.overflowed += 1
         return dropped
 
+    def entries(self) -> list[Buffered]:
+        """The buffered entries, oldest first (read-only view)."""
+        return list(self._entries.values())
+
     def drain(self) -> list[tuple[int, Buffered]]:
         """Everything buffered (oldest first) as ``(sender, entry)``; the buffer is empty afterwards."""
         out = [(key if self.dedup else key[0], entry) for key, entry in self._entries.items()]

@@ -34,8 +34,8 @@ class PeerConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.k <= 256:
             raise ValueError(f"pushcen.k must be in [2, 256], got {self.k}")
-        if self.lam < 0 or self.out_degree < 1 or self.wcp_iterations < 1:
-            raise ValueError("need pushcen.lambda >= 0, pushcen.out-degree >= 1 and wcp iterations >= 1")
+        if self.lam < 0 or self.out_degree < 0 or self.wcp_iterations < 1:
+            raise ValueError("need pushcen.lambda >= 0, an out-degree >= 0 and wcp iterations >= 1")
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import resource
 import time
@@ -20,6 +21,7 @@ from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.evaluation import CentralEvaluator, state_as_numpy
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary
+from asyncfl.server_app.relay import GossipRelay
 from asyncfl.strategies import StrategyResources, build_strategy
 
 app = ServerApp()
@@ -41,6 +43,22 @@ def _configure_logging() -> None:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+def _run_gossip(grid: Grid, cfg: RunConfig) -> None:
+    """Decentralized methods: the relay schedules and forwards peer messages; there is no global model."""
+    folder = run_folder(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    relay = GossipRelay(grid, cfg.gossip, cfg.engine, cfg.train.to_message_config(), folder)
+    log.info("asyncfl: gossip method=%s dataset=%s model=%s horizon=%g -> %s", cfg.strategy, cfg.data.dataset,
+             cfg.data.model, cfg.gossip.horizon, folder)
+    relay.run()
+    summary = relay.summary()
+    summary["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    log.info("asyncfl: done: mean peer accuracy %s after %d events (%s)", summary["final-mean-accuracy"],
+             summary["events"], folder)
 
 
 @app.main()
@@ -66,6 +84,9 @@ def main(grid: Grid, context: Context) -> None:
                                                    minlength=splits.num_classes),
         train_config=cfg.train.to_message_config(),
     )
+    if cfg.gossip is not None:
+        _run_gossip(grid, cfg)
+        return
     strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
     evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size, splits.num_classes)
 

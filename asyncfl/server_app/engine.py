@@ -34,6 +34,7 @@ from flwr.common import MessageType
 
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
+from asyncfl.server_app.discovery import query_identities
 from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
@@ -45,8 +46,6 @@ EvaluateFn = Callable[[np.ndarray], tuple]
 """Maps a flat global model to ``(loss, accuracy)`` or ``(loss, accuracy, per-class accuracies)`` on the
 server's test split."""
 
-IDENTIFY_KEY = "asyncfl-identify"
-LABEL_COUNTS_KEY = "asyncfl-label-counts"
 NODE_REFRESH_SECONDS = 2.0
 
 
@@ -202,14 +201,13 @@ class AsyncEngine:
 
     def _add_clients(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
-        partition_of, size_of, labels_of = self._query_identities(nodes, deadline_s)
-        known = sorted((pid, node) for node, pid in partition_of.items())
-        unknown = sorted(node for node in nodes if node not in partition_of)
+        found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts)
+        unknown = [node for node in nodes if node not in found.partition_of]
         if unknown:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
-        self._clients += [node for _, node in known] + unknown
-        self._size_of.update(size_of)
-        self._labels_of.update(labels_of)
+        self._clients += found.ordered(nodes)
+        self._size_of.update(found.size_of)
+        self._labels_of.update(found.labels_of)
         # Nodes that do not report their sample count count as median-sized for size-tied delays.
         reported = [self._size_of[node] for node in self._clients if node in self._size_of]
         fallback = int(np.median(reported)) if reported else 0
@@ -233,41 +231,6 @@ class AsyncEngine:
         if joined:
             self._add_clients(joined, deadline_s=10.0)
             log.info("%d node(s) joined; %d clients known", len(joined), len(self._clients))
-
-    def _query_identities(self, nodes: list[int], deadline_s: float
-                          ) -> tuple[dict[int, int], dict[int, int], dict[int, list[int]]]:
-        request = {IDENTIFY_KEY: True, LABEL_COUNTS_KEY: self._wants_label_counts}
-        messages = [
-            Message(
-                RecordDict({"config": ConfigRecord(request)}),
-                dst_node_id=node,
-                message_type=MessageType.QUERY,
-                ttl=deadline_s,
-            )
-            for node in nodes
-        ]
-        pending = set(self.grid.push_messages(messages))
-        found: dict[int, int] = {}
-        sizes: dict[int, int] = {}
-        labels: dict[int, list[int]] = {}
-        deadline = time.monotonic() + deadline_s
-        while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(pending)):
-                pending.discard(reply.metadata.reply_to_message_id)
-                if reply.has_error() or "config" not in reply.content.config_records:
-                    continue
-                record = reply.content.config_records["config"]
-                value, size = record.get("partition-id"), record.get("num-examples")
-                if isinstance(value, int):
-                    found[reply.metadata.src_node_id] = value
-                if isinstance(size, int):
-                    sizes[reply.metadata.src_node_id] = size
-                counts = record.get("label-counts")
-                if isinstance(counts, list):
-                    labels[reply.metadata.src_node_id] = [int(c) for c in counts]
-            if pending:
-                time.sleep(0.01)
-        return found, sizes, labels
 
     # ------------------------------------------------------------------ loop
     def run(self) -> EngineStats:

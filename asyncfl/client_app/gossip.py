@@ -1,0 +1,105 @@
+"""A peer's side of the gossip relay: one compute event per ``train.gossip`` message.
+
+The peer's model, push-sum mass and centroid dictionary live in
+``context.state`` between messages (in simulation and on real SuperNodes).
+Methods: ``pushcen`` (PushCen-ADFL: push-sum merge, centroid-anchored masked
+training, WCP messages), ``async-dfedavg`` (average of the own model and the
+buffered neighbour models, full models on the wire) and ``independent`` (local
+training only, nothing sent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from asyncfl.client_app.training import evaluate
+from asyncfl.decentralized.codec import Layout
+from asyncfl.decentralized.peer import PeerConfig, PeerState, Received, compute_event, train_with_anchor
+
+STATE_MODEL, STATE_DICTIONARY, STATE_META = "gossip-model", "gossip-dictionary", "gossip-meta"
+
+
+def local_split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """A seeded split of the peer's own partition into local train and local test (the PushCen protocol)."""
+    order = np.random.default_rng([seed, 13]).permutation(len(y))
+    test = max(1, int(round(fraction * len(y)))) if len(y) > 1 else 0
+    return x[order[test:]], y[order[test:]], x[order[:test]], y[order[:test]]
+
+
+def _to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord(OrderedDict((name, Array(np.ascontiguousarray(value))) for name, value in arrays.items()))
+
+
+def _from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def load_peer(context: Context, model: torch.nn.Module) -> PeerState:
+    """The peer's state from ``context.state``, or a fresh one from ``model`` (mass 1, no dictionary)."""
+    if STATE_MODEL not in context.state.array_records:
+        return PeerState({n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()})
+    meta = context.state.config_records[STATE_META]
+    dictionary = _from_record(context.state.array_records[STATE_DICTIONARY]) if STATE_DICTIONARY in context.state.array_records else {}
+    return PeerState(_from_record(context.state.array_records[STATE_MODEL]), float(meta["mass"]), dictionary)
+
+
+def save_peer(context: Context, peer: PeerState) -> None:
+    context.state[STATE_MODEL] = _to_record(peer.state)
+    context.state[STATE_META] = ConfigRecord({"mass": float(peer.mass)})
+    if peer.dictionary:
+        context.state[STATE_DICTIONARY] = _to_record(peer.dictionary)
+
+
+def _steps(knobs: dict, num_examples: int) -> int:
+    if int(knobs["local-epochs"]) > 0:
+        return int(knobs["local-epochs"]) * max(1, math.ceil(num_examples / int(knobs["batch-size"])))
+    return int(knobs["local-steps"])
+
+
+def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Module) -> Message:
+    """Run one compute event of the configured method and reply with the outgoing message."""
+    request = msg.content.config_records["config"]
+    knobs = {**cfg.train.to_message_config(), **dict(request)}
+    x_train, y_train, x_test, y_test = local_split(data.x_train, data.y_train, cfg.gossip.local_test_fraction,
+                                                   cfg.engine.seed)
+    if len(y_train) == 0:
+        raise ValueError("this peer's partition is empty; nothing to train on")
+    layout = Layout.of(model)
+    peer = load_peer(context, model)
+    masses = list(request["masses"])
+    received = [Received(_from_record(msg.content.array_records[f"msg-{i}"]), float(masses[i]))
+                for i in range(int(request["received"]))]
+    method = str(request["gossip-method"])
+    steps = _steps(knobs, len(y_train))
+    common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
+                  momentum=float(knobs["momentum"]), seed=int(knobs["job-seed"]))
+    push: dict[str, np.ndarray] | None = None
+    share = 0.0
+    if method == "pushcen":
+        config = PeerConfig(k=cfg.gossip.k, lam=cfg.gossip.lam, out_degree=int(request["out-degree"]))
+        push, share, loss = compute_event(peer, model, layout, config, received, x_train, y_train,
+                                          absorbed_mass=float(request["absorbed-mass"]), **common)
+    else:
+        if method == "async-dfedavg" and received:
+            for name, kind in layout.kinds.items():
+                if kind != "local":
+                    stack = [peer.state[name]] + [r.message[name].reshape(layout.shapes[name]) for r in received]
+                    peer.state[name] = np.mean(np.stack(stack), axis=0).astype(peer.state[name].dtype)
+        model.load_state_dict({n: torch.from_numpy(np.asarray(v)).reshape(layout.shapes[n]) for n, v in peer.state.items()})
+        loss = train_with_anchor(model, x_train, y_train, {}, {}, 0.0, **common)
+        peer.state = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
+        if method == "async-dfedavg":
+            push = {n: peer.state[n].astype(np.float32) for n, kind in layout.kinds.items() if kind != "local"}
+            share = 1.0
+    save_peer(context, peer)
+    accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
+    content = RecordDict({"metrics": MetricRecord({"train-loss": float(loss), "local-acc": float(accuracy),
+                                                   "mass-share": float(share), "num-examples": len(y_train)})})
+    if push is not None:
+        content["push"] = _to_record(push)
+    return Message(content, reply_to=msg)

@@ -1,0 +1,40 @@
+"""Settings of decentralized runs (the gossip relay and its peers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GOSSIP_METHODS = ("pushcen", "async-dfedavg", "independent")
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """The relay's and the peers' knobs (``gossip.*`` and ``pushcen.*`` in run-config).
+
+    PushCen paper defaults: 10 out-neighbours per push, k = 32 centroids, lambda = 0.1,
+    10% delayed peers, 60 evaluation points over the horizon.
+    """
+
+    method: str = "pushcen"
+    out_degree: int = 10
+    buffer_capacity: int = 10
+    dedup: bool = True
+    delayed_fraction: float = 0.1
+    eval_points: int = 60
+    horizon: float = 30.0
+    link_delay: float = 0.0
+    local_test_fraction: float = 0.2
+    k: int = 32
+    lam: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.method not in GOSSIP_METHODS:
+            raise ValueError(f"unknown gossip method {self.method!r}; valid: {', '.join(GOSSIP_METHODS)}")
+        if self.out_degree < 1 or self.buffer_capacity < 1 or self.eval_points < 1:
+            raise ValueError("gossip.out-degree, gossip.buffer-capacity and gossip.eval-points must be >= 1")
+        if not 0.0 <= self.delayed_fraction < 1.0 or self.horizon <= 0 or self.link_delay < 0:
+            raise ValueError("need 0 <= gossip.delayed-fraction < 1, max-virtual-time > 0 and gossip.link-delay >= 0")
+        if not 0.0 < self.local_test_fraction < 1.0:
+            raise ValueError(f"gossip.local-test-fraction must be in (0, 1), got {self.local_test_fraction}")
+        if not 2 <= self.k <= 256 or self.lam < 0:
+            raise ValueError(f"need 2 <= pushcen.k <= 256 and pushcen.lambda >= 0, got k={self.k}, lambda={self.lam}")

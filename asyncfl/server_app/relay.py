@@ -1,0 +1,267 @@
+"""The gossip relay: PushCen-ADFL and its decentralized baselines on Flower, with no global model.
+
+Flower has no peer-to-peer links, so the ServerApp relays and schedules; it
+never reads or averages models. Each peer computes back to back on the virtual
+clock (durations from the delay model). When a peer's compute event starts, the
+relay sends it one message carrying every neighbour message delivered to it
+since its last event (the bounded, sender-deduplicated buffer of the PushCen
+paper, Sec. 4.5, lives here as transport); the peer merges, trains, encodes
+and replies with its outgoing message and mass share; at the event's finish
+the relay delivers that message to ``out-degree`` random online peers. Peer
+state (model, push-sum mass, centroid dictionary) stays in each ClientApp's
+``context.state``. A fraction of the peers joins late, at a seeded time in the
+first half of the horizon. Accuracy is each online peer's accuracy on its own
+local test split after its latest event, averaged at ``eval-points`` times.
+
+Events are processed in virtual-time order; a peer's activation is dispatched
+as soon as its start is the earliest pending event, so all peers whose events
+overlap in virtual time train in parallel.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+from asyncfl.decentralized.buffer import DedupBuffer
+from asyncfl.decentralized.settings import GossipConfig
+from asyncfl.server_app.discovery import query_identities
+from asyncfl.simulation.presets import delay_sampler
+
+log = logging.getLogger("asyncfl.relay")
+
+PEER_ACTION = "train.gossip"
+
+
+@dataclass
+class RelayStats:
+    events: int = 0
+    pushes: int = 0
+    deliveries: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    message_bytes: list[int] = field(default_factory=list)
+    relay_seconds: float = 0.0  # relay work only: waiting for peers' replies is excluded
+    peak_buffered_bytes: int = 0
+
+
+def _record_bytes(record: ArrayRecord) -> int:
+    return sum(len(array.data) for array in record.values())
+
+
+class GossipRelay:
+    """Relays peer messages on the virtual clock and records the peers' accuracy.
+
+    Parameters
+    ----------
+    grid : GridLike
+        Flower's Grid.
+    gossip : GossipConfig
+        Method and relay knobs.
+    engine_config : EngineConfig
+        Seed, delays, timeouts (``max-virtual-time`` is the horizon).
+    train_config : dict
+        Local-training keys forwarded to the peers.
+    folder : Path
+        Where metrics.csv and summary.json go (written as they come).
+    """
+
+    def __init__(self, grid, gossip: GossipConfig, engine_config, train_config: dict, folder: Path) -> None:
+        self.grid = grid
+        self.gossip = gossip
+        self.config = engine_config
+        self.train_config = dict(train_config)
+        self.folder = folder
+        self.stats = RelayStats()
+        self.delays = delay_sampler(engine_config.delays, engine_config.seed)
+        self.rng = np.random.default_rng([engine_config.seed, 11])
+        self.peers: list[int] = []
+        self.join_time: dict[int, float] = {}
+        self.delayed: set[int] = set()
+        self.buffers: list[DedupBuffer] = []
+        self.absorbed: list[float] = []
+        self.accuracy: dict[int, float] = {}
+        self.best_accuracy: dict[int, float] = {}
+        self.rows: list[dict] = []
+        self._events: list = []
+        self._seq = 0
+        self._event_count: dict[int, int] = {}
+        self._wall_start = time.monotonic()
+
+    # ----------------------------------------------------------------- setup
+    def discover(self) -> None:
+        nodes = sorted(self.grid.get_node_ids())
+        deadline = time.monotonic() + self.config.wait_for_nodes
+        while len(nodes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            nodes = sorted(self.grid.get_node_ids())
+        if len(nodes) < 2:
+            raise RuntimeError("gossip needs at least two peers (SuperNodes)")
+        found = query_identities(self.grid, nodes, max(self.config.wait_for_nodes, 30.0))
+        self.peers = found.ordered(nodes)
+        n = len(self.peers)
+        self.delays.bind_clients([found.size_of.get(node, 0) for node in self.peers])
+        late = self.rng.choice(n, size=int(math.floor(self.gossip.delayed_fraction * n)), replace=False)
+        self.delayed = {int(i) for i in late}
+        for i in range(n):
+            self.join_time[i] = float(self.rng.uniform(0.0, self.gossip.horizon / 2)) if i in self.delayed else 0.0
+        self.buffers = [DedupBuffer(self.gossip.buffer_capacity, self.gossip.dedup) for _ in range(n)]
+        self.absorbed = [0.0] * n
+
+    def _schedule(self, at: float, kind: str, peer: int, payload=None) -> None:
+        heapq.heappush(self._events, (at, self._seq, kind, peer, payload))
+        self._seq += 1
+
+    def _online(self, at: float) -> list[int]:
+        return [i for i in range(len(self.peers)) if self.join_time[i] <= at]
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> RelayStats:
+        if not self.peers:
+            self.discover()
+        self._start_files()
+        for i in range(len(self.peers)):
+            self._schedule(self.join_time[i], "activate", i)
+        eval_every = self.gossip.horizon / self.gossip.eval_points
+        for k in range(1, self.gossip.eval_points + 1):
+            self._schedule(k * eval_every, "evaluate", -1)
+        in_flight: dict[int, tuple[str, float, int]] = {}  # peer -> (message id, start, out-degree)
+        while self._events and self._events[0][0] <= self.gossip.horizon + 1e-9:
+            at, _, kind, peer, payload = heapq.heappop(self._events)
+            started = time.perf_counter()
+            if kind == "activate":
+                in_flight[peer] = self._activate(peer, at)
+            elif kind == "finish":
+                self._finish(peer, at, in_flight.pop(peer))
+            elif kind == "deliver":
+                sender, record, mass = payload
+                self.absorbed[peer] += self.buffers[peer].put(sender, record, mass)
+                self.stats.deliveries += 1
+                if self.stats.deliveries % 20 == 0:  # sampled: a full scan per delivery would dominate the relay
+                    buffered = sum(_record_bytes(e.payload) for b in self.buffers for e in b.entries())
+                    self.stats.peak_buffered_bytes = max(self.stats.peak_buffered_bytes, buffered)
+            else:
+                self._evaluate(at)
+            self.stats.relay_seconds += time.perf_counter() - started
+        self._write_summary()
+        return self.stats
+
+    def _activate(self, peer: int, at: float) -> tuple[str, float, int]:
+        drained = self.buffers[peer].drain()
+        absorbed, self.absorbed[peer] = self.absorbed[peer], 0.0
+        out_degree = min(self.gossip.out_degree, len(self._online(at)) - 1)
+        event = self._event_count.get(peer, 0)
+        self._event_count[peer] = event + 1
+        config = {**self.train_config, "gossip-method": self.gossip.method, "out-degree": out_degree,
+                  "absorbed-mass": absorbed, "masses": [e.mass for _, e in drained] or [0.0],
+                  "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
+                  "job-seed": int(np.random.SeedSequence([self.config.seed, 12, peer, event]).generate_state(1)[0] >> 1)}
+        content = RecordDict({"config": ConfigRecord(config)})
+        for index, (_, entry) in enumerate(drained):
+            content[f"msg-{index}"] = entry.payload
+        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.config.job_timeout)
+        message_id = next(iter(self.grid.push_messages([message])))
+        self._schedule(at + self.delays.job_duration(peer), "finish", peer)
+        return message_id, at, out_degree
+
+    def _finish(self, peer: int, at: float, job: tuple[str, float, int]) -> None:
+        message_id, _, out_degree = job
+        reply = self._wait_for(message_id)
+        self._schedule(at, "activate", peer)  # peers compute back to back
+        self.stats.events += 1
+        if reply is None or reply.has_error() or "metrics" not in reply.content.metric_records:
+            reason = "lost" if reply is None else "error-reply" if reply.has_error() else "no-metrics"
+            self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+            if reply is not None and reply.has_error():
+                log.warning("peer %d failed: %s", peer, (reply.error.reason or "?").strip().splitlines()[-1][:300])
+            return
+        metrics = reply.content.metric_records["metrics"]
+        accuracy = float(metrics.get("local-acc", float("nan")))
+        if math.isfinite(accuracy):
+            self.accuracy[peer] = accuracy
+            self.best_accuracy[peer] = max(accuracy, self.best_accuracy.get(peer, 0.0))
+        record = reply.content.array_records.get("push")
+        share = float(metrics.get("mass-share", 0.0))
+        if record is None or out_degree == 0:
+            return
+        if not (math.isfinite(share) and share > 0):
+            self.stats.rejected["bad-mass"] = self.stats.rejected.get("bad-mass", 0) + 1
+            return
+        self.stats.pushes += 1
+        self.stats.message_bytes.append(_record_bytes(record))
+        candidates = [i for i in self._online(at) if i != peer]
+        for receiver in self.rng.choice(candidates, size=min(out_degree, len(candidates)), replace=False):
+            self._schedule(at + self.gossip.link_delay, "deliver", int(receiver), (peer, record, share))
+
+    def _wait_for(self, message_id: str) -> Message | None:
+        started = time.perf_counter()
+        try:
+            deadline = time.monotonic() + self.config.job_timeout
+            sleep = 0.001
+            while time.monotonic() < deadline:
+                for reply in self.grid.pull_messages([message_id]):
+                    if reply.metadata.reply_to_message_id == message_id:
+                        return reply
+                time.sleep(sleep)
+                sleep = min(2 * sleep, 0.05)
+            return None
+        finally:
+            self.stats.relay_seconds -= time.perf_counter() - started
+
+    # --------------------------------------------------------------- results
+    def _evaluate(self, at: float) -> None:
+        online = [i for i in self._online(at) if i in self.accuracy]
+        regular = [self.accuracy[i] for i in online]
+        delayed = [self.accuracy[i] for i in online if i in self.delayed]
+        row = {"time": round(at, 6), "online_peers": len(self._online(at)), "events": self.stats.events,
+               "pushes": self.stats.pushes, "mean_accuracy": round(float(np.mean(regular)), 6) if regular else "",
+               "sd_accuracy": round(float(np.std(regular)), 6) if regular else "",
+               "delayed_mean_accuracy": round(float(np.mean(delayed)), 6) if delayed else ""}
+        self.rows.append(row)
+        with open(self.folder / "metrics.csv", "a", newline="") as handle:
+            csv.writer(handle).writerow(list(row.values()))
+        log.info("t=%.2f online=%d events=%d mean acc=%s", at, row["online_peers"], row["events"], row["mean_accuracy"])
+        self._write_summary()
+
+    def _start_files(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "metrics.csv", "w", newline="") as handle:
+            csv.writer(handle).writerow(["time", "online_peers", "events", "pushes", "mean_accuracy", "sd_accuracy",
+                                         "delayed_mean_accuracy"])
+
+    def summary(self) -> dict:
+        final = next((r for r in reversed(self.rows) if r["mean_accuracy"] != ""), None)
+        delayed_best = [self.best_accuracy[i] for i in self.delayed if i in self.best_accuracy]
+        message = float(np.mean(self.stats.message_bytes)) if self.stats.message_bytes else 0.0
+        return {
+            "strategy": self.gossip.method,
+            "peers": len(self.peers),
+            "delayed-peers": sorted(self.delayed),
+            "final-mean-accuracy": final["mean_accuracy"] if final else None,
+            "final-sd-accuracy": final["sd_accuracy"] if final else None,
+            "delayed-best-accuracy-mean": round(float(np.mean(delayed_best)), 6) if delayed_best else None,
+            "delayed-best-accuracy-sd": round(float(np.std(delayed_best)), 6) if delayed_best else None,
+            "events": self.stats.events,
+            "pushes": self.stats.pushes,
+            "deliveries": self.stats.deliveries,
+            "rejected-by-reason": dict(sorted(self.stats.rejected.items())),
+            "message-bytes-mean": round(message, 1),
+            "push-bytes-mean": round(message * self.gossip.out_degree, 1),
+            "relay-ms-per-push": round(1000 * self.stats.relay_seconds / max(self.stats.pushes, 1), 4),
+            "peak-buffered-mb": round(self.stats.peak_buffered_bytes / 2**20, 4),
+            "final-time": self.rows[-1]["time"] if self.rows else 0.0,
+            "wall-seconds": round(time.monotonic() - self._wall_start, 3),
+        }
+
+    def _write_summary(self) -> None:
+        tmp = self.folder / "summary.json.tmp"
+        tmp.write_text(json.dumps(self.summary(), indent=2))
+        tmp.replace(self.folder / "summary.json")
