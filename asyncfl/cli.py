@@ -13,6 +13,7 @@ wall clock (:mod:`asyncfl.deploy.local`).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -78,7 +79,22 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
             command += ["--run-config", item]
         env = link.env()
         env.update(extra_env or {})
-        return subprocess.call(command, cwd=app_dir, env=env)
+        code = subprocess.call(command, cwd=app_dir, env=env)
+        if code == 0 and run_failed(app_dir, env):
+            print("asyncfl: the run failed on the SuperLink (see the ServerApp log above)", file=sys.stderr)
+            return 1
+        return code
+
+
+def run_failed(app_dir: Path, env: dict[str, str]) -> bool:
+    """True when the SuperLink reports the run as failed: ``flwr run --stream`` exits 0 even then."""
+    listing = subprocess.run([flower_tool("flwr"), "ls", CONNECTION, "--format", "json"], cwd=app_dir, env=env,
+                             capture_output=True, text=True)
+    try:
+        runs = json.loads(listing.stdout).get("runs", [])
+    except (json.JSONDecodeError, AttributeError):
+        return False  # no verdict available: trust flwr run's exit code
+    return any("failed" in str(run.get("status", "")) for run in runs)
 
 
 def resolve_run_config(run_config: list[str]) -> list[str]:

@@ -119,3 +119,12 @@ def test_pushcen_gossip_through_the_relay(tmp_path):
     assert summary["final-mean-accuracy"] > 0.3
     rows = list(csv.DictReader(open(tmp_path / "gossip" / "metrics.csv")))
     assert len(rows) == 3 and float(rows[-1]["time"]) == 3.0
+
+
+def test_a_run_that_fails_on_the_superlink_exits_non_zero(tmp_path):
+    # Valid config, but the ServerApp cannot load the data: `flwr run --stream` itself exits 0 here.
+    command = [sys.executable, "-m", "asyncfl.cli", "run", "--num-supernodes", "2", "-c",
+               f"dataset='cifar10' data-dir='{tmp_path}' model='mlp' max-arrivals=4 output-dir='{tmp_path}'"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "the run failed on the SuperLink" in result.stderr

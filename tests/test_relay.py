@@ -4,7 +4,6 @@ import json
 import tomllib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
