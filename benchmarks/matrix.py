@@ -46,6 +46,7 @@ class Study:
     extra: dict[str, dict] = field(default_factory=dict)  # ablation cells: name -> (method overrides + scenario)
     extra_seeds: tuple[int, ...] = (1,)  # ablations run with these seeds only (CPU budget)
     affected_class: int | None = None  # report accuracy on this class too (the GI paper's headline)
+    final_window: int = 3  # "final" = mean of this many last evaluations
 
 
 # FedEcho's comparison (its Tables 2-3) at CPU scale: the paper's concurrency ratio (M_c = half the clients)
@@ -140,9 +141,64 @@ GI = Study(
     seeds=(1,),
     targets=(0.3, 0.5),
     affected_class=5,
+    final_window=10,  # one evaluation per round: class-5 accuracy swings from round to round
 )
 
-STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "gi": GI}
+# PushCen-ADFL's comparison (its Tables 1, 2, 5) at CPU scale: 50 peers on mnist5k with LeNet-5 (the paper:
+# 100 peers on CIFAR-10), pushes to 10 random peers, buffer 10, k = 32, lambda = 0.1, 10% of the peers join
+# late; every peer computes back to back with fedrevive-default durations over 20 virtual units; accuracy
+# on each peer's own local test split at 60 points.
+PUSHCEN = Study(
+    name="pushcen",
+    supernodes=50,
+    common={"model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "local-steps": 10,
+            "max-virtual-time": 20.0, "max-arrivals": 0, "progress": False},
+    methods={
+        "independent": {"strategy": "independent"},
+        "async-dfedavg": {"strategy": "async-dfedavg"},
+        "pushcen": {"strategy": "pushcen"},
+    },
+    scenarios={"dir0.1": {"dirichlet-alpha": 0.1}, "dir0.5": {"dirichlet-alpha": 0.5}},
+    seeds=(1,),
+    targets=(),
+    extra={
+        # PushCen Table 4: without the centroid regulariser, without sender deduplication.
+        "pushcen-noreg__dir0.5": {"strategy": "pushcen", "pushcen.lambda": 0.0, "dirichlet-alpha": 0.5},
+        "pushcen-nodedup__dir0.5": {"strategy": "pushcen", "gossip.dedup": False, "dirichlet-alpha": 0.5},
+    },
+)
+
+STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "gi": GI, "pushcen": PUSHCEN}
+
+
+def gossip_table(study: Study) -> str:
+    """Markdown for decentralized studies: peers' accuracy, delayed peers, bytes per push (from summary.json)."""
+    runs_dir = ROOT / "benchmarks" / study.name / "runs"
+    lines = ["Per cell: mean ± SD over peers of the online peers' local-test accuracy % at the last evaluation; "
+             "delayed peers' best accuracy % (mean); bytes per push to the out-neighbours (MB) and relative to "
+             "PushCen in the same scenario; relay ms per push; wall seconds.", "",
+             "| method | scenario | accuracy | delayed best | MB/push | vs PushCen | relay ms/push | wall s |",
+             "|---|---|---|---|---|---|---|---|"]
+    names = [(m, s) for s in study.scenarios for m in study.methods] + [tuple(n.split("__")) for n in study.extra]
+    summaries = {}
+    for method, scenario in names:
+        for folder in sorted(runs_dir.glob(f"{method}__{scenario}__s*")):
+            if (folder / "summary.json").exists():
+                summaries[(method, scenario)] = json.loads((folder / "summary.json").read_text())
+    for method, scenario in names:
+        summary = summaries.get((method, scenario))
+        if summary is None:
+            lines.append(f"| {method} | {scenario} | not run | | | | | |")
+            continue
+        reference = summaries.get(("pushcen", scenario), {}).get("push-bytes-mean") or 0.0
+        mb = summary["push-bytes-mean"] / 2**20
+        relative = f"{summary['push-bytes-mean'] / reference:.2f}" if reference and summary["pushes"] else "-"
+        accuracy = (f"{100 * summary['final-mean-accuracy']:.1f} ± {100 * summary['final-sd-accuracy']:.1f}"
+                    if summary["final-mean-accuracy"] is not None else "-")
+        delayed = summary["delayed-best-accuracy-mean"]
+        lines.append(f"| {method} | {scenario} | {accuracy} | {'-' if delayed is None else f'{100 * delayed:.1f}'} | "
+                     f"{mb:.3f} | {relative} | {summary['relay-ms-per-push']:.2f} | {summary['wall-seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _toml_value(value) -> str:
@@ -196,7 +252,8 @@ def _mean_sd(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
-def cell_results(runs_dir: Path, name: str, targets: tuple[float, ...], affected_class: int | None = None) -> dict:
+def cell_results(runs_dir: Path, name: str, targets: tuple[float, ...], affected_class: int | None = None,
+                 window: int = 3) -> dict:
     """Per-seed figures of one cell from its finished runs.
 
     With ``affected_class`` the time-to-target figures are for that class's accuracy.
@@ -207,11 +264,11 @@ def cell_results(runs_dir: Path, name: str, targets: tuple[float, ...], affected
     for folder in folders:
         rows = _metrics(folder)
         summary = json.loads((folder / "summary.json").read_text())
-        finals.append(statistics.fmean(r["accuracy"] for r in rows[-3:]))
+        finals.append(statistics.fmean(r["accuracy"] for r in rows[-window:]))
         bests.append(max(r["accuracy"] for r in rows))
         key = "accuracy" if affected_class is None else f"acc_class_{affected_class}"
         if affected_class is not None:
-            class_finals.append(statistics.fmean(r[key] for r in rows[-3:]))
+            class_finals.append(statistics.fmean(r[key] for r in rows[-window:]))
             class_bests.append(max(r[key] for r in rows))
         for target in targets:
             hit = next((r["time"] for r in rows if r[key] >= target), None)
@@ -239,8 +296,9 @@ def table(study: Study) -> str:
              "(mean over the seeds that reached it; reached/ran). Accuracies mean ± sd over seeds.", ""]
     if study.affected_class is not None:
         k = study.affected_class
-        lines = [f"Per cell: class-{k} accuracy % (mean of the last 3 evaluations) / best class-{k} % / overall "
-                 f"accuracy % (last 3) / rounds until class {k} reached {targets} (reached/ran). Mean ± sd over "
+        w = study.final_window
+        lines = [f"Per cell: class-{k} accuracy % (mean of the last {w} evaluations) / best class-{k} % / overall "
+                 f"accuracy % (last {w}) / rounds until class {k} reached {targets} (reached/ran). Mean ± sd over "
                  "seeds.", ""]
     header = "| method | " + " | ".join(study.scenarios) + " |"
     lines += [header, "|" + "---|" * (len(study.scenarios) + 1)]
@@ -253,7 +311,7 @@ def table(study: Study) -> str:
             if cell is None:
                 row.append("")
                 continue
-            r = cell_results(runs_dir, cell, study.targets, study.affected_class)
+            r = cell_results(runs_dir, cell, study.targets, study.affected_class, study.final_window)
             if not r["seeds"]:
                 row.append("not run")
                 continue
@@ -284,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.table:
         for name, overrides, seed in cells(study):
             run_cell(study, name, overrides, seed, runs_dir)
-    text = table(study)
+    text = gossip_table(study) if study.name == "pushcen" else table(study)
     (ROOT / "benchmarks" / study.name / "table.md").write_text(text)
     print(text)
     return 0
