@@ -198,8 +198,9 @@ def gossip_table(study: Study) -> str:
         accuracy = (f"{100 * summary['final-mean-accuracy']:.1f} ± {100 * summary['final-sd-accuracy']:.1f}"
                     if summary["final-mean-accuracy"] is not None else "-")
         delayed = summary["delayed-best-accuracy-mean"]
+        relay = f"{summary['relay-ms-per-push']:.2f}" if summary["pushes"] and summary.get("relay-ms-per-push") else "-"
         lines.append(f"| {method} | {scenario} | {accuracy} | {'-' if delayed is None else f'{100 * delayed:.1f}'} | "
-                     f"{mb:.3f} | {relative} | {summary['relay-ms-per-push']:.2f} | {summary['wall-seconds']:.0f} |")
+                     f"{mb:.3f} | {relative} | {relay} | {summary['wall-seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
