@@ -158,6 +158,7 @@ PUSHCEN = Study(
     methods={
         "independent": {"strategy": "independent"},
         "async-dfedavg": {"strategy": "async-dfedavg"},
+        "divshare": {"strategy": "divshare"},
         "pushcen": {"strategy": "pushcen"},
     },
     scenarios={"dir0.1": {"dirichlet-alpha": 0.1}, "dir0.5": {"dirichlet-alpha": 0.5}},

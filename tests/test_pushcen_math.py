@@ -188,3 +188,20 @@ def test_a_compute_event_merges_trains_encodes_and_splits_mass():
         assert np.count_nonzero(table == 0.0) == 1 and len(table) == 8
         assert np.count_nonzero(peers[0].state[name] == 0.0) > 0  # pruned coordinates held at exactly 0
     assert any(k.endswith("::indices") for k in message)
+
+
+def test_divshare_fragments_partition_the_model_and_merge_per_coordinate():
+    from asyncfl.decentralized.divshare import Fragment, fragment_indices, merge_fragments, split_model
+
+    parts = fragment_indices(10, 3, seed=5)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(10)) and [len(p) for p in parts] == [4, 3, 3]
+    own = np.zeros(10, np.float32)
+    sender = np.arange(10, dtype=np.float32)
+    fragments = split_model(sender, 3, seed=5)
+    assert sum(f.values.size for f in fragments) == 10  # one model in total across the neighbours
+    merged = merge_fragments(own, [fragments[0]])
+    expected = np.zeros(10)
+    expected[parts[0]] = sender[parts[0]] / 2  # own 0 and the received value, averaged
+    np.testing.assert_allclose(merged, expected)
+    twice = merge_fragments(own, [fragments[1], Fragment(fragments[1].values + 3, 5, 1, 3)])
+    np.testing.assert_allclose(twice[parts[1]], (sender[parts[1]] + sender[parts[1]] + 3) / 3)

@@ -61,11 +61,16 @@ def test_pushcen_relay_runs_conserves_mass_and_reports_accuracy(tmp_path):
     assert 0 < summary["message-bytes-mean"] < 0.2 * 4 * 64 * 64
 
 
-def test_async_dfedavg_sends_full_models_and_independent_sends_nothing(tmp_path):
-    dfedavg, _, _ = run_relay(tmp_path, "async-dfedavg")
-    independent, _, _ = run_relay(tmp_path, "independent")
+def test_async_dfedavg_sends_full_models_divshare_fragments_independent_nothing(tmp_path):
+    run_relay(tmp_path, "async-dfedavg")
+    run_relay(tmp_path, "divshare")
+    run_relay(tmp_path, "independent")
     full = json.loads((tmp_path / "async-dfedavg" / "summary.json").read_text())
     assert full["message-bytes-mean"] > 4 * 64 * 64  # the MLP's first layer alone, float32
+    fragments = json.loads((tmp_path / "divshare" / "summary.json").read_text())
+    assert fragments["pushes"] > 0 and fragments["rejected-by-reason"] == {}
+    # out-degree 2: each neighbour gets half the model, so one push costs about one model
+    assert fragments["push-bytes-mean"] == pytest.approx(full["message-bytes-mean"], rel=0.01)
     alone = json.loads((tmp_path / "independent" / "summary.json").read_text())
     assert alone["pushes"] == 0 and alone["events"] > 6
 

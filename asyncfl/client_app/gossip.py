@@ -4,8 +4,9 @@ The peer's model, push-sum mass and centroid dictionary live in
 ``context.state`` between messages (in simulation and on real SuperNodes).
 Methods: ``pushcen`` (PushCen-ADFL: push-sum merge, centroid-anchored masked
 training, WCP messages), ``async-dfedavg`` (average of the own model and the
-buffered neighbour models, full models on the wire) and ``independent`` (local
-training only, nothing sent).
+buffered neighbour models, full models on the wire), ``divshare`` (a different
+model fragment to each out-neighbour, per-coordinate averaging) and
+``independent`` (local training only, nothing sent).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 
 from asyncfl.client_app.training import evaluate
 from asyncfl.decentralized.codec import Layout
+from asyncfl.decentralized.divshare import Fragment, merge_fragments, split_model
 from asyncfl.decentralized.peer import PeerConfig, PeerState, Received, compute_event, train_with_anchor
 
 STATE_MODEL, STATE_DICTIONARY, STATE_META = "gossip-model", "gossip-dictionary", "gossip-meta"
@@ -79,22 +81,38 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
                   momentum=float(knobs["momentum"]), seed=int(knobs["job-seed"]))
     push: dict[str, np.ndarray] | None = None
+    fragments: list[dict[str, np.ndarray]] = []
     share = 0.0
+    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
     if method == "pushcen":
         config = PeerConfig(k=cfg.gossip.k, lam=cfg.gossip.lam, out_degree=int(request["out-degree"]))
         push, share, loss = compute_event(peer, model, layout, config, received, x_train, y_train,
                                           absorbed_mass=float(request["absorbed-mass"]), **common)
     else:
         if method == "async-dfedavg" and received:
-            for name, kind in layout.kinds.items():
-                if kind != "local":
-                    stack = [peer.state[name]] + [r.message[name].reshape(layout.shapes[name]) for r in received]
-                    peer.state[name] = np.mean(np.stack(stack), axis=0).astype(peer.state[name].dtype)
+            for name in shared:
+                stack = [peer.state[name]] + [r.message[name].reshape(layout.shapes[name]) for r in received]
+                peer.state[name] = np.mean(np.stack(stack), axis=0).astype(peer.state[name].dtype)
+        if method == "divshare" and received:
+            flat = np.concatenate([peer.state[n].reshape(-1).astype(np.float32) for n in shared])
+            merged = merge_fragments(flat, [Fragment(r.message["values"], *(int(v) for v in r.message["fragment"]))
+                                            for r in received])
+            offset = 0
+            for name in shared:
+                size = int(np.prod(layout.shapes[name]))
+                peer.state[name] = merged[offset : offset + size].reshape(layout.shapes[name]).astype(peer.state[name].dtype)
+                offset += size
         model.load_state_dict({n: torch.from_numpy(np.asarray(v)).reshape(layout.shapes[n]) for n, v in peer.state.items()})
         loss = train_with_anchor(model, x_train, y_train, {}, {}, 0.0, **common)
         peer.state = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
         if method == "async-dfedavg":
-            push = {n: peer.state[n].astype(np.float32) for n, kind in layout.kinds.items() if kind != "local"}
+            push = {n: peer.state[n].astype(np.float32) for n in shared}
+            share = 1.0
+        if method == "divshare" and int(request["out-degree"]) > 0:
+            flat = np.concatenate([peer.state[n].reshape(-1).astype(np.float32) for n in shared])
+            seed = int(knobs["job-seed"]) % (2**31)
+            fragments = [{"values": f.values, "fragment": np.array([f.seed, f.index, f.fragments], dtype=np.int64)}
+                         for f in split_model(flat, int(request["out-degree"]), seed)]
             share = 1.0
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
@@ -102,4 +120,6 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
                                                    "mass-share": float(share), "num-examples": len(y_train)})})
     if push is not None:
         content["push"] = _to_record(push)
+    for index, fragment in enumerate(fragments):  # one per out-neighbour, in the relay's order
+        content[f"push-{index}"] = _to_record(fragment)
     return Message(content, reply_to=msg)

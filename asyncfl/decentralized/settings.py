@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GOSSIP_METHODS = ("pushcen", "async-dfedavg", "independent")
+GOSSIP_METHODS = ("pushcen", "async-dfedavg", "divshare", "independent")
 
 
 @dataclass(frozen=True)

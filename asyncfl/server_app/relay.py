@@ -188,18 +188,29 @@ class GossipRelay:
         if math.isfinite(accuracy):
             self.accuracy[peer] = accuracy
             self.best_accuracy[peer] = max(accuracy, self.best_accuracy.get(peer, 0.0))
-        record = reply.content.array_records.get("push")
+        records = reply.content.array_records
+        per_receiver = [records[f"push-{j}"] for j in range(out_degree) if f"push-{j}" in records]
+        record = records.get("push")
         share = float(metrics.get("mass-share", 0.0))
-        if record is None or out_degree == 0:
+        if (record is None and not per_receiver) or out_degree == 0:
             return
         if not (math.isfinite(share) and share > 0):
             self.stats.rejected["bad-mass"] = self.stats.rejected.get("bad-mass", 0) + 1
             return
+        if per_receiver and len(per_receiver) != out_degree:
+            self.stats.rejected["fragment-count"] = self.stats.rejected.get("fragment-count", 0) + 1
+            return
         self.stats.pushes += 1
-        self.stats.message_bytes.append(_record_bytes(record))
+        # bytes of one push = what goes to all out-neighbours; message = the mean per receiver
+        if per_receiver:
+            self.stats.message_bytes.append(sum(_record_bytes(r) for r in per_receiver) / out_degree)
+        else:
+            self.stats.message_bytes.append(_record_bytes(record))
         candidates = [i for i in self._online(at) if i != peer]
-        for receiver in self.rng.choice(candidates, size=min(out_degree, len(candidates)), replace=False):
-            self._schedule(at + self.gossip.link_delay, "deliver", int(receiver), (peer, record, share))
+        chosen = self.rng.choice(candidates, size=min(out_degree, len(candidates)), replace=False)
+        for j, receiver in enumerate(chosen):
+            payload = per_receiver[j] if per_receiver else record
+            self._schedule(at + self.gossip.link_delay, "deliver", int(receiver), (peer, payload, share))
 
     def _wait_for(self, message_id: str) -> Message | None:
         started = time.perf_counter()
