@@ -168,6 +168,9 @@ PUSHCEN = Study(
         # PushCen Table 4: without the centroid regulariser, without sender deduplication.
         "pushcen-noreg__dir0.5": {"strategy": "pushcen", "pushcen.lambda": 0.0, "dirichlet-alpha": 0.5},
         "pushcen-nodedup__dir0.5": {"strategy": "pushcen", "gossip.dedup": False, "dirichlet-alpha": 0.5},
+        # PushCen Table 6: the number of centroids (accuracy vs bytes).
+        "pushcen-k8__dir0.5": {"strategy": "pushcen", "pushcen.k": 8, "dirichlet-alpha": 0.5},
+        "pushcen-k128__dir0.5": {"strategy": "pushcen", "pushcen.k": 128, "dirichlet-alpha": 0.5},
     },
 )
 

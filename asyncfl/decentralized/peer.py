@@ -19,7 +19,7 @@ from torch import nn
 from asyncfl.decentralized.codec import Layout, decode_message, encode_state
 from asyncfl.decentralized.pushsum import push_sum_merge, split_mass
 from asyncfl.decentralized.regularizer import enforce_mask_, proximal_penalty
-from asyncfl.decentralized.wcp import wcp_encode
+from asyncfl.decentralized.wcp import nearest_sorted, wcp_encode
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,13 @@ def compute_event(peer: PeerState, model: nn.Module, layout: Layout, config: Pee
     model.load_state_dict({n: torch.from_numpy(np.asarray(v)).reshape(layout.shapes[n]) for n, v in peer.state.items()})
     anchors, keep = {}, {}
     for name in layout.clustered():
-        encoded = wcp_encode(peer.state[name], config.k, init=peer.dictionary.get(name), iterations=config.wcp_iterations)
-        table = peer.dictionary.get(name, encoded.centroids)
-        if table.size != encoded.k:
-            table = encoded.centroids
-        anchors[name] = torch.from_numpy(table[encoded.indices].reshape(layout.shapes[name]))
-        keep[name] = torch.from_numpy(encoded.mask())
+        table = peer.dictionary.get(name)
+        if table is None or table.size != config.k:  # no dictionary yet: this peer's own clustering
+            table = wcp_encode(peer.state[name], config.k, iterations=config.wcp_iterations).centroids
+        # assignments against the dictionary itself, so anchor and pruning mask use the same table
+        indices = nearest_sorted(peer.state[name].reshape(-1), table)
+        anchors[name] = torch.from_numpy(table[indices].reshape(layout.shapes[name]).astype(np.float32))
+        keep[name] = torch.from_numpy((table[indices] != 0.0).reshape(layout.shapes[name]))
     loss = train_with_anchor(model, x, y, anchors, keep, config.lam, steps, batch_size, lr, momentum, seed)
     peer.state = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
     message, encoded = encode_state(peer.state, layout, config.k, peer.dictionary, config.wcp_iterations)
