@@ -94,14 +94,27 @@ class LocalDeployment:
 
     def _start(self) -> None:
         write_connection(self.flwr_home, CONNECTION, self.address, self.tls.ca_cert if self.tls else None)
-        database = self.workdir / f"superlink-{self.port}.db"
-        command = superlink_command(self.link_host, self.port, database, tls=self.tls)
+        self._start_superlink()
+        for partition_id in range(self.num_supernodes):
+            self.add_supernode(partition_id)
+
+    @property
+    def database(self) -> Path:
+        """The SuperLink's state database (kept across :meth:`restart_superlink`)."""
+        return self.workdir / f"superlink-{self.port}.db"
+
+    def _start_superlink(self) -> None:
+        command = superlink_command(self.link_host, self.port, self.database, tls=self.tls)
         self.superlink = FlowerProcess(command, self.workdir / "superlink.log", self.workdir,
                                        flower_env(self.flwr_home), netns=self.link_netns).start()
         wait_for_port(self.link_host, self.port, self.superlink.process, 60.0, "flower-superlink",
                       netns=self.nodes_netns or self.link_netns)
-        for partition_id in range(self.num_supernodes):
-            self.add_supernode(partition_id)
+
+    def restart_superlink(self) -> None:
+        """Crash the SuperLink (SIGKILL to it and its ServerApp) and start it again on the same port and database."""
+        if self.superlink is not None:
+            self.superlink.stop(signal.SIGKILL)
+        self._start_superlink()
 
     def add_supernode(self, partition_id: int) -> FlowerProcess:
         """Start the SuperNode of ``partition_id`` (also mid-run: it joins the federation)."""
