@@ -222,12 +222,10 @@ def test_superlink_restart_keeps_written_results_and_serves_a_new_run(tmp_path):
         # Act: crash the SuperLink (its ServerApp dies with it) and bring it back on the same database.
         dep.restart_superlink()
         written = (out / "before" / "metrics.csv").read_text()
-        try:
-            flwr.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # the streaming client may not notice; stop it ourselves
+        if flwr.poll() is None:  # the streaming client of the dead run is of no further use
             os.killpg(flwr.pid, 15)
             flwr.wait(timeout=30)
-        second = dep.submit([f"{SMALL} strategy='fedasync' concurrency=2 max-arrivals=4 output-dir='{out}' "
+        second = dep.submit([f"{SMALL} strategy='fedasync' concurrency=2 max-arrivals=2 output-dir='{out}' "
                              "run-name='after'"])
         lines2: list[str] = []
         _collect(second, lines2)
@@ -237,5 +235,5 @@ def test_superlink_restart_keeps_written_results_and_serves_a_new_run(tmp_path):
     rows = list(csv.DictReader(open(out / "before" / "metrics.csv")))
     assert int(float(rows[-1]["arrivals"])) >= 3
     json.loads((out / "before" / "summary.json").read_text())
-    assert json.loads((out / "after" / "summary.json").read_text())["arrivals"] == 4
+    assert json.loads((out / "after" / "summary.json").read_text())["arrivals"] == 2
     assert dep.database.exists()
