@@ -45,6 +45,14 @@ def _arrivals_so_far(run: Path) -> int:
     return int(float(rows[-1]["arrivals"])) if rows else 0
 
 
+def _wait_for_arrivals(run: Path, count: int, process: subprocess.Popen, seconds: float) -> float:
+    """Wait until ``run`` has ``count`` arrivals (or the run ended, or time ran out); return the deadline."""
+    deadline = time.monotonic() + seconds
+    while _arrivals_so_far(run) < count and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(1.0)
+    return deadline
+
+
 def _finish(process: subprocess.Popen, lines: list[str], timeout: float) -> None:
     try:
         process.wait(timeout=timeout)
@@ -65,9 +73,7 @@ def test_loopback_deployment_survives_nan_a_crash_and_a_late_joiner(tmp_path):
         lines: list[str] = []
         _collect(flwr, lines)
         # Act: once the run is under way, crash partition 1 and start partition 4.
-        deadline = time.monotonic() + 400
-        while _arrivals_so_far(out / "faults") < 3 and time.monotonic() < deadline and flwr.poll() is None:
-            time.sleep(1.0)
+        deadline = _wait_for_arrivals(out / "faults", 3, flwr, 400)
         dep.kill_supernode(1)
         dep.add_supernode(4)
         _finish(flwr, lines, timeout=max(60.0, deadline - time.monotonic() + 200))
@@ -215,9 +221,7 @@ def test_superlink_restart_keeps_written_results_and_serves_a_new_run(tmp_path):
         flwr = dep.submit([long_run])
         lines: list[str] = []
         _collect(flwr, lines)
-        deadline = time.monotonic() + 300
-        while _arrivals_so_far(out / "before") < 3 and time.monotonic() < deadline and flwr.poll() is None:
-            time.sleep(1.0)
+        _wait_for_arrivals(out / "before", 3, flwr, 300)
         assert _arrivals_so_far(out / "before") >= 3, "".join(lines[-40:])
         # Act: crash the SuperLink (its ServerApp dies with it) and bring it back on the same database.
         dep.restart_superlink()
