@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--supernodes", type=int, default=4, help="SuperNode processes, one partition each (default: 4)")
     deploy.add_argument("--tls", type=Path, default=None,
                         help="folder with ca.crt, server.pem, server.key (scripts/make-certs.sh) to serve over TLS")
+    deploy.add_argument("--supernode-auth", action="store_true",
+                        help="admit only SuperNodes whose keys were registered (a key pair each; needs --tls)")
     deploy.add_argument("--run-config", "-c", action="append", default=[],
                         help="run-config overrides as key=value (clock='wall' and an absolute output-dir are added)")
     compose = commands.add_parser("compose", help="write a Docker Compose file for N SuperNodes")
@@ -195,14 +197,17 @@ def _deploy(parser: argparse.ArgumentParser, args) -> int:
         missing = [str(p) for p in (tls.ca_cert, tls.server_cert, tls.server_key) if not p.exists()]
         if missing:
             parser.error(f"--tls {args.tls}: missing {', '.join(missing)}; create them with scripts/make-certs.sh")
+    if args.supernode_auth and tls is None:
+        parser.error("--supernode-auth needs --tls DIR: Flower's SuperLink authenticates SuperNodes only over TLS")
     try:
         run_config = deployment_run_config(args.app, args.run_config)
         check_run_config(args.app, run_config)
     except ValueError as exc:
         parser.error(f"invalid run-config: {exc}")
-    with LocalDeployment(args.app, args.supernodes, tls=tls) as deployment:
+    with LocalDeployment(args.app, args.supernodes, tls=tls, supernode_auth=args.supernode_auth) as deployment:
+        auth = f"; SuperNode keys registered, in {deployment.workdir / 'keys'}" if args.supernode_auth else ""
         print(f"SuperLink on {deployment.address} (pid {deployment.superlink.pid}); "
-              f"{args.supernodes} SuperNodes; logs in {deployment.workdir}", flush=True)
+              f"{args.supernodes} SuperNodes; logs in {deployment.workdir}{auth}", flush=True)
         flwr = deployment.submit(run_config)
         try:
             for line in flwr.stdout:

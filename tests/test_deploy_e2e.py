@@ -2,7 +2,8 @@
 
 One loopback run exercises the fault paths together: a SuperNode that returns
 NaN, one killed mid-run, one that joins mid-run. Another puts the SuperLink and
-the SuperNodes in separate network namespaces (emulated hosts) with TLS.
+the SuperNodes in separate network namespaces (emulated hosts) with TLS; one
+checks that SuperNode authentication keeps out a node whose key is not registered.
 """
 
 import csv
@@ -148,6 +149,30 @@ def test_superlink_and_supernodes_on_separate_hosts_over_tls(tmp_path, two_hosts
     assert summary["arrivals"] == 6 and summary["clients"] == 2
     # The SuperNodes really were in the other namespace: the SuperLink saw them connect from 10.77.0.2.
     assert "10.77.0.2" in (tmp_path / "deploy" / "superlink.log").read_text()
+
+
+def test_supernode_auth_admits_registered_nodes_only(tmp_path):
+    # Prepare: a TLS SuperLink with SuperNode authentication, two registered SuperNodes and one whose key
+    # nobody registered.
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(ROOT / "scripts" / "make-certs.sh"), str(certs)], check=True, capture_output=True)
+    tls = TlsFiles(certs / "ca.crt", certs / "server.pem", certs / "server.key")
+    out = tmp_path / "outputs"
+    with LocalDeployment(ROOT, 2, num_partitions=3, tls=tls, supernode_auth=True,
+                         workdir=tmp_path / "deploy") as dep:
+        intruder = dep.add_supernode(2, register=False)
+        # Act: the unregistered node tries to join; the run goes to the registered ones.
+        intruder.process.wait(timeout=120)
+        flwr = dep.submit([f"{SMALL} strategy='fedasync' concurrency=2 max-arrivals=4 output-dir='{out}' "
+                           "run-name='auth'"])
+        lines: list[str] = []
+        _collect(flwr, lines)
+        _finish(flwr, lines, timeout=400)
+    # Assert: the SuperLink refused the unregistered key; the registered nodes did the work.
+    assert intruder.process.returncode != 0
+    assert "Failed to activate SuperNode" in (tmp_path / "deploy" / "supernode-2.log").read_text()
+    summary = json.loads((out / "auth" / "summary.json").read_text())
+    assert summary["arrivals"] == 4 and summary["clients"] == 2
 
 
 def test_compose_topology_runs_as_plain_processes(tmp_path):

@@ -123,9 +123,42 @@ def test_deploy_command_refuses_bad_input_before_starting_anything(tmp_path, cap
         main(["deploy", "--tls", str(tmp_path)])
     assert "make-certs.sh" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        main(["deploy", "--supernode-auth"])
+    assert "needs --tls" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         main(["deploy", "-c", "strategy='nope'"])
     assert "choose one of" in capsys.readouterr().err
     overrides = deployment_run_config(ROOT, ["max-arrivals=5"])
     assert overrides[0].startswith("clock='wall' output-dir='/") and overrides[1] == "max-arrivals=5"
     with pytest.raises(ValueError, match="key=value overrides only"):
         deployment_run_config(ROOT, ["conf/fedadt-paper.toml"])
+
+
+def test_supernode_keys_are_what_flower_loads(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+
+    from asyncfl.deploy.keys import write_node_keys
+
+    keys = write_node_keys(tmp_path / "keys", "supernode-0")
+    private = load_ssh_private_key(keys.private_key.read_bytes(), None)  # what flower-supernode does
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    assert try_load_public_key(keys.public_key)  # what `flwr supernode register` does (exits on a bad key)
+    assert keys.private_key.stat().st_mode & 0o077 == 0
+
+
+def test_registration_output_is_parsed_and_a_refusal_is_an_error():
+    from asyncfl.deploy.keys import registered_node_id
+
+    assert registered_node_id('{\n  "success": true,\n  "node-id": 10187964516090083686\n}\n') == 10187964516090083686
+    assert registered_node_id('{"success": false, "error-message": "key in use"}') is None
+    assert registered_node_id("Traceback (most recent call last): ...") is None
+
+
+def test_supernode_auth_without_tls_is_refused_before_anything_starts(tmp_path):
+    from asyncfl.deploy.local import LocalDeployment
+
+    with pytest.raises(ValueError, match="needs tls"):
+        LocalDeployment(ROOT, 2, supernode_auth=True, workdir=tmp_path)
+    assert not any(tmp_path.iterdir())

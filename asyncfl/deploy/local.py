@@ -6,8 +6,10 @@ Unlike ``asyncfl run`` (Ray simulation), every client here is its own
 SuperLink's SuperExec starts, and the engine runs on the wall clock. The same
 commands, with real host names, deploy across machines (README, "Deployment").
 
-Optionally TLS (certificates from ``scripts/make-certs.sh``) and, for tests,
-network namespaces that make the SuperLink and the SuperNodes separate hosts.
+Optionally TLS (certificates from ``scripts/make-certs.sh``), SuperNode
+authentication (a key pair per SuperNode, registered with ``flwr supernode
+register`` before the node starts) and, for tests, network namespaces that make
+the SuperLink and the SuperNodes separate hosts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from asyncfl.deploy.keys import register_node_key, write_node_keys
 from asyncfl.deploy.processes import (
     FlowerProcess,
     TlsFiles,
@@ -53,6 +56,10 @@ class LocalDeployment:
         lets SuperNodes join later with :meth:`add_supernode`.
     tls : TlsFiles, optional
         Serve the SuperLink over TLS; SuperNodes and ``flwr`` verify it with the CA.
+    supernode_auth : bool
+        Admit only registered SuperNodes (``--enable-supernode-auth``; Flower
+        requires TLS for it). Each SuperNode gets a key pair under
+        ``workdir/keys`` whose public half is registered before it starts.
     node_config : dict, optional
         Extra node-config per partition id (e.g. ``{2: "fault=nan"}``).
     link_netns, nodes_netns, link_host : str, optional
@@ -61,7 +68,7 @@ class LocalDeployment:
     """
 
     def __init__(self, app_dir: Path, num_supernodes: int, num_partitions: int | None = None,
-                 tls: TlsFiles | None = None, node_config: dict[int, str] | None = None,
+                 tls: TlsFiles | None = None, supernode_auth: bool = False, node_config: dict[int, str] | None = None,
                  link_netns: str | None = None, nodes_netns: str | None = None, link_host: str = "127.0.0.1",
                  workdir: Path | None = None) -> None:
         if num_supernodes < 1:
@@ -71,7 +78,11 @@ class LocalDeployment:
         self.num_partitions = num_partitions or num_supernodes
         if self.num_partitions < num_supernodes:
             raise ValueError(f"num_partitions ({self.num_partitions}) < num_supernodes ({num_supernodes})")
+        if supernode_auth and tls is None:
+            raise ValueError("supernode_auth needs tls: Flower's SuperLink refuses --enable-supernode-auth "
+                             "without TLS certificates (scripts/make-certs.sh writes development ones)")
         self.tls = tls
+        self.supernode_auth = supernode_auth
         self.node_config = node_config or {}
         self.link_netns, self.nodes_netns, self.link_host = link_netns, nodes_netns, link_host
         self.workdir = (workdir or self.app_dir / ".flwr-deploy").resolve()
@@ -104,7 +115,8 @@ class LocalDeployment:
         return self.workdir / f"superlink-{self.port}.db"
 
     def _start_superlink(self) -> None:
-        command = superlink_command(self.link_host, self.port, self.database, tls=self.tls)
+        command = superlink_command(self.link_host, self.port, self.database, tls=self.tls,
+                                    supernode_auth=self.supernode_auth)
         self.superlink = FlowerProcess(command, self.workdir / "superlink.log", self.workdir,
                                        flower_env(self.flwr_home), netns=self.link_netns).start()
         wait_for_port(self.link_host, self.port, self.superlink.process, 60.0, "flower-superlink",
@@ -116,13 +128,25 @@ class LocalDeployment:
             self.superlink.stop(signal.SIGKILL)
         self._start_superlink()
 
-    def add_supernode(self, partition_id: int) -> FlowerProcess:
-        """Start the SuperNode of ``partition_id`` (also mid-run: it joins the federation)."""
+    def add_supernode(self, partition_id: int, register: bool = True) -> FlowerProcess:
+        """Start the SuperNode of ``partition_id`` (also mid-run: it joins the federation).
+
+        With ``supernode_auth`` the node gets a fresh key pair, registered with
+        the SuperLink first unless ``register`` is false (an intruder, for tests).
+        """
         if not 0 <= partition_id < self.num_partitions:
             raise ValueError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
+        private_key = None
+        if self.supernode_auth:
+            keys = write_node_keys(self.workdir / "keys", f"supernode-{partition_id}")
+            if register:
+                register_node_key(flower_tool("flwr"), keys.public_key, CONNECTION, flower_env(self.flwr_home),
+                                  netns=self.nodes_netns)
+            private_key = keys.private_key
         command = supernode_command(
             self.address, partition_id, self.num_partitions, free_port(),
             ca_cert=self.tls.ca_cert if self.tls else None, extra_node_config=self.node_config.get(partition_id, ""),
+            auth_private_key=private_key,
         )
         node = FlowerProcess(command, self.workdir / f"supernode-{partition_id}.log", self.workdir,
                              flower_env(self.workdir / f"home-{partition_id}"), netns=self.nodes_netns).start()
