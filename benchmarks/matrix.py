@@ -47,6 +47,7 @@ class Study:
     extra_seeds: tuple[int, ...] = (1,)  # ablations run with these seeds only (CPU budget)
     affected_class: int | None = None  # report accuracy on this class too (the GI paper's headline)
     final_window: int = 3  # "final" = mean of this many last evaluations
+    relative_target: tuple[str, float] | None = None  # (method, f): time to f x that method's best (per scenario)
 
 
 # FedEcho's comparison (its Tables 2-3) at CPU scale: the paper's concurrency ratio (M_c = half the clients)
@@ -174,7 +175,41 @@ PUSHCEN = Study(
     },
 )
 
-STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "gi": GI, "pushcen": PUSHCEN}
+# FedRevive's Table 1 setting at CPU scale on mnist5k: 200 clients, 20 in flight (the paper: 1000 / 100),
+# Dirichlet 0.5, the BN CNN, 25 Adam iterations of batch 32, fedrevive-default delays; server learning rates
+# from its Table 4 (FEMNIST column: FedAvg 1.4, AFL-DW = FedRevive 0.05, DD-FedRevive 0.10) with the paper's
+# KD knobs (c = 8, T_gen = 10, K_KD = 10, warm-up 50/100). 300 arrivals (the paper: 1500) because one
+# FedRevive arrival costs ~3.8 s of server compute here (benchmarks/fedrevive_overhead.py). 10% of the
+# training split is held out by the server in every cell (only DD-FedRevive uses it) so all cells see the
+# same client data.
+FEDREVIVE = Study(
+    name="fedrevive",
+    supernodes=200,
+    common={"model": "cnn", "model.batchnorm": True, "optimizer": "adam", "lr": 0.001, "local-steps": 25,
+            "batch-size": 32, "concurrency": 20, "dirichlet-alpha": 0.5, "server-holdout": 0.1,
+            "max-arrivals": 300, "eval-every": 1.0, "progress": False, "target-accuracy": "0.8,0.85,0.9"},
+    methods={
+        "fedbuff": {"strategy": "fedbuff"},
+        "fedrevive": {"strategy": "fedrevive", "fedrevive.server-lr": 0.05},
+        "afl-dw": {"strategy": "afl-dw", "afl-dw.server-lr": 0.05},
+        "dd-fedrevive": {"strategy": "dd-fedrevive", "fedrevive.server-lr": 0.1},
+        "fedavg": {"strategy": "fedavg", "fedavg.server-lr": 1.4},
+    },
+    scenarios={
+        "default": {"delay-model": "fedrevive-default"},
+        "shifted": {"delay-model": "fedrevive-shifted"},
+    },
+    seeds=(1, 2, 3),
+    targets=(0.8, 0.85, 0.9),
+    extra={
+        # The paper's FEMNIST FedBuff (buffer 1, server lr 0.025) next to our default buffer 5, lr 1.0.
+        "fedbuff-b1__default": {"strategy": "fedbuff", "fedbuff.buffer-size": 1, "fedbuff.server-lr": 0.025,
+                                "delay-model": "fedrevive-default"},
+    },
+    relative_target=("fedbuff", 0.85),
+)
+
+STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "gi": GI, "pushcen": PUSHCEN, "fedrevive": FEDREVIVE}
 
 
 def gossip_table(study: Study) -> str:
@@ -295,6 +330,47 @@ def _times(result: dict) -> str:
     return " · ".join(parts)
 
 
+def relative_target_table(study: Study, runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[str]:
+    """The FedRevive paper's Table 1 metric: virtual time to ``f`` x the reference method's best accuracy.
+
+    The reference best is the mean over its seeds, per scenario; each run's time is its
+    first evaluation at or above that level; ``vs ref`` = 1 - time / reference time
+    (positive = faster than the reference).
+    """
+    reference, fraction = study.relative_target
+    lines = ["", f"Virtual time to {fraction:.0%} of {reference}'s best accuracy (mean over the seeds that reached "
+             "it; reached/ran) and how much sooner than " + reference + ":", "",
+             "| method | " + " | ".join(study.scenarios) + " |", "|" + "---|" * (len(study.scenarios) + 1)]
+    levels, reference_times = {}, {}
+    for scenario in study.scenarios:
+        bests = cell_results(runs_dir, f"{reference}__{scenario}", ())["bests"]
+        if bests:
+            levels[scenario] = fraction * statistics.fmean(bests)
+            hits = cell_results(runs_dir, f"{reference}__{scenario}", (levels[scenario],))["times"][levels[scenario]]
+            reference_times[scenario] = statistics.fmean(hits) if hits else None
+    for label, cell_names in names:
+        row = [label]
+        for scenario, cell in zip(study.scenarios, cell_names):
+            if cell is None or scenario not in levels:
+                row.append("")
+                continue
+            r = cell_results(runs_dir, cell, (levels[scenario],))
+            hits = r["times"][levels[scenario]]
+            if not r["seeds"]:
+                row.append("not run")
+            elif not hits:
+                row.append(f"not reached (0/{r['seeds']})")
+            else:
+                mean = statistics.fmean(hits)
+                ref = reference_times.get(scenario)
+                versus = f", {1 - mean / ref:+.0%}" if ref else ""
+                row.append(f"{mean:.1f} ({len(hits)}/{r['seeds']}{versus})")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("Levels: " + ", ".join(f"{s} {100 * v:.1f}%" for s, v in levels.items()))
+    return lines
+
+
 def table(study: Study) -> str:
     """Markdown: one row per method (and ablation), final and best accuracy per scenario, times to targets."""
     runs_dir = ROOT / "benchmarks" / study.name / "runs"
@@ -328,6 +404,8 @@ def table(study: Study) -> str:
             else:
                 row.append(f"{_mean_sd(r['finals'])} / {_mean_sd(r['bests'])} / {_times(r)}")
         lines.append("| " + " | ".join(row) + " |")
+    if study.relative_target is not None:
+        lines += relative_target_table(study, runs_dir, names)
     lines += ["", "Server ms per arrival and wall seconds per run (mean over all its runs):", ""]
     for label, cell_names in names:
         results = [cell_results(runs_dir, c, study.targets) for c in cell_names if c]

@@ -82,3 +82,20 @@ def test_per_class_accuracy_is_hand_countable():
                                                 device=torch.device("cpu"))
     assert accuracy == 3 / 5
     assert per_class == [0.0, 1.0, 0.0]
+
+
+def test_max_pool_fast_path_is_bitwise_the_plain_max_pool():
+    from asyncfl.models.zoo import MaxPool2x2
+
+    torch.manual_seed(0)
+    x = torch.relu(torch.randn(8, 16, 14, 14)).round(decimals=1)  # many ties, as after ReLU
+    plain = torch.nn.MaxPool2d(2)
+    with torch.no_grad():  # the channels-last path
+        assert torch.equal(MaxPool2x2()(x), plain(x))
+        assert MaxPool2x2()(x).is_contiguous()
+    grads = []
+    for pool in (MaxPool2x2(), plain):
+        leaf = x.clone().requires_grad_(True)
+        pool(leaf).mul(torch.arange(8 * 16 * 7 * 7, dtype=torch.float32).view(8, 16, 7, 7)).sum().backward()
+        grads.append(leaf.grad)
+    assert torch.equal(grads[0], grads[1])

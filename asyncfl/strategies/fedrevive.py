@@ -30,6 +30,7 @@ moved by synthetic inputs. Teachers are run one after the other (not batched).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -129,6 +130,8 @@ class FedRevive(Strategy):
         self.synthesis_rounds = 0
         self.kd_updates = 0
         self.last_synthesis_loss = float("nan")
+        # Wall seconds per phase (App. C's overhead split); never used in the math.
+        self.seconds = {"probing": 0.0, "synthesis": 0.0, "distillation": 0.0}
 
     def on_start(self, num_clients: int) -> None:
         self.num_clients = num_clients
@@ -176,22 +179,28 @@ class FedRevive(Strategy):
 
     # ---------------------------------------------------------------- arrival
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
+        started = time.perf_counter()
         if self.true_proportions is None:
             self.proxies.observe(arrival.client_index, load_flat(self.probe_net, arrival.weights))
         self._buffer_teacher(arrival.client_index, arrival.weights)
+        self.seconds["probing"] += time.perf_counter() - started
         cfg = self.config
         if (not self.data_driven and self.updates >= cfg.synth_start and self.updates % cfg.t_gen == 0):
+            started = time.perf_counter()
             load_flat(self.student, current)
             batch, labels, loss = synthesize(self.generator, [n for _, n in self._buffer], self.student,
                                              self._weights(), self.num_classes, cfg.synthesis, self._torch_rng)
             self.pool.add(batch, labels)
             self.synthesis_rounds += 1
             self.last_synthesis_loss = loss
+            self.seconds["synthesis"] += time.perf_counter() - started
         beta = self.beta(arrival.staleness)
         step = np.float32(1.0 - beta) * arrival.delta
         if self.updates >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0:
+            started = time.perf_counter()
             step += np.float32(beta) * self.distil(current)
             self.kd_updates += 1
+            self.seconds["distillation"] += time.perf_counter() - started
         self.updates += 1
         return current + np.float32(cfg.server_lr) * step
 
@@ -203,4 +212,9 @@ class FedRevive(Strategy):
             "kd-pool-size": len(self.pool),
             "last-synthesis-loss": round(self.last_synthesis_loss, 4),
             "teacher-proportions": "true (ablation)" if self.true_proportions is not None else "probing proxy",
+            # Wall milliseconds per arrival (all arrivals, warm-up included), and per synthesis round / KD update.
+            **{f"{phase}-ms-per-arrival": round(1000.0 * seconds / max(self.updates, 1), 2)
+               for phase, seconds in self.seconds.items()},
+            "ms-per-synthesis-round": round(1000.0 * self.seconds["synthesis"] / max(self.synthesis_rounds, 1), 1),
+            "ms-per-kd-update": round(1000.0 * self.seconds["distillation"] / max(self.kd_updates, 1), 1),
         }
