@@ -17,6 +17,7 @@ from asyncfl.simulation.categories import RuntimeCategories
 from asyncfl.decentralized.settings import GOSSIP_METHODS, GossipConfig
 from asyncfl.simulation.intertwined import IntertwinedDelays
 from asyncfl.strategies.gi.inversion import InversionConfig
+from asyncfl.strategies.gi.switching import SWITCH_RULES
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
 from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
 from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
@@ -287,6 +288,8 @@ def _semi_async_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         params["switch_window"] = _positive("gi.switch-window", float(cfg["gi.switch-window"]), allow_zero=True)
+        params["switch_rule"] = _choice("gi.switch-rule", str(cfg["gi.switch-rule"]), SWITCH_RULES)
+        params["switch_comparisons"] = _at_least_one("gi.switch-comparisons", int(cfg["gi.switch-comparisons"]))
         params["uniqueness"] = bool(cfg["gi.uniqueness"])
     return params
 

@@ -111,6 +111,8 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
         parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "adam"})
     with pytest.raises(ConfigError, match="keep fraction|keep-fraction"):
         parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "gi.keep-fraction": 0.0})
+    with pytest.raises(ConfigError, match="gi.switch-rule.*first, mean"):
+        parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "gi.switch-rule": "vote"})
     with pytest.raises(ConfigError, match="round-deadline"):
         parse_run_config({**cfg, "clock": "wall", "round-deadline": 1.0})
     with pytest.raises(ConfigError, match="intertwined"):

@@ -114,6 +114,22 @@ def test_gamma_stays_one_until_e1_exceeds_e2_then_decays_linearly():
     assert immediate.gamma(5) == 0.0
 
 
+def test_mean_rule_ignores_one_noisy_comparison_and_switches_on_the_recent_mean():
+    switch = SwitchBack(window_fraction=0.0, rule="mean", min_comparisons=3)
+    true = np.zeros(1)
+    # (E1, E2) per comparison: one outlier with E1 > E2 must not switch; the mean of the last three decides.
+    for version, (e1, e2) in enumerate([(5.0, 1.0), (1.0, 4.0), (1.0, 4.0), (3.0, 2.0), (3.0, 2.0), (3.0, 2.0)]):
+        switch.observe(version, estimate=np.array([e1]), stale=np.array([e2]), true=true)
+        if version == 3:  # last three: E1 1+1+3 = 5 < E2 4+4+2 = 10
+            assert switch.switched_at is None
+    # at version 4 the last three are (1,4), (3,2), (3,2): 7 < 8, still no; at 5: 9 > 6, switch.
+    assert switch.switched_at == 5
+    with pytest.raises(ValueError, match="choose one of"):
+        SwitchBack(rule="vote")
+    with pytest.raises(ValueError, match=">= 1"):
+        SwitchBack(rule="mean", min_comparisons=0)
+
+
 def _arrival(client, base_version, staleness, base, weights, n=20):
     return Arrival(client, base_version, staleness, weights.astype(np.float32), base.astype(np.float32), n, 0.1, 0.0)
 

@@ -53,6 +53,8 @@ class GICompensation(FedAvg):
         Size of ``D_rec``, iterations, learning rate, top-K share.
     switch_window : float
         Decay window of ``gamma`` as a fraction of the switching version (Table 3: 0.1).
+    switch_rule, switch_comparisons : str, int
+        When to switch back (see :class:`SwitchBack`): the paper's first ``E1 > E2``, or a running mean.
     uniqueness : bool
         Apply the Eq. 7-8 test (False: invert every stale update).
     server_lr : float
@@ -63,7 +65,8 @@ class GICompensation(FedAvg):
 
     def __init__(self, make_model: Callable[[], torch.nn.Module], input_shape: tuple[int, ...], num_classes: int,
                  program: LocalProgram, inversion: InversionConfig, switch_window: float = 0.1,
-                 uniqueness: bool = True, server_lr: float = 1.0, seed: int = 0) -> None:
+                 uniqueness: bool = True, server_lr: float = 1.0, seed: int = 0, switch_rule: str = "first",
+                 switch_comparisons: int = 3) -> None:
         super().__init__(server_lr)
         self.layout = FlatLayout(make_model())
         self.input_shape = tuple(input_shape)
@@ -72,7 +75,7 @@ class GICompensation(FedAvg):
         self.inversion = inversion
         self.uniqueness = uniqueness
         self.seed = seed
-        self.switch = SwitchBack(switch_window)
+        self.switch = SwitchBack(switch_window, switch_rule, switch_comparisons)
         self._recovered: dict[int, RecoveredSet] = {}
         self._thresholds: dict[int, float] = {}
         # client -> [(version the estimate was made at, estimated param update, stale param update)]

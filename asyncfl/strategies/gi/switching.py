@@ -9,6 +9,11 @@ the estimate stood for. With ``E1 = |estimate - true|_1`` and
 from then on the aggregated update is ``gamma * estimate + (1 - gamma) * stale``
 with ``gamma`` decaying linearly from 1 to 0 over a window of
 ``window_fraction`` times the training time before the switch (Table 3: 10% is best).
+
+Rule ``"first"`` is the paper's (the first comparison with ``E1 > E2``).
+Single comparisons are noisy (one client, one version), so rule ``"mean"``
+(ours) switches only once at least ``min_comparisons`` comparisons exist and
+the mean ``E1`` of the most recent ``min_comparisons`` exceeds their mean ``E2``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+SWITCH_RULES = ("first", "mean")
 
 
 def l1_disparity(a: np.ndarray, b: np.ndarray) -> float:
@@ -30,12 +37,22 @@ class SwitchBack:
     ----------
     window_fraction : float
         Length of the decay window as a fraction of the switching version (>= 0; 0 = switch at once).
+    rule : {"first", "mean"}
+        Switch at the first ``E1 > E2`` (the paper) or when the mean over the last ``min_comparisons`` says so.
+    min_comparisons : int
+        Window of the ``"mean"`` rule (>= 1).
     """
 
-    def __init__(self, window_fraction: float = 0.1) -> None:
+    def __init__(self, window_fraction: float = 0.1, rule: str = "first", min_comparisons: int = 3) -> None:
         if window_fraction < 0:
             raise ValueError(f"gi.switch-window must be >= 0, got {window_fraction}")
+        if rule not in SWITCH_RULES:
+            raise ValueError(f"gi.switch-rule={rule!r}: choose one of {', '.join(SWITCH_RULES)}")
+        if min_comparisons < 1:
+            raise ValueError(f"gi.switch-comparisons must be >= 1, got {min_comparisons}")
         self.window_fraction = window_fraction
+        self.rule = rule
+        self.min_comparisons = min_comparisons
         self.switched_at: int | None = None
         self.comparisons: list[tuple[int, float, float]] = []  # (version, E1, E2)
 
@@ -50,8 +67,16 @@ class SwitchBack:
         """Compare an earlier estimate and the stale update it replaced with the true update, at ``version``."""
         e1, e2 = l1_disparity(estimate, true), l1_disparity(stale, true)
         self.comparisons.append((version, e1, e2))
-        if self.switched_at is None and e1 > e2:
+        if self.switched_at is None and self._says_switch():
             self.switched_at = version
+
+    def _says_switch(self) -> bool:
+        if self.rule == "first":
+            return self.comparisons[-1][1] > self.comparisons[-1][2]
+        if len(self.comparisons) < self.min_comparisons:
+            return False
+        recent = self.comparisons[-self.min_comparisons:]
+        return sum(c[1] for c in recent) > sum(c[2] for c in recent)
 
     def gamma(self, version: int) -> float:
         """Weight of the estimate at ``version``: 1 before the switch, then a linear decay to 0."""
