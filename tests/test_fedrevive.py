@@ -12,7 +12,7 @@ from asyncfl.config import ConfigError, parse_run_config
 from asyncfl.models import build_model
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies import AFLDW, Arrival, StrategyResources, build_strategy
-from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig, multi_teacher_kd_loss
+from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig, multi_teacher_kd_loss, multi_teacher_kd_surrogate
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
@@ -185,3 +185,105 @@ def test_build_strategy_from_run_config_and_bad_settings_are_refused():
         parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.beta": "sigmoid"})
     with pytest.raises(ConfigError, match="meta-lambda"):
         parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.meta-lambda": 0.0})
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 32, 32)])
+def test_generator_output_has_the_dataset_shape_and_comes_out_standardised(shape):
+    torch.manual_seed(0)
+    generator = Generator(16, 10, shape).train()
+    out = generator(torch.randn(32, 16), torch.arange(32) % 10)
+    assert out.shape == (32, *shape) and torch.isfinite(out).all()
+    # The non-affine BatchNorm output: zero mean, unit variance per channel over the batch (like our data).
+    assert torch.allclose(out.mean(dim=(0, 2, 3)), torch.zeros(shape[0]), atol=1e-4)
+    assert torch.allclose(out.var(dim=(0, 2, 3), unbiased=False), torch.ones(shape[0]), atol=1e-2)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        Generator(16, 10, (1, 30, 30))
+
+
+def test_batchnorm_statistics_loss_falls_when_inputs_are_optimised_against_a_fixed_teacher():
+    teacher = build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=0)
+    with torch.no_grad():  # running statistics the inputs must learn to match
+        for module in teacher.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.fill_(0.5)
+                module.running_var.fill_(2.0)
+    teacher.eval()
+    stats = BatchNormStatistics(teacher)
+    inputs = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+    optimizer = torch.optim.Adam([inputs], lr=0.1)
+    losses = []
+    for _ in range(100):
+        teacher(inputs)
+        loss = stats.take()
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    stats.remove()
+    # The first layer's statistics are matched; the deeper ones (behind ReLU and pooling) only partly.
+    assert losses[-1] < 0.8 * losses[0] and min(losses[50:]) < min(losses[:50])
+
+
+def test_proxy_ranks_the_dominant_class_first_for_a_teacher_trained_on_a_skewed_split():
+    from asyncfl.client_app.training import train_local
+    from asyncfl.data import load_dataset
+
+    data = load_dataset("mnist5k", "", 0.2, 42)
+    rng = np.random.default_rng(0)
+    dominant = np.flatnonzero(data.y_train == 3)[:300]
+    others = rng.choice(np.flatnonzero(data.y_train != 3), 60, replace=False)
+    rows = np.concatenate([dominant, others])  # 300 of class 3, 60 of the rest
+    teacher = build_model("cnn", data.input_shape, 10, batchnorm=True, seed=0)
+    train_local(teacher, data.x_train[rows], data.y_train[rows], steps=60, epochs=0, batch_size=32,
+                optimizer="adam", lr=1e-3)
+    proxies = ClassProportionProxies(10, data.input_shape, t_est=2, t_probe=1.4, seed=0)
+    proxies.observe(7, teacher)
+    assert int(np.argmax(proxies.proportions(7))) == 3
+
+
+def test_kd_update_is_zero_when_every_teacher_is_the_student():
+    current = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    x = np.random.default_rng(0).normal(size=(30, *SHAPE)).astype(np.float32)
+    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(kd_steps=5, kd_lr=0.01, buffer_size=4), holdout=(x, np.arange(30) % 3),
+                       true_proportions=lambda client, n: np.ones(3))
+    for i in range(4):
+        revive._buffer_teacher(i, current)
+    assert np.abs(revive.distil(current)).max() < 1e-6
+
+
+def test_with_beta_zero_fedrevive_is_the_plain_asynchronous_step():
+    # beta = 0 (constant family): x + eta_s * Delta, the hybrid rule without its KD half, KD never runs.
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
+    current = model_to_flat(build_model("mlp", SHAPE, 3, seed=3))
+    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(server_lr=0.4, beta="constant", beta_constant=0.0, synth_start=0,
+                                                    kd_start=0, t_gen=1, kd_steps=2, latent_dim=8))
+    for tau in (0, 5, 40):
+        new = revive.on_arrival(_arrival(0, client, base, tau), current)
+        assert np.allclose(new, current + 0.4 * (client - base), atol=1e-6)
+    assert revive.kd_updates == 0
+
+
+@pytest.mark.parametrize("family", ["cosine", "linear", "step"])
+def test_beta_families_start_at_zero_and_never_decrease(family):
+    from asyncfl.strategies.staleness import beta_schedule
+
+    values = [beta_schedule(family, tau, 150.0, 0.5) for tau in range(0, 400)]
+    assert values[0] == 0.0 and values[-1] == 1.0
+    assert all(b >= a for a, b in zip(values, values[1:]))
+
+
+def test_kd_surrogate_has_the_gradient_of_the_kl_and_none_at_equal_logits():
+    torch.manual_seed(0)
+    teachers = [torch.randn(5, 4) * 2 for _ in range(3)]
+    for temperature in (1.0, 3.0):
+        grads = []
+        for loss_fn in (multi_teacher_kd_loss, multi_teacher_kd_surrogate):
+            students = [torch.randn(5, 4, generator=torch.Generator().manual_seed(k)).requires_grad_(True)
+                        for k in range(3)]
+            loss_fn(students, teachers, temperature).backward()
+            grads.append(torch.cat([s.grad for s in students]))
+        assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    equal = [t.clone().requires_grad_(True) for t in teachers]
+    multi_teacher_kd_surrogate(equal, teachers, 1.0).backward()
+    assert all(torch.count_nonzero(s.grad) == 0 for s in equal)

@@ -80,6 +80,23 @@ def multi_teacher_kd_loss(student_logits: list[torch.Tensor], teacher_logits: li
     return torch.stack(terms).mean()
 
 
+def multi_teacher_kd_surrogate(student_logits: list[torch.Tensor], teacher_logits: list[torch.Tensor],
+                               temperature: float) -> torch.Tensor:
+    """A loss with exactly the gradient of :func:`multi_teacher_kd_loss` w.r.t. the student logits.
+
+    ``d KL / d s = (softmax(s/T) - softmax(t/T)) / (T * batch)`` per teacher, averaged over
+    teachers. Written this way the gradient is exactly zero where student and teacher logits
+    are equal; through ``log_softmax`` it is ~1e-9 of float noise, which Adam's normalisation
+    turns into lr-sized steps (Delta_KD would not vanish when every teacher is the student).
+    Its value is not the KL; use :func:`multi_teacher_kd_loss` to report that.
+    """
+    terms = []
+    for s, t in zip(student_logits, teacher_logits):
+        residual = (F.softmax(s.detach() / temperature, dim=1) - F.softmax(t / temperature, dim=1)) / len(s)
+        terms.append((residual * s).sum() / temperature)
+    return torch.stack(terms).mean()
+
+
 class FedRevive(Strategy):
     """FedRevive (and DD-FedRevive with a real labeled ``holdout`` pool).
 
@@ -169,9 +186,11 @@ class FedRevive(Strategy):
             batches = [self.pool.sample(p, self.config.kd_batch_size, self._np_rng) for p in proportions]
             with torch.no_grad():
                 teacher_logits = [t(b) for t, b in zip(teachers, batches)]
-            # One student pass over all teachers' minibatches (eval mode: no cross-batch statistics).
-            student_logits = list(self.student(torch.cat(batches)).split([len(b) for b in batches]))
-            loss = multi_teacher_kd_loss(student_logits, teacher_logits, self.config.temperature)
+            # One student pass per teacher minibatch, computed exactly as the teacher's: a teacher equal to
+            # the student then gives exactly zero gradient. (One batched pass differs in the last float bits,
+            # and Adam scales such noise up to lr-sized steps.)
+            student_logits = [self.student(b) for b in batches]
+            loss = multi_teacher_kd_surrogate(student_logits, teacher_logits, self.config.temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
