@@ -107,6 +107,21 @@ def test_gradient_inversion_compensation_in_the_intertwined_scenario(tmp_path):
     assert header[-10:] == [f"acc_class_{k}" for k in range(10)]
 
 
+def test_fedrevive_synthesises_and_distils_in_a_real_run(tmp_path):
+    # Tiny budget: synthesis from update 2 every 2 updates, KD from update 4, 2 KD steps, 4 teachers.
+    overrides = (f"{SMALL} strategy='fedrevive' max-arrivals=10 fedrevive.synth-start=2 fedrevive.kd-start=4 "
+                 "fedrevive.t-gen=2 fedrevive.kd-steps=2 fedrevive.buffer-size=4 fedrevive.synth-batch-size=16 "
+                 "fedrevive.beta='constant' fedrevive.beta-constant=0.5 "
+                 f"output-dir='{tmp_path}' run-name='revive'")
+    asyncfl_run(ROOT, overrides)
+    summary = json.loads((tmp_path / "revive" / "summary.json").read_text())
+    assert summary["strategy"] == "fedrevive" and summary["arrivals"] == 10
+    assert summary["synthesis-rounds"] == 4  # updates 2, 4, 6, 8
+    assert summary["kd-updates"] == 6  # updates 4..9, beta = 0.5 > 0
+    assert summary["kd-pool-size"] == 4 * 16
+    assert summary["distillation-ms-per-arrival"] > 0 and summary["best-accuracy"] > 0.2
+
+
 def test_pushcen_gossip_through_the_relay(tmp_path):
     overrides = ("strategy='pushcen' dataset='digits' model='mlp' optimizer='sgd' lr=0.05 local-steps=5 "
                  "max-virtual-time=3.0 max-arrivals=0 gossip.eval-points=3 gossip.out-degree=3 pushcen.k=8 "
