@@ -41,6 +41,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.pool import KDPool
@@ -214,13 +215,14 @@ class FedRevive(Strategy):
             self.last_synthesis_loss = loss
             self.seconds["synthesis"] += time.perf_counter() - started
         beta = self.beta(arrival.staleness)
-        step = np.float32(1.0 - beta) * arrival.delta
-        if self.updates >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0:
-            started = time.perf_counter()
-            step += np.float32(beta) * self.distil(current)
-            self.kd_updates += 1
-            self.seconds["distillation"] += time.perf_counter() - started
         self.updates += 1
+        if not (self.updates - 1 >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0):
+            # No KD half: bitwise AFL-DW's step, so FedRevive and AFL-DW runs of one seed part only where KD acts.
+            return afl_dw_step(current, arrival.delta, cfg.server_lr, beta)
+        started = time.perf_counter()
+        step = np.float32(1.0 - beta) * arrival.delta + np.float32(beta) * self.distil(current)
+        self.kd_updates += 1
+        self.seconds["distillation"] += time.perf_counter() - started
         return current + np.float32(cfg.server_lr) * step
 
     def summary(self) -> dict[str, float | int | str]:
