@@ -265,10 +265,16 @@ def cells(study: Study) -> list[tuple[str, dict, int]]:
     return out
 
 
+def finished(folder: Path) -> bool:
+    """A run folder whose run completed: summary.json is rewritten after every evaluation, so it is not enough;
+    the run's log sits next to the folder until the run exits cleanly (kept for a failed or interrupted run)."""
+    return (folder / "summary.json").exists() and not folder.with_name(folder.name + ".log").exists()
+
+
 def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path) -> None:
     """One real ``asyncfl run``; skipped when its summary exists."""
     run_name = f"{name}__s{seed}"
-    if (runs_dir / run_name / "summary.json").exists():
+    if finished(runs_dir / run_name):
         return
     config = {**overrides, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name}
     text = " ".join(f"{key if '.' not in key else json.dumps(key)}={_toml_value(v)}" for key, v in config.items())
@@ -303,7 +309,7 @@ def cell_results(runs_dir: Path, name: str, targets: tuple[float, ...], affected
     """
     finals, bests, walls, server_ms, class_finals, class_bests = [], [], [], [], [], []
     times: dict[float, list[float]] = {t: [] for t in targets}
-    folders = sorted(p for p in runs_dir.glob(f"{name}__s*") if (p / "summary.json").exists())
+    folders = sorted(p for p in runs_dir.glob(f"{name}__s*") if p.is_dir() and finished(p))
     for folder in folders:
         rows = _metrics(folder)
         summary = json.loads((folder / "summary.json").read_text())
