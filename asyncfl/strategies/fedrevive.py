@@ -215,8 +215,9 @@ class FedRevive(Strategy):
             self.last_synthesis_loss = loss
             self.seconds["synthesis"] += time.perf_counter() - started
         beta = self.beta(arrival.staleness)
+        with_kd = self.updates >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0
         self.updates += 1
-        if not (self.updates - 1 >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0):
+        if not with_kd:
             # No KD half: bitwise AFL-DW's step, so FedRevive and AFL-DW runs of one seed part only where KD acts.
             return afl_dw_step(current, arrival.delta, cfg.server_lr, beta)
         started = time.perf_counter()
