@@ -225,7 +225,7 @@ def gossip_table(study: Study) -> str:
     summaries = {}
     for method, scenario in names:
         for folder in sorted(runs_dir.glob(f"{method}__{scenario}__s*")):
-            if (folder / "summary.json").exists():
+            if finished(folder):
                 summaries[(method, scenario)] = json.loads((folder / "summary.json").read_text())
     for method, scenario in names:
         summary = summaries.get((method, scenario))

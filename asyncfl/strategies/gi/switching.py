@@ -71,11 +71,10 @@ class SwitchBack:
             self.switched_at = version
 
     def _says_switch(self) -> bool:
-        if self.rule == "first":
-            return self.comparisons[-1][1] > self.comparisons[-1][2]
-        if len(self.comparisons) < self.min_comparisons:
+        window = 1 if self.rule == "first" else self.min_comparisons  # "first" is the mean over one comparison
+        if len(self.comparisons) < window:
             return False
-        recent = self.comparisons[-self.min_comparisons:]
+        recent = self.comparisons[-window:]
         return sum(c[1] for c in recent) > sum(c[2] for c in recent)
 
     def gamma(self, version: int) -> float:
