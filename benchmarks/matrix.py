@@ -48,6 +48,7 @@ class Study:
     affected_class: int | None = None  # report accuracy on this class too (the GI paper's headline)
     final_window: int = 3  # "final" = mean of this many last evaluations
     relative_target: tuple[str, float] | None = None  # (method, f): time to f x that method's best (per scenario)
+    paper_time_reference: str | None = None  # the GI paper's Tables 10-11: time relative to this method (= 100)
 
 
 # FedEcho's comparison (its Tables 2-3) at CPU scale: the paper's concurrency ratio (M_c = half the clients)
@@ -171,6 +172,7 @@ GI = Study(
     },
     affected_class=5,
     final_window=10,  # one evaluation per round: class-5 accuracy swings from round to round
+    paper_time_reference="gi",
 )
 
 # PushCen-ADFL's comparison (its Tables 1, 2, 5) at CPU scale: 50 peers on mnist5k with LeNet-5 (the paper:
@@ -432,6 +434,53 @@ def relative_target_table(study: Study, runs_dir: Path, names: list[tuple[str, l
     return lines
 
 
+def smoothed_class_accuracy(folder: Path, affected_class: int, window: int) -> list[tuple[float, float]]:
+    """``(time, mean class accuracy over the last window evaluations)`` once a full window is in."""
+    rows = _metrics(folder)
+    values = [r[f"acc_class_{affected_class}"] for r in rows]
+    return [(rows[i]["time"], statistics.fmean(values[i + 1 - window:i + 1])) for i in range(window - 1, len(rows))]
+
+
+def paper_time_table(study: Study, runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[str]:
+    """The GI paper's Tables 10-11 format: affected-class accuracy and relative time (reference = 100).
+
+    The paper's time is "the relative training time required to reach convergence"
+    without a stated criterion; ours: the first round at which the affected class's
+    accuracy, averaged over the last ``final_window`` rounds, reaches 90 % of the
+    lowest final accuracy in that column (so every method gets there), divided by
+    the reference method's round.  First seed only per cell when several ran.
+    """
+    k, w, reference = study.affected_class, study.final_window, study.paper_time_reference
+    lines = ["", f"Tables 10-11 format: class-{k} accuracy % (last {w}) / time relative to {reference} (= 100): "
+             f"rounds until the {w}-round mean of class-{k} accuracy reaches 90 % of the column's lowest final.", "",
+             "| method | " + " | ".join(study.scenarios) + " |", "|" + "---|" * (len(study.scenarios) + 1)]
+    columns: list[dict[str, Path]] = []
+    for i, _ in enumerate(study.scenarios):
+        found = {}
+        for label, cell_names in names:
+            cell = cell_names[i]
+            folders = sorted(p for p in runs_dir.glob(f"{cell}__s*") if p.is_dir() and finished(p)) if cell else []
+            if folders:
+                found[label] = folders[0]
+        columns.append(found)
+    cells: dict[tuple[str, int], str] = {}
+    for i, found in enumerate(columns):
+        curves = {label: smoothed_class_accuracy(folder, k, w) for label, folder in found.items()}
+        if reference not in curves:
+            for label, curve in curves.items():
+                cells[(label, i)] = f"{100 * curve[-1][1]:.1f} / –"
+            continue
+        level = 0.9 * min(curve[-1][1] for curve in curves.values())
+        reached = {label: next(t for t, v in curve if v >= level) for label, curve in curves.items()}
+        for label, curve in curves.items():
+            cells[(label, i)] = f"{100 * curve[-1][1]:.1f} / {100 * reached[label] / reached[reference]:.0f}"
+    for label, _ in names:
+        row = [cells.get((label, i), "") for i in range(len(study.scenarios))]
+        if any(row):
+            lines.append(f"| {label} | " + " | ".join(row) + " |")
+    return lines
+
+
 def table(study: Study) -> str:
     """Markdown: one row per method (and ablation), final and best accuracy per scenario, times to targets."""
     runs_dir = ROOT / "benchmarks" / study.name / "runs"
@@ -473,6 +522,8 @@ def table(study: Study) -> str:
         lines.append("| " + " | ".join(row) + " |")
     if study.relative_target is not None:
         lines += relative_target_table(study, runs_dir, names)
+    if study.paper_time_reference is not None:
+        lines += paper_time_table(study, runs_dir, names)
     lines += ["", "Server ms per arrival and wall seconds per run (mean over all its runs):", ""]
     for label, cell_names in names:
         results = [cell_results(runs_dir, c, study.targets) for c in cell_names if c]
