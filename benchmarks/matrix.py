@@ -466,11 +466,11 @@ def paper_time_table(study: Study, runs_dir: Path, names: list[tuple[str, list[s
     cells: dict[tuple[str, int], str] = {}
     for i, found in enumerate(columns):
         curves = {label: smoothed_class_accuracy(folder, k, w) for label, folder in found.items()}
-        if reference not in curves:
+        level = 0.9 * min((curve[-1][1] for curve in curves.values()), default=0.0)
+        if reference not in curves or level <= 0:  # no reference run, or a method ends at 0: no common level
             for label, curve in curves.items():
                 cells[(label, i)] = f"{100 * curve[-1][1]:.1f} / –"
             continue
-        level = 0.9 * min(curve[-1][1] for curve in curves.values())
         reached = {label: next(t for t, v in curve if v >= level) for label, curve in curves.items()}
         for label, curve in curves.items():
             cells[(label, i)] = f"{100 * curve[-1][1]:.1f} / {100 * reached[label] / reached[reference]:.0f}"
