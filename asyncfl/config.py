@@ -117,6 +117,7 @@ class EngineConfig:
     overlap: bool = False
     server_time_scale: float = 0.0
     round_deadline: float = 0.0
+    pipeline_late_clients: bool = False
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,11 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
         overlap=bool(cfg["overlap-server-compute"]),
         server_time_scale=_positive("server-time-scale", float(cfg["server-time-scale"]), allow_zero=True),
         round_deadline=_positive("round-deadline", float(cfg["round-deadline"]), allow_zero=True),
+        pipeline_late_clients=bool(cfg["pipeline-late-clients"]),
     )
+    if engine.pipeline_late_clients and engine.round_deadline <= 0:
+        raise ConfigError("pipeline-late-clients lets clients whose job missed the round deadline train again; it "
+                          "needs round-deadline > 0 (semi-asynchronous rounds)")
     if engine.round_deadline > 0 and engine.clock != "virtual":
         raise ConfigError("round-deadline (semi-asynchronous rounds) needs clock = 'virtual'; set round-deadline = 0 "
                           "for wall-clock runs")

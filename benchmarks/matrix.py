@@ -146,6 +146,9 @@ GI = Study(
         "s40-dir1": {"intertwined.staleness": 40, "dirichlet-alpha": 1.0},
         "s40-dir0.01": {"intertwined.staleness": 40, "dirichlet-alpha": 0.01},
         "s100-dir0.1": {"intertwined.staleness": 100, "dirichlet-alpha": 0.1},
+        # the paper's delayed clients train every round, each update landing S rounds later: ~2 stale updates in
+        # every round of 20 (the paper: 10 of 100) instead of one per late client every S rounds
+        "pipe-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1, "pipeline-late-clients": True},
         # a drift to a pure feature shift (negated intensities) instead of the easier digits
         "drift-inv-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1, "drift.source": "inverted",
                                  "drift.rate": 0.01},

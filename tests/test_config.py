@@ -117,6 +117,8 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
         parse_run_config({**cfg, "clock": "wall", "round-deadline": 1.0})
     with pytest.raises(ConfigError, match="intertwined"):
         parse_run_config({**cfg, "clock": "wall", "delay-model": "intertwined"})
+    with pytest.raises(ConfigError, match="pipeline-late-clients.*round-deadline > 0"):
+        parse_run_config({**cfg, "pipeline-late-clients": True})
     with pytest.raises(ConfigError, match="intertwined.staleness"):
         parse_run_config({**cfg, "delay-model": "intertwined", "intertwined.staleness": 0})
     parsed = parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "delay-model": "intertwined",

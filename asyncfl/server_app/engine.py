@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -165,7 +166,7 @@ class AsyncEngine:
         # Wall clock (deployments): pull message by message in threads, so one reply whose upload
         # died with its SuperNode cannot stall every other reply (see asyncfl.server_app.puller).
         self._puller = ThreadedPuller(grid, workers=max(8, config.concurrency)) if config.clock == "wall" else None
-        self._busy: set[int] = set()
+        self._busy: Counter[int] = Counter()  # client -> jobs in flight (> 1 only with pipelined late jobs)
         self._round_start = 0.0
         self._now = 0.0
         self._wall_start = time.monotonic()
@@ -315,7 +316,10 @@ class AsyncEngine:
         self._refresh_nodes()
         late = len(self._in_flight) if self.strategy.synchronous else 0  # late jobs belong to earlier rounds
         want = self.config.concurrency - len(self._in_flight) + late
-        idle = [i for i in range(len(self._clients)) if i not in self._busy and i not in self._no_data]
+        # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
+        # every round; at this point every job still in flight is late, the round having closed)
+        pipelined = self.config.pipeline_late_clients and self.strategy.synchronous
+        idle = [i for i in range(len(self._clients)) if (pipelined or not self._busy[i]) and i not in self._no_data]
         if self.config.clock == "wall":
             idle = [i for i in idle if self._clients[i] in self._online]
         if want <= 0 or not idle:
@@ -355,7 +359,7 @@ class AsyncEngine:
         for job, message_id in zip(jobs, message_ids):
             job.message_id, job.sent_wall = message_id, sent
             self._in_flight[message_id] = job
-            self._busy.add(job.client)
+            self._busy[job.client] += 1
         for job in jobs[len(message_ids) :]:  # refused by the SuperLink
             self.versions.release(job.version)
             self.stats.reject("push-refused")
@@ -418,7 +422,7 @@ class AsyncEngine:
     def _complete(self, job: Job, reply: Message | None) -> None:
         started = time.perf_counter()
         del self._in_flight[job.message_id]
-        self._busy.discard(job.client)
+        self._busy[job.client] -= 1
         if self._puller is not None:
             self._puller.forget(job.message_id)
         try:
