@@ -149,9 +149,6 @@ GI = Study(
         # the paper's delayed clients train every round, each update landing S rounds later: ~2 stale updates in
         # every round of 20 (the paper: 10 of 100) instead of one per late client every S rounds
         "pipe-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1, "pipeline-late-clients": True},
-        # a drift to a pure feature shift (negated intensities) instead of the easier digits
-        "drift-inv-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1, "drift.source": "inverted",
-                                 "drift.rate": 0.01},
     },
     seeds=(1,),
     targets=(0.3, 0.5),
@@ -170,8 +167,6 @@ GI = Study(
         # best column), to test whether fit quality is what holds GI back at S = 40
         "gi-fit__s40-dir0.1": {"strategy": "gi-compensation", "gi.keep-fraction": 1.0, "gi.iterations": 300,
                                "gi.warm-iterations": 120, "intertwined.staleness": 40, "dirichlet-alpha": 0.1},
-        "unstale__drift-inv-s40-dir0.1": {"strategy": "fedavg", "delay-model": "uniform-speed",
-                                          "dirichlet-alpha": 0.1, "drift.source": "inverted", "drift.rate": 0.01},
     },
     affected_class=5,
     final_window=10,  # one evaluation per round: class-5 accuracy swings from round to round
