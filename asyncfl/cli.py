@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,18 +40,27 @@ def write_flower_config(flwr_home: Path, port: int) -> None:
 
 
 class LocalSuperLink:
-    """A simulation SuperLink on loopback, stopped by PID (with all its descendants) on exit."""
+    """A simulation SuperLink on loopback, stopped by PID (with all its descendants) on exit.
 
-    def __init__(self, workdir: Path, flwr_home: Path) -> None:
+    Each one gets a ``FLWR_HOME`` of its own under ``base`` (connection config,
+    state database, installed app), removed on exit: ``flwr run`` reads the
+    SuperLink address from ``$FLWR_HOME/config.toml``, and with one shared
+    folder, runs started side by side from the same app folder could read
+    another run's address and run on (and be stopped with) its SuperLink.
+    Its log stays next to the homes, ``superlink-<port>.log``.
+    """
+
+    def __init__(self, workdir: Path, base: Path) -> None:
         self.workdir = workdir
-        self.flwr_home = flwr_home
         self.port = free_port()
+        self.flwr_home = base / f"link-{self.port}"
+        self.log_path = base / f"superlink-{self.port}.log"
         self.process: FlowerProcess | None = None
 
     def __enter__(self) -> "LocalSuperLink":
         write_flower_config(self.flwr_home, self.port)
-        command = superlink_command("127.0.0.1", self.port, self.flwr_home / f"state-{self.port}.db", simulation=True)
-        self.process = FlowerProcess(command, self.flwr_home / "superlink.log", self.workdir, self.env()).start()
+        command = superlink_command("127.0.0.1", self.port, self.flwr_home / "state.db", simulation=True)
+        self.process = FlowerProcess(command, self.log_path, self.workdir, self.env()).start()
         try:
             wait_for_port("127.0.0.1", self.port, self.process.process, 60.0, "flower-superlink")
         except BaseException:
@@ -64,15 +74,13 @@ class LocalSuperLink:
     def __exit__(self, *exc) -> None:
         if self.process is not None:
             self.process.stop()
-        for db in self.flwr_home.glob(f"state-{self.port}.db*"):
-            db.unlink(missing_ok=True)
+        shutil.rmtree(self.flwr_home, ignore_errors=True)
 
 
 def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: int, extra_env=None) -> int:
     """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code."""
     app_dir = app_dir.resolve()
-    flwr_home = app_dir / ".flwr"
-    with LocalSuperLink(app_dir, flwr_home) as link:
+    with LocalSuperLink(app_dir, app_dir / ".flwr") as link:
         command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                    "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
         for item in run_config:
