@@ -337,8 +337,10 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
     log = runs_dir / f"{run_name}.log"
     with open(log, "w") as handle:
         code = subprocess.call(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
-    print(f"{run_name}: exit {code} in {time.monotonic() - started:.0f}s", flush=True)
-    if code == 0:
+    complete = (runs_dir / run_name / "summary.json").exists()
+    print(f"{run_name}: exit {code} in {time.monotonic() - started:.0f}s"
+          + ("" if complete else f", no summary.json (log kept: {log})"), flush=True)
+    if code == 0 and complete:
         log.unlink()
 
 
