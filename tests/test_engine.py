@@ -450,8 +450,8 @@ class RoundRecording(FedAvg):
         return super().on_arrival(arrival, current)
 
 
-def test_round_deadline_lets_delayed_clients_arrive_exactly_s_rounds_late():
-    # Prepare: 6 clients; class 5 is held mostly by clients 1 and 4, which are 3 rounds late.
+def three_rounds_late_run(**overrides):
+    """6 clients; class 5 is held mostly by clients 1 and 4, which are 3 rounds late; 6 one-unit rounds."""
     from asyncfl.simulation.intertwined import IntertwinedDelays
 
     counts = [[5] * 10 for _ in range(6)]
@@ -460,39 +460,30 @@ def test_round_deadline_lets_delayed_clients_arrive_exactly_s_rounds_late():
     strategy = RoundRecording()
     grid = FakeGrid(6, plus_one, label_counts=counts)
     engine = make_engine(grid, strategy, delays=spec, delay_preset="intertwined", concurrency=6, round_deadline=1.0,
-                         max_arrivals=0, max_virtual_time=6.0)
-    # Act
+                         max_arrivals=0, max_virtual_time=6.0, **overrides)
     engine.run()
+    on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
+    late = [s for s in strategy.seen if s[1] in (1, 4)]
+    return engine, grid, on_time, late
+
+
+def test_round_deadline_lets_delayed_clients_arrive_exactly_s_rounds_late():
+    engine, _, on_time, late = three_rounds_late_run()
     # Assert: rounds close every unit without waiting for the late jobs ...
     assert list(engine.delays.delayed) == [1, 4]
-    on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
     assert [s[3] for s in on_time][:8] == [1.0] * 4 + [2.0] * 4 and all(s[2] == 0 for s in on_time)
     # ... and each delayed job lands mid-round 3 rounds after dispatch, with tau = 3.
-    late = [s for s in strategy.seen if s[1] in (1, 4)]
     assert [(r, tau, t) for r, _, tau, t in late] == [(3, 3, 3.5), (3, 3, 3.5)]
-    assert strategy.rounds == 6 and engine.versions.version == 6
+    assert engine.strategy.rounds == 6 and engine.versions.version == 6
 
 
 def test_pipelined_late_clients_train_every_round_and_each_job_lands_s_rounds_after_dispatch():
-    # Prepare: as above (clients 1 and 4 three rounds late), but a late client may be picked again while its
-    # late job is out, so all 6 clients start a job in every round.
-    from asyncfl.simulation.intertwined import IntertwinedDelays
-
-    counts = [[5] * 10 for _ in range(6)]
-    counts[1][5], counts[4][5] = 50, 40
-    spec = IntertwinedDelays(affected_class=5, delayed_clients=2, staleness=3)
-    strategy = RoundRecording()
-    grid = FakeGrid(6, plus_one, label_counts=counts)
-    engine = make_engine(grid, strategy, delays=spec, delay_preset="intertwined", concurrency=6, round_deadline=1.0,
-                         max_arrivals=0, max_virtual_time=6.0, pipeline_late_clients=True)
-    # Act
-    engine.run()
+    # A late client may be picked again while its late job is out, so all 6 clients start a job every round.
+    engine, grid, on_time, late = three_rounds_late_run(pipeline_late_clients=True)
     # Assert: the late clients' jobs started at t = 0, 1, 2 land in rounds 3, 4, 5, each with tau = 3 (without
     # pipelining only the t = 0 pair lands by t = 6, see the test above) ...
-    late = [(r, c, tau, t) for r, c, tau, t in strategy.seen if c in (1, 4)]
     assert [(r, tau, t) for r, _, tau, t in late] == [(3, 3, 3.5)] * 2 + [(4, 3, 4.5)] * 2 + [(5, 3, 5.5)] * 2
     # ... while the on-time clients still report once per round, never stale.
-    on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
     assert [s[3] for s in on_time][:8] == [1.0] * 4 + [2.0] * 4 and all(s[2] == 0 for s in on_time)
     trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
     assert sum(engine._clients.index(m.metadata.dst_node_id) in (1, 4) for m in trains) >= 6
