@@ -272,7 +272,7 @@ def gossip_table(study: Study) -> str:
     runs: dict[tuple[str, str], list[dict]] = {}
     for method, scenario in names:
         runs[(method, scenario)] = [json.loads((folder / "summary.json").read_text())
-                                    for folder in sorted(runs_dir.glob(f"{method}__{scenario}__s*")) if finished(folder)]
+                                    for folder in finished_runs(runs_dir, f"{method}__{scenario}")]
 
     def mean(values: list[float]) -> float:
         return statistics.fmean(values) if values else float("nan")
@@ -325,6 +325,11 @@ def finished(folder: Path) -> bool:
     return (folder / "summary.json").exists() and not folder.with_name(folder.name + ".log").exists()
 
 
+def finished_runs(runs_dir: Path, cell: str) -> list[Path]:
+    """The completed run folders of one cell (one per seed), in seed order."""
+    return sorted(p for p in runs_dir.glob(f"{cell}__s*") if p.is_dir() and finished(p))
+
+
 def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path) -> None:
     """One real ``asyncfl run``; skipped when its summary exists."""
     run_name = f"{name}__s{seed}"
@@ -365,7 +370,7 @@ def cell_results(runs_dir: Path, name: str, targets: tuple[float, ...], affected
     """
     finals, bests, walls, server_ms, class_finals, class_bests = [], [], [], [], [], []
     times: dict[float, list[float]] = {t: [] for t in targets}
-    folders = sorted(p for p in runs_dir.glob(f"{name}__s*") if p.is_dir() and finished(p))
+    folders = finished_runs(runs_dir, name)
     for folder in folders:
         rows = _metrics(folder)
         summary = json.loads((folder / "summary.json").read_text())
@@ -459,7 +464,7 @@ def paper_time_table(study: Study, runs_dir: Path, names: list[tuple[str, list[s
         found = {}
         for label, cell_names in names:
             cell = cell_names[i]
-            folders = sorted(p for p in runs_dir.glob(f"{cell}__s*") if p.is_dir() and finished(p)) if cell else []
+            folders = finished_runs(runs_dir, cell) if cell else []
             if folders:
                 found[label] = folders[0]
         columns.append(found)
