@@ -149,8 +149,14 @@ GI = Study(
         # the paper's delayed clients train every round, each update landing S rounds later: ~2 stale updates in
         # every round of 20 (the paper: 10 of 100) instead of one per late client every S rounds
         "pipe-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1, "pipeline-late-clients": True},
+        "pipe-s10-dir0.1": {"intertwined.staleness": 10, "dirichlet-alpha": 0.1, "pipeline-late-clients": True},
+        "pipe-s40-dir0.01": {"intertwined.staleness": 40, "dirichlet-alpha": 0.01, "pipeline-late-clients": True},
+        # a drift that makes the task harder (digits made it easier): 1% of every client's samples per round turn
+        # into their intensity-negated copies; pipelined late clients, as in the paper's delayed clients
+        "pipe-drift-inv-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1,
+                                      "pipeline-late-clients": True, "drift.source": "inverted", "drift.rate": 0.01},
     },
-    seeds=(1,),
+    seeds=(1, 2, 3),  # seeds 2-3 only for the headline pipelined S = 40 cells (CPU budget)
     targets=(0.3, 0.5),
     extra={  # the paper's "Unstale" reference: nobody late (one run serves every staleness level)
         "unstale__s40-dir0.1": {"strategy": "fedavg", "delay-model": "uniform-speed", "dirichlet-alpha": 0.1},
@@ -158,6 +164,8 @@ GI = Study(
         "unstale__s40-dir0.01": {"strategy": "fedavg", "delay-model": "uniform-speed", "dirichlet-alpha": 0.01},
         "unstale__drift-s40-dir0.1": {"strategy": "fedavg", "delay-model": "uniform-speed", "dirichlet-alpha": 0.1,
                                       "drift.source": "digits", "drift.rate": 0.01},
+        "unstale__pipe-drift-inv-s40-dir0.1": {"strategy": "fedavg", "delay-model": "uniform-speed",
+                                               "dirichlet-alpha": 0.1, "drift.source": "inverted", "drift.rate": 0.01},
         # our switch-back rule (mean E1 vs mean E2 over the last 3 comparisons) against the paper's first E1 > E2
         "gi-mean__s40-dir0.1": {"strategy": "gi-compensation", "gi.switch-rule": "mean", "intertwined.staleness": 40,
                                 "dirichlet-alpha": 0.1},
