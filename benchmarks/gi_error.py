@@ -16,9 +16,16 @@ compares recovered inputs with the client's real samples (nearest-neighbour
 MSE) and asks a trained model whether it recognises them, at 0% and 95%
 sparsification, against random-noise inputs.
 
+``--rec-sizes`` instead sweeps ``|D_rec|`` as a share of the client's data at
+the largest staleness (the paper's Appendix D, Tables 17-18: GI loss and time
+vs that share, which it settles at 1/2): final disparity, seconds and the
+estimate's error for each share.
+
 Usage::
 
     python benchmarks/gi_error.py --out benchmarks/gi/error.json
+    python benchmarks/gi_error.py --staleness 40 --budgets 100 --rec-sizes 1/64,1/16,1/4,1/2,1,2 \
+        --out benchmarks/gi/rec_size.json
 """
 
 from __future__ import annotations
@@ -92,6 +99,9 @@ def main() -> None:
     parser.add_argument("--affected-class", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/gi/error.json"))
+    parser.add_argument("--rec-sizes", default="",
+                        help="sweep |D_rec| as these shares of the client's data (e.g. 1/16,1/2,2) instead")
+    parser.add_argument("--keep", type=float, default=1.0, help="top-K share kept in the disparity (--rec-sizes)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -109,10 +119,52 @@ def main() -> None:
     out: dict = {"setting": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                              "client-samples": int(len(y_i)), "client-class-counts": counts[target].tolist(),
                              "replayed-steps": program.total_steps(len(y_i)),
-                             "trajectory-seconds": round(time.perf_counter() - started, 1)},
-                 "by-staleness": []}
+                             "trajectory-seconds": round(time.perf_counter() - started, 1)}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     current = trajectory[-1]
     true = layout.param_vector(local_update(model, current, x_i, y_i, program, seed=7))
+    if args.rec_sizes:
+        rec_size_sweep(args, out, layout, model, trajectory, x_i, y_i, program, true)
+    else:
+        staleness_table(args, out, layout, model, trajectory, x_i, y_i, program, true)
+    out["total-seconds"] = round(time.perf_counter() - started, 1)
+    args.out.write_text(json.dumps(out, indent=2))
+
+
+def parse_share(text: str) -> float:
+    """``'1/16'`` or ``'0.5'`` or ``'2'`` as a float."""
+    numerator, _, denominator = text.partition("/")
+    return float(numerator) / float(denominator or 1)
+
+
+def rec_size_sweep(args, out, layout, model, trajectory, x_i, y_i, program, true) -> None:
+    """GI from the stale update at the largest staleness with ``|D_rec|`` = each share of the client's data;
+    ``out["rec-size"]`` gets a row per share (written as it comes) and the raw stale update's error last."""
+    tau = max(int(t) for t in args.staleness.split(","))
+    iterations = max(int(b) for b in args.budgets.split(","))
+    base, current = trajectory[-1 - tau], trajectory[-1]
+    stale = layout.param_vector(local_update(model, base, x_i, y_i, program, seed=7))
+    rows = out["rec-size"] = []
+    for share_text in args.rec_sizes.split(","):
+        config = InversionConfig(iterations=iterations, keep_fraction=args.keep, rec_fraction=parse_share(share_text),
+                                 max_rec=10 * len(y_i))
+        params, buffers = layout.split(base)
+        result = invert_update(layout.model, params, buffers, torch.from_numpy(stale), program, len(y_i),
+                               (1, 28, 28), 10, config, torch.Generator().manual_seed(tau))
+        cur_params, cur_buffers = layout.split(current)
+        estimate = replay_update(layout.model, cur_params, cur_buffers, result.recovered, program, len(y_i)).numpy()
+        rows.append({"share": share_text, "rec-size": len(result.recovered), "tau": tau, "iterations": iterations,
+                     "keep": args.keep, "seconds": round(result.seconds, 2), "gi-loss": round(result.disparity, 6),
+                     "fit": round(result.disparity / result.initial_disparity, 4), **errors(estimate, true)})
+        print(rows[-1], flush=True)
+        args.out.write_text(json.dumps(out, indent=2))
+    rows.append({"share": "raw stale update", **errors(stale, true)})
+
+
+def staleness_table(args, out, layout, model, trajectory, x_i, y_i, program, true) -> None:
+    """Raw stale, DC-ASGD and GI (every budget, 5% and all coordinates) vs the true update, per staleness."""
+    current = trajectory[-1]
+    out["by-staleness"] = []
     for tau in [int(t) for t in args.staleness.split(",")]:
         base = trajectory[-1 - tau]
         stale_full = local_update(model, base, x_i, y_i, program, seed=7)
@@ -144,11 +196,7 @@ def main() -> None:
                     out["privacy"]["random-noise"] = privacy(noise.inputs.numpy(), x_i, classifier, labels)
         print(tau, "raw", row["raw-stale"], "dc", row["dc-asgd"], flush=True)
         out["by-staleness"].append(row)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2))
-    out["total-seconds"] = round(time.perf_counter() - started, 1)
-    args.out.write_text(json.dumps(out, indent=2))
-
 
 if __name__ == "__main__":
     main()
