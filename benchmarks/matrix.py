@@ -454,39 +454,56 @@ def smoothed_class_accuracy(folder: Path, affected_class: int, window: int) -> l
     return [(rows[i]["time"], statistics.fmean(values[i + 1 - window:i + 1])) for i in range(window - 1, len(rows))]
 
 
+def _seed_of(folder: Path) -> str:
+    """``'s2'`` for a run folder named ``method__scenario__s2``."""
+    return folder.name.rsplit("__", 1)[1]
+
+
+def paper_time_column(folders: dict[str, list[Path]], affected_class: int, window: int,
+                      reference: str) -> dict[str, str]:
+    """One column of :func:`paper_time_table`: ``label -> "accuracy / relative time"`` (means over seeds).
+
+    Per seed, the level is 90 % of the lowest final among that seed's runs in the column,
+    and a method's time is its round at the level over the reference's round in the same seed.
+    """
+    finals: dict[str, list[float]] = {label: [] for label in folders}
+    ratios: dict[str, list[float]] = {label: [] for label in folders}
+    seeds = sorted({_seed_of(f) for runs in folders.values() for f in runs})
+    for seed in seeds:
+        curves = {label: smoothed_class_accuracy(f, affected_class, window)
+                  for label, runs in folders.items() for f in runs if _seed_of(f) == seed}
+        for label, curve in curves.items():
+            finals[label].append(curve[-1][1])
+        level = 0.9 * min(curve[-1][1] for curve in curves.values())
+        if reference not in curves or level <= 0:  # no reference run, or a method ends at 0: no common level
+            continue
+        reached = {label: next(t for t, v in curve if v >= level) for label, curve in curves.items()}
+        for label in curves:
+            ratios[label].append(reached[label] / reached[reference])
+    return {label: f"{100 * statistics.fmean(finals[label]):.1f} / "
+                   + (f"{100 * statistics.fmean(ratios[label]):.0f}" if ratios[label] else "–")
+            for label in folders}
+
+
 def paper_time_table(study: Study, runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[str]:
     """The GI paper's Tables 10-11 format: affected-class accuracy and relative time (reference = 100).
 
     The paper's time is "the relative training time required to reach convergence"
     without a stated criterion; ours: the first round at which the affected class's
     accuracy, averaged over the last ``final_window`` rounds, reaches 90 % of the
-    lowest final accuracy in that column (so every method gets there), divided by
-    the reference method's round.  First seed only per cell when several ran.
+    lowest final accuracy in that column and seed (so every method gets there), divided by
+    the reference method's round in that seed.  Both numbers are means over the seeds that ran.
     """
     k, w, reference = study.affected_class, study.final_window, study.paper_time_reference
     lines = ["", f"Tables 10-11 format: class-{k} accuracy % (last {w}) / time relative to {reference} (= 100): "
-             f"rounds until the {w}-round mean of class-{k} accuracy reaches 90 % of the column's lowest final.", "",
+             f"rounds until the {w}-round mean of class-{k} accuracy reaches 90 % of the column's lowest final "
+             "(per seed); means over the seeds that ran.", "",
              "| method | " + " | ".join(study.scenarios) + " |", "|" + "---|" * (len(study.scenarios) + 1)]
-    columns: list[dict[str, Path]] = []
-    for i, _ in enumerate(study.scenarios):
-        found = {}
-        for label, cell_names in names:
-            cell = cell_names[i]
-            folders = finished_runs(runs_dir, cell) if cell else []
-            if folders:
-                found[label] = folders[0]
-        columns.append(found)
     cells: dict[tuple[str, int], str] = {}
-    for i, found in enumerate(columns):
-        curves = {label: smoothed_class_accuracy(folder, k, w) for label, folder in found.items()}
-        level = 0.9 * min((curve[-1][1] for curve in curves.values()), default=0.0)
-        if reference not in curves or level <= 0:  # no reference run, or a method ends at 0: no common level
-            for label, curve in curves.items():
-                cells[(label, i)] = f"{100 * curve[-1][1]:.1f} / –"
-            continue
-        reached = {label: next(t for t, v in curve if v >= level) for label, curve in curves.items()}
-        for label, curve in curves.items():
-            cells[(label, i)] = f"{100 * curve[-1][1]:.1f} / {100 * reached[label] / reached[reference]:.0f}"
+    for i, _ in enumerate(study.scenarios):
+        folders = {label: finished_runs(runs_dir, cell_names[i]) for label, cell_names in names if cell_names[i]}
+        column = paper_time_column({label: runs for label, runs in folders.items() if runs}, k, w, reference)
+        cells.update({(label, i): text for label, text in column.items()})
     for label, _ in names:
         row = [cells.get((label, i), "") for i in range(len(study.scenarios))]
         if any(row):
