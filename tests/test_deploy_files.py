@@ -1,15 +1,18 @@
 """Docker files, validated here without a Docker engine: the committed compose files are what the
 generator makes, their wiring is consistent, and every flag they pass exists in the installed Flower."""
 
+import io
 import re
 import subprocess
 import sys
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 
 import flwr
 import pytest
 import yaml
+from flwr.cli.build import build_fab_from_files
 
 from asyncfl.deploy.compose import FLOWER_VERSION, compose_spec
 from asyncfl.deploy.processes import flower_tool
@@ -162,3 +165,21 @@ def test_supernode_auth_without_tls_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match="needs tls"):
         LocalDeployment(ROOT, 2, supernode_auth=True, workdir=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_fab_ships_the_package_only():
+    # flwr run packages the app folder: results, tests and docs must stay out (they would grow the FAB toward
+    # Flower's 10 MB cap, and a run folder removed while another run packages the app broke that run)
+    files = {
+        "pyproject.toml": (ROOT / "pyproject.toml").read_bytes(),
+        "asyncfl/server_app/app.py": b"app = None\n",
+        "asyncfl/data/partition.py": b"",
+        "benchmarks/gi/runs/gi__s40__s1/config.json": b"{}",
+        "benchmarks/matrix.py": b"",
+        "tests/conftest.py": b"",
+        "conf/gi-intertwined.toml": b"",
+        "README.md": b"# asyncfl\n",
+    }
+    fab, _ = build_fab_from_files(files)
+    shipped = {name for name in zipfile.ZipFile(io.BytesIO(fab)).namelist() if not name.startswith(".info/")}
+    assert shipped == {"pyproject.toml", "asyncfl/server_app/app.py", "asyncfl/data/partition.py"}
