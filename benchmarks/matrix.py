@@ -149,7 +149,6 @@ GI = Study(
         # the paper's delayed clients train every round, each update landing S rounds later: ~2 stale updates in
         # every round of 20 (the paper: 10 of 100) instead of one per late client every S rounds
         "pipe-s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1, "pipeline-late-clients": True},
-        "pipe-s10-dir0.1": {"intertwined.staleness": 10, "dirichlet-alpha": 0.1, "pipeline-late-clients": True},
         "pipe-s40-dir0.01": {"intertwined.staleness": 40, "dirichlet-alpha": 0.01, "pipeline-late-clients": True},
         # a drift that makes the task harder (digits made it easier): 1% of every client's samples per round turn
         # into their intensity-negated copies; pipelined late clients, as in the paper's delayed clients
