@@ -170,10 +170,6 @@ GI = Study(
                                 "dirichlet-alpha": 0.1},
         "gi-mean__s10-dir0.1": {"strategy": "gi-compensation", "gi.switch-rule": "mean", "intertwined.staleness": 10,
                                 "dirichlet-alpha": 0.1},
-        # pipelined at Dirichlet 0.01 the paper's rule switched back after one E1 > E2 although E1 averaged half E2
-        "gi-mean__pipe-s40-dir0.01": {"strategy": "gi-compensation", "gi.switch-rule": "mean",
-                                      "intertwined.staleness": 40, "dirichlet-alpha": 0.01,
-                                      "pipeline-late-clients": True},
         # a better fit: every coordinate in the disparity and 3x the iterations (the estimation-error benchmark's
         # best column), to test whether fit quality is what holds GI back at S = 40
         "gi-fit__s40-dir0.1": {"strategy": "gi-compensation", "gi.keep-fraction": 1.0, "gi.iterations": 300,
