@@ -2,13 +2,13 @@
 
 import csv
 import json
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from asyncfl.deploy.app_copy import write_app_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "dataset='digits' model='mlp' local-steps=10 lr=0.01 concurrency=3 eval-every=1.0 progress=false"
@@ -32,16 +32,8 @@ def asyncfl_run(app: Path, overrides: str, supernodes: int = 6) -> str:
 
 def interop_app(tmp_path: Path, serverapp: str, clientapp: str) -> Path:
     """A copy of our Flower app whose components are swapped for the interop modules."""
-    app = tmp_path / "app"
-    app.mkdir()
-    text = (ROOT / "pyproject.toml").read_text()
-    text = re.sub(r'serverapp = ".*"', f'serverapp = "{serverapp}"', text)
-    text = re.sub(r'clientapp = ".*"', f'clientapp = "{clientapp}"', text)
-    (app / "pyproject.toml").write_text(text)
-    (app / "README.md").write_text("interop test app\n")
-    for module in ("stock_client.py", "flower_fedavg_server.py"):
-        shutil.copy(ROOT / "tests" / "interop" / module, app / module)
-    return app
+    modules = [ROOT / "tests" / "interop" / name for name in ("stock_client.py", "flower_fedavg_server.py")]
+    return write_app_copy(tmp_path / "app", ROOT, modules, serverapp=serverapp, clientapp=clientapp)
 
 
 def test_fedbuff_run_writes_results_and_is_deterministic(tmp_path):

@@ -18,8 +18,6 @@ Usage: ``.venv/bin/python benchmarks/deploy/run.py`` (results in ``benchmarks/de
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import statistics
 import sys
 import tempfile
@@ -29,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from asyncfl.deploy.app_copy import write_app_copy  # noqa: E402
 from asyncfl.deploy.local import LocalDeployment  # noqa: E402
 
 NODES = 4
@@ -48,13 +47,8 @@ def _submit(deployment: LocalDeployment, overrides: str, app: Path | None = None
 
 
 def _peer_app(tmp: Path) -> Path:
-    app = tmp / "peer"
-    app.mkdir()
-    text = re.sub(r'serverapp = ".*"', 'serverapp = "flower_loop_server:app"', (ROOT / "pyproject.toml").read_text())
-    (app / "pyproject.toml").write_text(text)
-    (app / "README.md").write_text("benchmark peer\n")
-    shutil.copy(Path(__file__).with_name("flower_loop_server.py"), app / "flower_loop_server.py")
-    return app
+    return write_app_copy(tmp / "peer", ROOT, [Path(__file__).with_name("flower_loop_server.py")],
+                          serverapp="flower_loop_server:app")
 
 
 def main() -> int:
