@@ -137,6 +137,17 @@ def parse_share(text: str) -> float:
     return float(numerator) / float(denominator or 1)
 
 
+def gi_estimate(layout, base, current, stale, program, num_examples, config, seed):
+    """Invert the stale update from ``base``, then replay the recovered set from ``current``:
+    ``(inversion result, estimated unstale update)``."""
+    params, buffers = layout.split(base)
+    result = invert_update(layout.model, params, buffers, torch.from_numpy(stale), program, num_examples,
+                           (1, 28, 28), 10, config, torch.Generator().manual_seed(seed))
+    cur_params, cur_buffers = layout.split(current)
+    estimate = replay_update(layout.model, cur_params, cur_buffers, result.recovered, program, num_examples).numpy()
+    return result, estimate
+
+
 def rec_size_sweep(args, out, layout, model, trajectory, x_i, y_i, program, true) -> None:
     """GI from the stale update at the largest staleness with ``|D_rec|`` = each share of the client's data;
     ``out["rec-size"]`` gets a row per share (written as it comes) and the raw stale update's error last."""
@@ -148,11 +159,7 @@ def rec_size_sweep(args, out, layout, model, trajectory, x_i, y_i, program, true
     for share_text in args.rec_sizes.split(","):
         config = InversionConfig(iterations=iterations, keep_fraction=args.keep, rec_fraction=parse_share(share_text),
                                  max_rec=10 * len(y_i))
-        params, buffers = layout.split(base)
-        result = invert_update(layout.model, params, buffers, torch.from_numpy(stale), program, len(y_i),
-                               (1, 28, 28), 10, config, torch.Generator().manual_seed(tau))
-        cur_params, cur_buffers = layout.split(current)
-        estimate = replay_update(layout.model, cur_params, cur_buffers, result.recovered, program, len(y_i)).numpy()
+        result, estimate = gi_estimate(layout, base, current, stale, program, len(y_i), config, tau)
         rows.append({"share": share_text, "rec-size": len(result.recovered), "tau": tau, "iterations": iterations,
                      "keep": args.keep, "seconds": round(result.seconds, 2), "gi-loss": round(result.disparity, 6),
                      "fit": round(result.disparity / result.initial_disparity, 4), **errors(estimate, true)})
@@ -173,13 +180,8 @@ def staleness_table(args, out, layout, model, trajectory, x_i, y_i, program, tru
         row = {"tau": tau, "raw-stale": errors(stale, true), "dc-asgd": errors(dc, true), "gi": []}
         for keep in (0.05, 1.0):
             for budget in [int(b) for b in args.budgets.split(",")]:
-                params, buffers = layout.split(base)
                 config = InversionConfig(iterations=budget, keep_fraction=keep)
-                result = invert_update(layout.model, params, buffers, torch.from_numpy(stale), program, len(y_i),
-                                       (1, 28, 28), 10, config, torch.Generator().manual_seed(tau))
-                cur_params, cur_buffers = layout.split(current)
-                estimate = replay_update(layout.model, cur_params, cur_buffers, result.recovered, program,
-                                         len(y_i)).numpy()
+                result, estimate = gi_estimate(layout, base, current, stale, program, len(y_i), config, tau)
                 row["gi"].append({"keep": keep, "iterations": budget, "seconds": round(result.seconds, 2),
                                   "fit": round(result.disparity / result.initial_disparity, 4),
                                   **errors(estimate, true)})
