@@ -1,3 +1,52 @@
-"""asyncfl: asynchronous federated learning on Flower."""
+"""asyncfl: asynchronous federated learning on Flower.
+
+Every server-side method is a Flower-style strategy: swap the import in your
+``server_app.py`` and keep the rest of your app::
+
+    from asyncfl import FedBuff            # was: from flwr.serverapp.strategy import FedAvg
+    result = FedBuff(buffer_size=5).start(grid=grid, initial_arrays=arrays, num_rounds=50)
+
+Names are imported on first use, so a ClientApp process that imports
+``asyncfl.client_app`` does not load the server-side methods (and their torch models).
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "Strategy": "asyncfl.strategies.base",
+    "Arrival": "asyncfl.strategies.base",
+    "AsyncResult": "asyncfl.server_app.launch",
+    "FedAvg": "asyncfl.strategies.fedavg",
+    "FedAsync": "asyncfl.strategies.fedasync",
+    "FedBuff": "asyncfl.strategies.fedbuff",
+    "AFLDW": "asyncfl.strategies.afl_dw",
+    "CA2FL": "asyncfl.strategies.ca2fl",
+    "FADAS": "asyncfl.strategies.fadas",
+    "FedFa": "asyncfl.strategies.fedfa",
+    "FedADT": "asyncfl.strategies.fedadt",
+    "FedEcho": "asyncfl.strategies.fedecho",
+    "FedRevive": "asyncfl.strategies.fedrevive",
+    "GICompensation": "asyncfl.strategies.gi",
+    "StaleWeighted": "asyncfl.strategies.stale_compensation",
+    "DCASGD": "asyncfl.strategies.stale_compensation",
+    "WPred": "asyncfl.strategies.stale_compensation",
+    "AsynTiers": "asyncfl.strategies.stale_compensation",
+    "DelayModel": "asyncfl.simulation.delays",
+    "ComponentDelay": "asyncfl.simulation.delays",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'asyncfl' has no attribute {name!r}")
+    value = getattr(import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

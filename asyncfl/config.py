@@ -118,6 +118,8 @@ class EngineConfig:
     server_time_scale: float = 0.0
     round_deadline: float = 0.0
     pipeline_late_clients: bool = False
+    max_versions: int = 0  # stop once the server model reaches this version (0 = no cap); Flower's num_rounds
+    eval_every_versions: int = 0  # also evaluate every this many server versions (0 = by clock only)
 
 
 @dataclass(frozen=True)

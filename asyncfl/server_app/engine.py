@@ -40,6 +40,7 @@ from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.flower_options import MessageKeys
 
 log = logging.getLogger("asyncfl.engine")
 
@@ -66,6 +67,24 @@ class Recorder(Protocol):
     def on_evaluation(self, row: dict) -> None: ...
 
     def on_progress(self, clock: float, arrivals: int) -> None: ...
+
+
+class TrainMetricsSink(Protocol):
+    """Collects the ClientApps' train metrics per server version (see :mod:`asyncfl.server_app.client_metrics`)."""
+
+    def add(self, content: RecordDict) -> None: ...
+
+    def on_version(self, version: int) -> None: ...
+
+
+class FederatedEvaluator(Protocol):
+    """Sends the model to a sample of nodes for evaluation (see :mod:`asyncfl.server_app.federated_eval`)."""
+
+    def dispatch(self, version: int, record, nodes: list[int]) -> None: ...
+
+    def poll(self) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 @dataclass
@@ -125,10 +144,16 @@ class AsyncEngine:
         Scheduling, stop and evaluation settings.
     train_config : dict
         Local-training keys sent in every train request's ConfigRecord.
-    evaluate_fn : EvaluateFn
-        Centralised evaluation of a flat model.
+    evaluate_fn : EvaluateFn or None
+        Centralised evaluation of a flat model; ``None``: no server-side evaluation rows.
     recorder : Recorder, optional
         Receives evaluation rows and progress.
+    keys : MessageKeys, optional
+        Record keys of requests and replies (Flower's ``"arrays"``, ``"config"``, ``"num-examples"``).
+    train_metrics : TrainMetricsSink, optional
+        Receives each accepted reply's content and every new server version.
+    federated_eval : FederatedEvaluator, optional
+        Evaluates the model on a sample of nodes at every evaluation point.
     """
 
     def __init__(
@@ -139,8 +164,11 @@ class AsyncEngine:
         initial: np.ndarray,
         config: EngineConfig,
         train_config: dict,
-        evaluate_fn: EvaluateFn,
+        evaluate_fn: EvaluateFn | None,
         recorder: Recorder | None = None,
+        keys: MessageKeys | None = None,
+        train_metrics: TrainMetricsSink | None = None,
+        federated_eval: FederatedEvaluator | None = None,
     ) -> None:
         self.grid = grid
         self.strategy = strategy
@@ -150,6 +178,9 @@ class AsyncEngine:
         self.train_config = dict(train_config)
         self.evaluate_fn = evaluate_fn
         self.recorder = recorder
+        self.keys = keys or MessageKeys()
+        self.train_metrics = train_metrics
+        self.federated_eval = federated_eval
         self.stats = EngineStats()
         self.delays = delay_sampler(config.delays, config.seed)
         self._pick_rng = np.random.default_rng([config.seed, 3])
@@ -172,6 +203,7 @@ class AsyncEngine:
         self._wall_start = time.monotonic()
         self._next_eval = 0.0
         self._last_eval: tuple | None = None
+        self._evaluated_remotely = -1  # the last version sent out for federated evaluation
         self._seq = 0
         self._poll_sleep = 0.001
         self._failures_in_a_row = 0
@@ -247,6 +279,8 @@ class AsyncEngine:
             self.discover_clients()
         self.strategy.on_start(len(self._clients))
         self._evaluate_until(0.0)
+        if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
+            self._record_evaluation(0.0)
         while not self._should_stop():
             self._top_up()
             if not self._in_flight:
@@ -264,6 +298,8 @@ class AsyncEngine:
                 self.recorder.on_progress(self._now, self.stats.arrivals)
         self._final_evaluation()
         self._abandon_in_flight()
+        if self.federated_eval is not None:
+            self.federated_eval.finish()
         return self.stats
 
     def _wait_for_an_online_node(self) -> None:
@@ -288,8 +324,9 @@ class AsyncEngine:
         return bool(self.config.max_arrivals) and self.stats.arrivals + 1 >= self.config.max_arrivals
 
     def _should_stop(self) -> bool:
-        max_arrivals = self.config.max_arrivals
-        return bool(max_arrivals) and self.stats.arrivals >= max_arrivals
+        max_arrivals, max_versions = self.config.max_arrivals, self.config.max_versions
+        return ((bool(max_arrivals) and self.stats.arrivals >= max_arrivals)
+                or (bool(max_versions) and self.versions.version >= max_versions))
 
     def _clock(self) -> float:
         if self.config.clock == "virtual":
@@ -335,6 +372,7 @@ class AsyncEngine:
             duration = self.delays.job_duration(client) if self.config.clock == "virtual" else 0.0
             config = dict(self.train_config)
             config["model-version"] = version
+            config["server-round"] = version + 1  # Flower's key: the earliest version this update can shape
             config["job-seed"] = int(np.random.SeedSequence([self.config.seed, 4, seq]).generate_state(1)[0] >> 1)
             config["dispatch-time"] = float(start)  # the clock the job starts at (variant data drifts with it)
             if self.config.clock == "wall" and self.config.emulate_delay_scale > 0:
@@ -343,7 +381,7 @@ class AsyncEngine:
             if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
                 custom, _ = self.codec.clamp_variances(custom)
             arrays = self.codec.to_record(custom) if custom is not None else self.versions.record(version)
-            content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
+            content = RecordDict({self.keys.arrays: arrays, self.keys.config: ConfigRecord(config)})
             messages.append(
                 Message(
                     content,
@@ -384,6 +422,8 @@ class AsyncEngine:
         """Block until the next job to accept is known; ``None`` reply = lost."""
         while True:
             got = self._pull()
+            if self.federated_eval is not None:
+                self.federated_eval.poll()
             picked = self._pick_ready()
             if picked is not None:
                 self._poll_sleep = 0.001
@@ -441,7 +481,7 @@ class AsyncEngine:
         if self.strategy.synchronous and not self._round_open():
             new_model = self.strategy.on_round_end(self.versions.current)
             if new_model is not None:
-                self.versions.advance(new_model)
+                self._advance(new_model)
         self.stats.server_seconds += time.perf_counter() - started
 
     def _to_arrival(self, job: Job, reply: Message | None) -> Arrival | None:
@@ -458,20 +498,23 @@ class AsyncEngine:
             self.stats.reject("error-reply")
             return None
         content = reply.content
-        if "arrays" not in content.array_records:
-            log.warning("client %d reply lacks 'arrays'; rejected", job.client)
+        if self.keys.arrays not in content.array_records:
+            log.warning("client %d reply lacks %r; rejected", job.client, self.keys.arrays)
             self.stats.reject("no-arrays")
             return None
         try:
-            weights = self.codec.decode(content.array_records["arrays"])
+            weights = self.codec.decode(content.array_records[self.keys.arrays])
         except MalformedUpdate as exc:
             log.warning("client %d reply rejected: %s", job.client, exc)
             self.stats.reject(exc.reason)
             return None
-        metrics = content.metric_records.get("metrics")
-        num_examples = int(metrics.get("num-examples", 0)) if metrics is not None else 0
-        train_loss = float(metrics.get("train-loss", float("nan"))) if metrics is not None else float("nan")
+        metrics = self.keys.metrics_of(content)
+        num_examples = int(metrics.get(self.keys.weight, 0)) if metrics is not None else 0
+        train_loss = float(metrics.get("train-loss", metrics.get("train_loss", float("nan")))) \
+            if metrics is not None else float("nan")
         self._record_transport(job, content, metrics)
+        if self.train_metrics is not None and metrics is not None:
+            self.train_metrics.add(RecordDict({"metrics": metrics}))
         return Arrival(
             client_index=job.client,
             base_version=job.version,
@@ -485,7 +528,8 @@ class AsyncEngine:
 
     def _record_transport(self, job: Job, content: RecordDict, metrics) -> None:
         """Bytes of the reply's arrays as serialized, its round trip, and the client's own compute time."""
-        self.stats.reply_bytes.append(sum(len(array.data) for array in content.array_records["arrays"].values()))
+        arrays = content.array_records[self.keys.arrays]
+        self.stats.reply_bytes.append(sum(len(array.data) for array in arrays.values()))
         pulled = self._pulled_at.pop(job.message_id, None)
         if pulled is not None:
             self.stats.round_trip_seconds.append(pulled - job.sent_wall)
@@ -500,21 +544,39 @@ class AsyncEngine:
                 raise FloatingPointError(f"strategy produced a non-finite model after arrival {self.stats.arrivals}")
             new_model, clamped = self.codec.clamp_variances(new_model)
             self.stats.clamped_variances += clamped
-            self.versions.advance(new_model)
+            self._advance(new_model)
+
+    def _advance(self, new_model: np.ndarray) -> None:
+        """Make ``new_model`` the next server version; evaluate it when the version schedule says so."""
+        version = self.versions.advance(new_model)
+        if self.train_metrics is not None:
+            self.train_metrics.on_version(version)
+        every = self.config.eval_every_versions
+        if every and version % every == 0:
+            self._record_evaluation(self._now)
 
     # ------------------------------------------------------------- evaluate
     def _evaluate_until(self, clock: float) -> None:
-        """Evaluate the model in effect at every scheduled point ``<= clock``."""
-        while self._next_eval <= clock:
+        """Evaluate the model in effect at every scheduled point ``<= clock`` (``eval-every`` 0: none)."""
+        while self.config.eval_every and self._next_eval <= clock:
             self._record_evaluation(self._next_eval)
             self._next_eval += self.config.eval_every
 
     def _final_evaluation(self) -> None:
-        if not self.stats.evaluations or self.stats.evaluations[-1]["time"] < self._now:
+        last = self.stats.evaluations[-1] if self.stats.evaluations else None
+        new_version = bool(self.config.eval_every_versions) and last is not None \
+            and last["server_version"] != self.versions.version
+        if last is None or last["time"] < self._now or new_version:
             self._record_evaluation(self._now)
 
     def _record_evaluation(self, at: float) -> None:
         version = self.versions.version
+        if self.federated_eval is not None and self._evaluated_remotely != version:
+            self._evaluated_remotely = version
+            self.federated_eval.dispatch(version, self.versions.record(version), self._clients)
+        if self.evaluate_fn is None:
+            self.stats.evaluations.append({"time": round(at, 6), "server_version": version})
+            return
         # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
         key = (version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
         if self._last_eval is None or self._last_eval[0] != key:

@@ -113,30 +113,37 @@ class RunRecorder:
 
     def summary(self, strategy: str, stats, versions: int, extra: dict, clock: float) -> dict:
         """The summary.json contents from the engine's counters."""
-        accuracies = [r["accuracy"] for r in self.rows]
-        staleness = stats.staleness
-        arrivals = max(stats.arrivals, 1)
-        return {
-            "strategy": strategy,
-            "final-accuracy": accuracies[-1] if accuracies else None,
-            "best-accuracy": max(accuracies) if accuracies else None,
-            "final-loss": self.rows[-1]["loss"] if self.rows else None,
-            "time-to-target": time_to_targets(self.rows, self.targets),
-            "final-time": round(clock, 6),
-            "arrivals": stats.arrivals,
-            "dispatched": stats.dispatched,
-            "server-versions": versions,
-            "rejected-updates": stats.rejected_total,
-            "rejected-by-reason": dict(sorted(stats.rejected.items())),
-            "staleness-mean": float(np.mean(staleness)) if staleness else 0.0,
-            "staleness-max": int(max(staleness)) if staleness else 0,
-            "staleness-histogram": staleness_histogram(staleness) if staleness else {},
-            "server-ms-per-arrival": round(1000.0 * stats.server_seconds / arrivals, 4),
-            "wall-seconds": round(time.monotonic() - self.wall_start, 3),
-            **transport_summary(stats),
-            **class_summary(self.rows),
-            **extra,
-        }
+        return run_summary(strategy, stats, versions, extra, clock, self.rows, self.targets, self.wall_start)
+
+
+def run_summary(strategy: str, stats, versions: int, extra: dict, clock: float, rows: list[dict],
+                targets: tuple[float, ...], wall_start: float) -> dict:
+    """A run's summary from the engine's counters and its evaluation ``rows`` (those with an accuracy)."""
+    rows = [r for r in rows if r.get("accuracy") is not None and not np.isnan(r["accuracy"])]
+    accuracies = [r["accuracy"] for r in rows]
+    staleness = stats.staleness
+    arrivals = max(stats.arrivals, 1)
+    return {
+        "strategy": strategy,
+        "final-accuracy": accuracies[-1] if accuracies else None,
+        "best-accuracy": max(accuracies) if accuracies else None,
+        "final-loss": rows[-1]["loss"] if rows else None,
+        "time-to-target": time_to_targets(rows, targets),
+        "final-time": round(clock, 6),
+        "arrivals": stats.arrivals,
+        "dispatched": stats.dispatched,
+        "server-versions": versions,
+        "rejected-updates": stats.rejected_total,
+        "rejected-by-reason": dict(sorted(stats.rejected.items())),
+        "staleness-mean": float(np.mean(staleness)) if staleness else 0.0,
+        "staleness-max": int(max(staleness)) if staleness else 0,
+        "staleness-histogram": staleness_histogram(staleness) if staleness else {},
+        "server-ms-per-arrival": round(1000.0 * stats.server_seconds / arrivals, 4),
+        "wall-seconds": round(time.monotonic() - wall_start, 3),
+        **transport_summary(stats),
+        **class_summary(rows),
+        **extra,
+    }
 
 
 def class_summary(rows: list[dict]) -> dict:

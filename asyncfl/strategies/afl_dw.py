@@ -7,6 +7,8 @@ distilled term, ``x <- x + eta_s * (1 - beta(tau)) * Delta``, with the same
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
@@ -21,7 +23,8 @@ def afl_dw_step(current: np.ndarray, delta: np.ndarray, server_lr: float, beta: 
 class AFLDW(Strategy):
     """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``."""
 
-    def __init__(self, server_lr: float = 0.1, beta: str = "cosine", tau_max: float = 150.0, beta_constant: float = 0.5) -> None:
+    def __init__(self, server_lr: float = 0.1, beta: str = "cosine", tau_max: float = 150.0, beta_constant: float = 0.5, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if tau_max <= 0:
             raise ValueError(f"afl-dw.tau-max must be > 0, got {tau_max}")
         if not 0.0 <= beta_constant <= 1.0:

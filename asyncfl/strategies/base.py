@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+
+from asyncfl.strategies.flower_options import FlowerOptions
+
+if TYPE_CHECKING:  # the engine side is imported only when a run starts
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+    from flwr.serverapp import Grid
+
+    from asyncfl.server_app.launch import AsyncResult
+    from asyncfl.simulation.delays import DelayModel
+
+_DEFAULT_OPTIONS = FlowerOptions()
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,28 @@ class Strategy(ABC):
     Subclasses implement :meth:`on_arrival`. The engine owns the global model;
     a strategy returns a new flat vector when it wants the server version to
     advance, or ``None`` to keep the current one.
+
+    Every strategy also takes the keyword arguments of Flower's ``FedAvg``
+    (``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
+    ``min_evaluate_nodes``, ``min_available_nodes``, ``weighted_by_key``,
+    ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
+    ``evaluate_metrics_aggr_fn``); :mod:`asyncfl.strategies.flower_options` says
+    what each means in an asynchronous run. :meth:`start` has Flower's
+    ``Strategy.start`` signature.
     """
+
+    def __init__(self, **flower_options: Any) -> None:
+        valid = [f.name for f in fields(FlowerOptions)]
+        unknown = sorted(set(flower_options) - set(valid))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                            f"besides its own, it accepts Flower's FedAvg options: {', '.join(valid)}")
+        self._flower = FlowerOptions(**flower_options)
+
+    @property
+    def flower(self) -> FlowerOptions:
+        """The Flower ``FedAvg`` options this strategy was built with (defaults when none were given)."""
+        return self.__dict__.get("_flower", _DEFAULT_OPTIONS)
 
     #: When True the engine runs synchronous rounds: it dispatches a full cohort
     #: only when no job is in flight and calls :meth:`on_round_end` after the last
@@ -82,3 +115,74 @@ class Strategy(ABC):
     def summary(self) -> dict[str, float | int | str]:
         """Strategy-specific figures for ``summary.json``."""
         return {}
+
+    def start(
+        self,
+        grid: "Grid",
+        initial_arrays: "ArrayRecord",
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: "ConfigRecord | None" = None,
+        evaluate_config: "ConfigRecord | None" = None,
+        evaluate_fn: "Callable[[int, ArrayRecord], MetricRecord | None] | None" = None,
+        *,
+        max_arrivals: int = 0,
+        max_time: float = 0.0,
+        concurrency: int | None = None,
+        clock: str = "wall",
+        delays: "DelayModel | str | None" = None,
+        seed: int = 0,
+        evaluate_every: int = 1,
+        output_dir: str | None = None,
+        run_name: str = "",
+    ) -> "AsyncResult":
+        """Run this strategy asynchronously on ``grid``; Flower's ``Strategy.start`` signature plus async knobs.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's Grid, as the ServerApp's ``main`` receives it.
+        initial_arrays : ArrayRecord
+            The initial global model: any layout and dtypes (integer buffers included).
+        num_rounds : int
+            Server model versions to produce (a version = one global update); 0 = no cap.
+        timeout : float
+            Seconds a job may take before it counts as lost; also the longest wait for nodes.
+        train_config, evaluate_config : ConfigRecord, optional
+            Sent with every train / evaluate request (``model-version`` and ``server-round`` are added).
+        evaluate_fn : callable, optional
+            ``(server version, ArrayRecord) -> MetricRecord | None``, called on version 0 and
+            every ``evaluate_every`` versions; its ``accuracy``/``loss`` entries (if any) feed the
+            run folder's curves.
+        max_arrivals, max_time : int, float
+            Further stop conditions: accepted replies, clock time (0 = off).
+        concurrency : int, optional
+            Jobs in flight (``K``); default ``max(min_train_nodes, int(fraction_train * nodes))``.
+        clock : {"wall", "virtual"}
+            ``wall`` (deployments; arrival order is real) or ``virtual`` (simulation: replies are
+            accepted in the order of durations drawn from ``delays``; same seed, same run).
+        delays : DelayModel or str, optional
+            The virtual clock's delay model, or a preset name
+            (:data:`asyncfl.simulation.presets.DELAY_PRESETS`); required with ``clock="virtual"``.
+        seed : int
+            Seeds client sampling, job seeds and the delay draws.
+        evaluate_every : int
+            Evaluate (server side and federated) every this many server versions.
+        output_dir, run_name : str, optional
+            When ``output_dir`` is given, the run folder (``metrics.csv``, ``summary.json``,
+            ``accuracy.png``) is written there as the run goes.
+
+        Returns
+        -------
+        AsyncResult
+            Flower's ``Result`` (final arrays; train, federated-evaluate and server-evaluate
+            metrics keyed by server version) plus ``summary``: staleness, rejections, timing.
+        """
+        from asyncfl.server_app.launch import start_strategy
+
+        return start_strategy(
+            self, grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, train_config=train_config,
+            evaluate_config=evaluate_config, evaluate_fn=evaluate_fn, max_arrivals=max_arrivals,
+            max_time=max_time, concurrency=concurrency, clock=clock, delays=delays, seed=seed,
+            evaluate_every=evaluate_every, output_dir=output_dir, run_name=run_name,
+        )

@@ -13,6 +13,8 @@ The cache costs one model-sized vector per client that has reported:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
@@ -27,7 +29,8 @@ def ca2fl_step(current: np.ndarray, h_bar: np.ndarray, calibrated_sum: np.ndarra
 class CA2FL(Strategy):
     """CA2FL (Wang et al., 2024): FedBuff whose step is calibrated by cached client updates."""
 
-    def __init__(self, buffer_size: int = 5, server_lr: float = 1.0) -> None:
+    def __init__(self, buffer_size: int = 5, server_lr: float = 1.0, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if buffer_size < 1:
             raise ValueError(f"ca2fl.buffer-size must be >= 1, got {buffer_size}")
         self.buffer_size = buffer_size

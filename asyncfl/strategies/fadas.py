@@ -13,6 +13,8 @@ buffer ``tau_max <= tau_c`` and ``eta_t = eta / tau_max`` beyond it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
@@ -48,7 +50,8 @@ class FADAS(Strategy):
     """FADAS (Wang et al., 2024): buffered updates, AMSGrad server step, delay-adaptive rate."""
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.99,
-                 eps: float = 1e-8, tau_c: int = 5) -> None:
+                 eps: float = 1e-8, tau_c: int = 5, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if buffer_size < 1:
             raise ValueError(f"fadas.buffer-size must be >= 1, got {buffer_size}")
         self.buffer_size = buffer_size

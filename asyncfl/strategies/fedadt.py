@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -67,7 +67,8 @@ class FedADT(Strategy):
 
     def __init__(self, make_model: Callable[[], nn.Module], server_set: ServerSet, temperature: float = 3.0,
                  alpha_min: float = 0.2, alpha_max: float = 0.6, t_g: int = 1000, kd_lr: float = 0.01,
-                 kd_batch_size: int = 32, seed: int = 0) -> None:
+                 kd_batch_size: int = 32, seed: int = 0, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if len(server_set.y) == 0:
             raise ValueError("FedADT needs a non-empty server set (fedadt.server-fraction too small?)")
         self.teacher, self.student = make_model(), make_model()

@@ -7,6 +7,8 @@ and ``s`` one of the staleness functions in :mod:`asyncfl.strategies.staleness`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
@@ -21,7 +23,8 @@ def fedasync_mix(current: np.ndarray, client: np.ndarray, alpha_t: float) -> np.
 class FedAsync(Strategy):
     """FedAsync (Xie et al., 2019) with constant, polynomial or hinge staleness."""
 
-    def __init__(self, alpha: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: float = 4.0) -> None:
+    def __init__(self, alpha: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: float = 4.0, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         self.alpha = alpha
         self.staleness = staleness
         self.a = a

@@ -14,6 +14,8 @@ arrival contributes through :meth:`FedAvg.round_updates`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
@@ -38,7 +40,8 @@ class FedAvg(Strategy):
 
     synchronous = True
 
-    def __init__(self, server_lr: float = 1.0) -> None:
+    def __init__(self, server_lr: float = 1.0, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         self.server_lr = server_lr
         self._arrivals: list[Arrival] = []
         self.rounds = 0

@@ -8,6 +8,8 @@ Optionally each update is scaled by ``1 / sqrt(1 + tau)`` as in Nguyen et al.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 
 import numpy as np
@@ -38,7 +40,8 @@ class FedBuff(Strategy):
     With ``buffer_size=1`` and ``server_lr=1`` it is plain asynchronous FedAvg.
     """
 
-    def __init__(self, buffer_size: int = 5, server_lr: float = 1.0, staleness_weighting: str = "none") -> None:
+    def __init__(self, buffer_size: int = 5, server_lr: float = 1.0, staleness_weighting: str = "none", **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if buffer_size < 1:
             raise ValueError(f"fedbuff.buffer-size must be >= 1, got {buffer_size}")
         fedbuff_weight(0, staleness_weighting)

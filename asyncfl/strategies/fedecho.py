@@ -24,7 +24,7 @@ clients computed on their own data rather than drifting to ``U``'s.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -118,7 +118,8 @@ class FedEcho(Strategy):
     def __init__(self, make_model: Callable[[], nn.Module], unlabeled: np.ndarray, buffer_size: int = 5,
                  server_lr: float = 1.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-4, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
-                 seed: int = 0, distill_set: str = "", distill_size: int = 0) -> None:
+                 seed: int = 0, distill_set: str = "", distill_size: int = 0, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if len(unlabeled) == 0:
             raise ValueError("FedEcho needs a non-empty unlabeled distillation set")
         if buffer_size < 1:

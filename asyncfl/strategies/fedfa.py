@@ -9,6 +9,8 @@ every arrival. A running sum makes each arrival O(model), whatever ``Q`` is.
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections import deque
 
 import numpy as np
@@ -19,7 +21,8 @@ from asyncfl.strategies.base import Arrival, Strategy
 class FedFa(Strategy):
     """FedFa (Xu et al., 2024): the global model is the mean of the last ``queue_size`` client models."""
 
-    def __init__(self, queue_size: int = 10) -> None:
+    def __init__(self, queue_size: int = 10, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         if queue_size < 1:
             raise ValueError(f"fedfa.queue-size must be >= 1, got {queue_size}")
         self.queue_size = queue_size

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -121,7 +121,8 @@ class FedRevive(Strategy):
     def __init__(self, make_model: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
                  config: ReviveConfig = ReviveConfig(), seed: int = 0,
                  holdout: tuple[np.ndarray, np.ndarray] | None = None,
-                 true_proportions: Callable[[int, int], np.ndarray] | None = None) -> None:
+                 true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
         self.config = config
         self.num_classes = num_classes
         self.make_model = make_model

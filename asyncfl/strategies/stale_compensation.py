@@ -24,6 +24,8 @@ The unweighted baseline is plain ``fedavg`` under a round deadline.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 
 import numpy as np
@@ -48,8 +50,8 @@ def dc_asgd_compensation(delta: np.ndarray, current: np.ndarray, base: np.ndarra
 class StaleWeighted(FedAvg):
     """FedAvg whose stale updates carry an extra sigmoid staleness weight (the paper's "Weighted")."""
 
-    def __init__(self, server_lr: float = 1.0, a: float = 0.25, b: float = 10.0) -> None:
-        super().__init__(server_lr)
+    def __init__(self, server_lr: float = 1.0, a: float = 0.25, b: float = 10.0, **flower_options: Any) -> None:
+        super().__init__(server_lr, **flower_options)
         if a < 0:
             raise ValueError(f"stale-weighted.a must be >= 0, got {a}")
         self.a, self.b = a, b
@@ -62,8 +64,8 @@ class StaleWeighted(FedAvg):
 class DCASGD(FedAvg):
     """FedAvg with first-order (DC-ASGD) compensation of stale updates (the paper's "1st-Order")."""
 
-    def __init__(self, server_lr: float = 1.0, lam: float = 4.0) -> None:
-        super().__init__(server_lr)
+    def __init__(self, server_lr: float = 1.0, lam: float = 4.0, **flower_options: Any) -> None:
+        super().__init__(server_lr, **flower_options)
         if lam < 0:
             raise ValueError(f"dc-asgd.lambda must be >= 0, got {lam}")
         self.lam = lam
@@ -78,8 +80,8 @@ class DCASGD(FedAvg):
 class AsynTiers(FedAvg):
     """Two staleness tiers, FedAvg inside each, tiers weighted by their client counts (the paper's "Asyn-Tiers")."""
 
-    def __init__(self, server_lr: float = 1.0, boundary: int = 0) -> None:
-        super().__init__(server_lr)
+    def __init__(self, server_lr: float = 1.0, boundary: int = 0, **flower_options: Any) -> None:
+        super().__init__(server_lr, **flower_options)
         if boundary < 0:
             raise ValueError(f"asyn-tiers.boundary must be >= 0, got {boundary}")
         self.boundary = boundary
@@ -97,8 +99,8 @@ class AsynTiers(FedAvg):
 class WPred(DCASGD):
     """Look-ahead dispatch for clients known to be late, plus first-order compensation (the paper's "W-Pred")."""
 
-    def __init__(self, server_lr: float = 1.0, lam: float = 4.0, beta: float = 0.9) -> None:
-        super().__init__(server_lr, lam)
+    def __init__(self, server_lr: float = 1.0, lam: float = 4.0, beta: float = 0.9, **flower_options: Any) -> None:
+        super().__init__(server_lr, lam, **flower_options)
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"w-pred.beta must be in [0, 1), got {beta}")
         self.beta = beta

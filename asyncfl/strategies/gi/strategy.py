@@ -23,7 +23,7 @@ before the switching point (a condition bug); this implements the paper's text.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -66,8 +66,8 @@ class GICompensation(FedAvg):
     def __init__(self, make_model: Callable[[], torch.nn.Module], input_shape: tuple[int, ...], num_classes: int,
                  program: LocalProgram, inversion: InversionConfig, switch_window: float = 0.1,
                  uniqueness: bool = True, server_lr: float = 1.0, seed: int = 0, switch_rule: str = "first",
-                 switch_comparisons: int = 3) -> None:
-        super().__init__(server_lr)
+                 switch_comparisons: int = 3, **flower_options: Any) -> None:
+        super().__init__(server_lr, **flower_options)
         self.layout = FlatLayout(make_model())
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes

@@ -1,0 +1,63 @@
+"""The ClientApps' train metrics, aggregated per server version as Flower aggregates them per round.
+
+Flower's ``Result.train_metrics_clientapp[r]`` is the weighted average of round ``r``'s
+train replies. Asynchronously, the replies that shaped version ``v`` are those accepted
+since version ``v - 1`` was made; they are aggregated with the strategy's
+``train_metrics_aggr_fn`` (default Flower's ``aggregate_metricrecords``) when ``v`` appears.
+Only the metric records are kept, never the arrays: memory is one buffer's worth of scalars.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+from asyncfl.strategies.flower_options import MetricsAggregation
+
+log = logging.getLogger("asyncfl.metrics")
+
+
+def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: MetricsAggregation | None,
+                      what: str) -> MetricRecord | None:
+    """``aggregate(replies, weight_key)``; ``None`` (with a warning) when a reply lacks the weight or it fails.
+
+    Flower's default aggregation divides by the summed weights: replies without ``weight_key``
+    (or all weights 0) cannot be averaged, so they are reported rather than crashing the run.
+    """
+    if not replies:
+        return None
+    if aggregate is None:
+        missing = sum(weight_key not in next(iter(r.metric_records.values()), {}) for r in replies)
+        if missing:
+            log.warning("%s metrics not aggregated: %d of %d replies lack %r (weighted_by_key)", what, missing,
+                        len(replies), weight_key)
+            return None
+        aggregate = aggregate_metricrecords
+    try:
+        return aggregate(replies, weight_key)
+    except (ZeroDivisionError, KeyError, TypeError, ValueError) as exc:
+        log.warning("%s metrics not aggregated: %s: %s", what, type(exc).__name__, exc)
+        return None
+
+
+class TrainMetrics:
+    """Collects accepted train replies' metrics and aggregates them into ``by_version`` at each new version."""
+
+    def __init__(self, weight_key: str = "num-examples", aggregate: MetricsAggregation | None = None) -> None:
+        self.weight_key = weight_key
+        self.aggregate = aggregate
+        self.by_version: dict[int, MetricRecord] = {}
+        self._pending: list[RecordDict] = []
+
+    def add(self, content: RecordDict) -> None:
+        """One accepted reply's metrics (a RecordDict holding its MetricRecord)."""
+        self._pending.append(content)
+
+    def on_version(self, version: int) -> None:
+        """Version ``version`` was made from the replies added since the previous one."""
+        record = aggregate_replies(self._pending, self.weight_key, self.aggregate, "train")
+        if record is not None:
+            self.by_version[version] = record
+        self._pending = []

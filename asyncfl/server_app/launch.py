@@ -1,0 +1,222 @@
+"""``Strategy.start``: Flower's entry point, run on the asynchronous engine.
+
+A Flower ServerApp calls ``strategy.start(grid, initial_arrays, num_rounds, ...)`` and
+gets a ``Result``. This module turns those arguments into the engine's parts (codec,
+clock settings, server-side and federated evaluation, metric aggregation, optional run
+folder), runs it, and packs what happened into an :class:`AsyncResult`: Flower's
+``Result`` keyed by server version, plus the asynchronous figures in ``summary``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp.strategy import Result
+
+from asyncfl.config import CLOCKS, EngineConfig
+from asyncfl.server_app.client_metrics import TrainMetrics
+from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.engine import AsyncEngine
+from asyncfl.server_app.federated_eval import FederatedEvaluation
+from asyncfl.server_app.recorder import RunRecorder, run_summary
+from asyncfl.simulation.categories import RuntimeCategories
+from asyncfl.simulation.delays import DelayModel
+from asyncfl.simulation.intertwined import IntertwinedDelays
+from asyncfl.simulation.presets import DELAY_PRESETS
+from asyncfl.strategies.base import Strategy
+
+ACCURACY_KEYS = ("accuracy", "acc", "eval-acc", "eval_acc", "eval-accuracy", "eval_accuracy")
+LOSS_KEYS = ("loss", "eval-loss", "eval_loss")
+#: Longest wait for the first nodes (``min_available_nodes``) and for nodes to reach the concurrency.
+NODE_WAIT_CAP_S = 60.0
+
+
+@dataclass
+class AsyncResult(Result):
+    """Flower's ``Result`` (metric dicts keyed by server version) plus the asynchronous run's ``summary``:
+    arrivals, staleness histogram/mean/max, rejected updates by reason, server ms per arrival, timing."""
+
+    summary: dict = field(default_factory=dict)
+
+
+class ServerEvaluation:
+    """Adapts a Flower ``evaluate_fn(version, ArrayRecord) -> MetricRecord | None`` to the engine's evaluator.
+
+    Every MetricRecord it returns is kept in ``by_version``; its accuracy and loss entries
+    (first of :data:`ACCURACY_KEYS` / :data:`LOSS_KEYS`; NaN when absent) become the run's curves.
+    """
+
+    def __init__(self, evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None], codec: ModelCodec) -> None:
+        self.evaluate_fn = evaluate_fn
+        self.codec = codec
+        self.version: Callable[[], int] = lambda: 0  # set once the engine exists
+        self.by_version: dict[int, MetricRecord] = {}
+
+    def __call__(self, flat: np.ndarray) -> tuple[float, float]:
+        version = self.version()
+        metrics = self.evaluate_fn(version, self.codec.to_record(flat))
+        if metrics is None:
+            return math.nan, math.nan
+        self.by_version[version] = metrics
+        flwr_log(logging.INFO, "server-side evaluation of version %d: %s", version, dict(metrics))
+        return _first_number(metrics, LOSS_KEYS), _first_number(metrics, ACCURACY_KEYS)
+
+
+def _first_number(metrics: MetricRecord, keys: tuple[str, ...]) -> float:
+    for key in keys:
+        if key in metrics and isinstance(metrics[key], (int, float)):
+            return float(metrics[key])
+    return math.nan
+
+
+def codec_and_model(initial_arrays: ArrayRecord) -> tuple[ModelCodec, np.ndarray]:
+    """The layout of ``initial_arrays`` (names, shapes, dtypes) and the model as one flat float32 vector."""
+    if not isinstance(initial_arrays, ArrayRecord) or len(initial_arrays) == 0:
+        raise ValueError("initial_arrays must be a non-empty flwr.app.ArrayRecord, e.g. "
+                         "ArrayRecord(model.state_dict())")
+    state = OrderedDict((name, array.numpy()) for name, array in initial_arrays.items())
+    for name, array in state.items():
+        if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+            raise ValueError(f"initial_arrays[{name!r}] has dtype {array.dtype}; only numeric arrays can be averaged")
+    codec = ModelCodec.from_state(state)
+    return codec, codec.flatten(list(state.values()))
+
+
+def resolve_delays(clock: str, delays) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
+    """The delay preset name and model for ``clock`` (the wall clock needs none)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock={clock!r} is not valid; choose one of: {', '.join(CLOCKS)}")
+    if delays is None:
+        if clock == "virtual":
+            raise ValueError("clock='virtual' draws each job's duration from a delay model: pass delays=<DelayModel> "
+                             f"or a preset name ({', '.join(DELAY_PRESETS)})")
+        return "uniform-speed", DELAY_PRESETS["uniform-speed"]
+    if isinstance(delays, str):
+        if delays not in DELAY_PRESETS:
+            raise ValueError(f"delays={delays!r} is not a preset; choose one of: {', '.join(DELAY_PRESETS)}")
+        return delays, DELAY_PRESETS[delays]
+    if isinstance(delays, (DelayModel, RuntimeCategories, IntertwinedDelays)):
+        return "custom", delays
+    raise ValueError(f"delays must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
+                     f"got {type(delays).__name__}")
+
+
+def _check_stops(num_rounds: int, max_arrivals: int, max_time: float, timeout: float, evaluate_every: int,
+                 concurrency: int | None) -> None:
+    for name, value in (("num_rounds", num_rounds), ("max_arrivals", max_arrivals), ("evaluate_every", evaluate_every)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name}={value!r} must be an integer >= 0")
+    if max_time < 0 or timeout <= 0:
+        raise ValueError(f"need max_time >= 0 (got {max_time}) and timeout > 0 (got {timeout})")
+    if not (num_rounds or max_arrivals or max_time):
+        raise ValueError("the run would never stop: set num_rounds > 0, max_arrivals > 0 or max_time > 0")
+    if evaluate_every < 1:
+        raise ValueError(f"evaluate_every={evaluate_every} must be >= 1 (server versions between evaluations)")
+    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1 (or None: from fraction_train)")
+
+
+def wait_for_nodes(grid, minimum: int, timeout: float) -> list[int]:
+    """Connected node ids, once at least ``minimum`` are there (or after ``timeout``, with what there is)."""
+    deadline = time.monotonic() + timeout
+    nodes = list(grid.get_node_ids())
+    announced = False
+    while len(nodes) < minimum and time.monotonic() < deadline:
+        if not announced:
+            flwr_log(logging.INFO, "Waiting for nodes to connect: %d connected (minimum required: %d)", len(nodes),
+                     minimum)
+            announced = True
+        time.sleep(0.5)
+        nodes = list(grid.get_node_ids())
+    if not nodes:
+        raise RuntimeError(f"no node connected within {timeout:.0f}s")
+    return nodes
+
+
+def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num_rounds: int, timeout: float,
+                   train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
+                   evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, max_arrivals: int,
+                   max_time: float, concurrency: int | None, clock: str, delays, seed: int, evaluate_every: int,
+                   output_dir: str | None, run_name: str) -> AsyncResult:
+    """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); every argument is
+    checked before the first message is sent."""
+    _check_stops(num_rounds, max_arrivals, max_time, timeout, evaluate_every, concurrency)
+    delay_preset, delay_model = resolve_delays(clock, delays)
+    codec, initial = codec_and_model(initial_arrays)
+    options = strategy.flower
+    name = type(strategy).__name__
+    nodes = wait_for_nodes(grid, options.min_available_nodes, min(timeout, NODE_WAIT_CAP_S))
+    in_flight = concurrency if concurrency is not None else options.train_nodes(len(nodes))
+    config = EngineConfig(
+        clock=clock, concurrency=in_flight, max_arrivals=max_arrivals, max_virtual_time=max_time, eval_every=0.0,
+        target_accuracy=(), job_timeout=timeout, wait_for_nodes=min(timeout, NODE_WAIT_CAP_S), seed=seed,
+        delay_preset=delay_preset, delays=delay_model, eval_batch_size=1, progress=False,
+        max_versions=num_rounds, eval_every_versions=evaluate_every,
+    )
+    server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
+    train_metrics = TrainMetrics(options.weighted_by_key, options.train_metrics_aggr_fn)
+    federated = (FederatedEvaluation(grid, options, dict(evaluate_config or {}), seed, timeout)
+                 if options.evaluates_on_clients else None)
+    recorder = None
+    if output_dir is not None:
+        folder = Path(output_dir).expanduser().resolve() / (run_name or f"{name.lower()}-{time.strftime('%Y%m%d-%H%M%S')}")
+        recorder = RunRecorder(folder, _run_settings(name, config, options, num_rounds), (), False, max_arrivals,
+                               max_time)
+    engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
+                         keys=options.keys, train_metrics=train_metrics, federated_eval=federated)
+    if server_eval is not None:
+        server_eval.version = lambda: engine.versions.version
+    flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
+             clock, in_flight, len(nodes), _stops_text(num_rounds, max_arrivals, max_time))
+    started = time.monotonic()
+
+    def summary() -> dict:
+        rows = engine.stats.evaluations
+        out = run_summary(name, engine.stats, engine.versions.version, strategy.summary(), engine.now, rows, (),
+                          started)
+        out["peak-stored-versions"] = engine.versions.peak_versions
+        out["clients"] = len(engine.clients)
+        if federated is not None and federated.rejected:
+            out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
+        return out
+
+    if recorder is not None:
+        recorder.summary_source = summary
+    try:
+        engine.run()
+    finally:
+        if recorder is not None:
+            recorder.write_summary(summary())
+            recorder.plot()
+    result = AsyncResult(
+        arrays=codec.to_record(engine.global_model),
+        train_metrics_clientapp=train_metrics.by_version,
+        evaluate_metrics_clientapp=federated.by_version if federated is not None else {},
+        evaluate_metrics_serverapp=server_eval.by_version if server_eval is not None else {},
+        summary=summary(),
+    )
+    s = result.summary
+    flwr_log(logging.INFO, "%s finished in %.1fs: %d arrivals, %d server versions, %d rejected, mean staleness %.2f",
+             name, s["wall-seconds"], s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"])
+    return result
+
+
+def _stops_text(num_rounds: int, max_arrivals: int, max_time: float) -> str:
+    parts = [f"{num_rounds} server versions" if num_rounds else "",
+             f"{max_arrivals} arrivals" if max_arrivals else "", f"time {max_time:g}" if max_time else ""]
+    return " or ".join(p for p in parts if p)
+
+
+def _run_settings(name: str, config: EngineConfig, options, num_rounds: int) -> dict:
+    """What ``config.json`` records for a library run."""
+    return {"strategy": name, "num_rounds": num_rounds, "engine": asdict(config), "flower_options": {
+        k: v for k, v in vars(options).items() if not callable(v)}}

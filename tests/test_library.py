@@ -1,0 +1,195 @@
+"""The public API: Flower-style constructors and ``start()`` returning Flower's ``Result``, on a fake Grid."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Result
+
+import asyncfl
+from asyncfl import FedAvg, FedBuff
+from asyncfl.simulation.delays import ComponentDelay, DelayModel
+from tests.fake_grid import FakeGrid
+
+FIXED = DelayModel(
+    download=ComponentDelay("constant", ((1.0, 0.0),)),
+    train=ComponentDelay("constant", ((1.0, 1.0),)),
+    upload=ComponentDelay("constant", ((1.0, 0.0),)),
+)
+
+
+class TinyBN(torch.nn.Module):
+    """A linear layer and a BatchNorm: float weights plus an int64 ``num_batches_tracked`` buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+
+
+def initial_record() -> ArrayRecord:
+    model = TinyBN()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return ArrayRecord(model.state_dict())
+
+
+def client(node, message):
+    """Train: every float entry + 1 and one more batch tracked; evaluate: metrics that name the version."""
+    state = message.content["arrays"].to_torch_state_dict()
+    if message.metadata.message_type == "evaluate":
+        version = int(message.content["config"]["model-version"])
+        metrics = MetricRecord({"eval-acc": 0.1 * version, "num-examples": 4})
+        return Message(RecordDict({"metrics": metrics}), reply_to=message)
+    trained = OrderedDict((k, v + 1) for k, v in state.items())
+    metrics = MetricRecord({"train_loss": float(node), "num-examples": 10})
+    return Message(RecordDict({"arrays": ArrayRecord(trained), "metrics": metrics}), reply_to=message)
+
+
+def server_evaluate(version: int, arrays: ArrayRecord) -> MetricRecord:
+    weight = arrays.to_torch_state_dict()["fc.weight"]
+    return MetricRecord({"accuracy": float(weight.mean()), "loss": 1.0})
+
+
+def test_public_names_are_importable_from_asyncfl():
+    for name in ("FedAvg", "FedAsync", "FedBuff", "AFLDW", "CA2FL", "FADAS", "FedFa", "FedADT", "FedEcho",
+                 "FedRevive", "GICompensation", "StaleWeighted", "DCASGD", "WPred", "AsynTiers"):
+        assert isinstance(getattr(asyncfl, name), type), name
+    with pytest.raises(AttributeError):
+        asyncfl.NoSuchStrategy
+
+
+def test_fedbuff_start_returns_flowers_result_keyed_by_version():
+    # Prepare: 4 nodes, FedBuff B=2 with every job taking 1 time unit; 3 versions requested.
+    grid = FakeGrid(4, client)
+    strategy = FedBuff(buffer_size=2, fraction_evaluate=0.5, min_evaluate_nodes=1)
+    # Execute
+    result = strategy.start(grid=grid, initial_arrays=initial_record(), num_rounds=3, clock="virtual",
+                            delays=FIXED, concurrency=2, train_config=ConfigRecord({"lr": 0.1}),
+                            evaluate_fn=server_evaluate, seed=1)
+    # Assert: a Flower Result, the final model = 3 versions of "+1" (each version averages 2 "+1" deltas)
+    assert isinstance(result, Result)
+    final = result.arrays.to_torch_state_dict()
+    assert torch.allclose(final["fc.weight"], torch.full((2, 2), 3.0))
+    assert final["bn.num_batches_tracked"].dtype == torch.int64
+    assert int(final["bn.num_batches_tracked"]) == 3
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 1, 2, 3]
+    assert result.evaluate_metrics_serverapp[2]["accuracy"] == pytest.approx(2.0)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    assert "train_loss" in result.train_metrics_clientapp[1]
+    # federated evaluation: 2 of 4 nodes at each version, their metrics averaged by num-examples
+    assert sorted(result.evaluate_metrics_clientapp) == [0, 1, 2, 3]
+    assert result.evaluate_metrics_clientapp[3]["eval-acc"] == pytest.approx(0.3)
+    evaluate_requests = [m for m in grid.pushed if m.metadata.message_type == "evaluate"]
+    assert len(evaluate_requests) == 8
+    assert result.summary["arrivals"] == 6 and result.summary["server-versions"] == 3
+    # the train request carries the user's train_config plus the version keys
+    train_config = next(m for m in grid.pushed if m.metadata.message_type == "train").content["config"]
+    assert train_config["lr"] == 0.1 and train_config["model-version"] == 0 and train_config["server-round"] == 1
+
+
+def test_same_seed_same_result_and_virtual_order():
+    def run(seed):
+        tiers = ComponentDelay("uniform", ((0.5, 1.0), (0.5, 3.0)), spread=0.5)
+        delays = DelayModel(FIXED.download, tiers, FIXED.upload)
+        grid = FakeGrid(5, client, release=lambda waiting: list(reversed(waiting))[:1])
+        result = FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
+            grid, initial_record(), num_rounds=6, clock="virtual", delays=delays, concurrency=3, seed=seed,
+            evaluate_fn=server_evaluate)
+        return {v: m["accuracy"] for v, m in result.evaluate_metrics_serverapp.items()}, result.summary
+
+    first, summary = run(3)
+    again, _ = run(3)
+    assert first == again
+    assert summary["staleness-max"] >= 1  # 3 jobs in flight, one version per arrival
+
+
+def test_fedavg_preset_uses_fraction_train_as_its_cohort():
+    grid = FakeGrid(10, client)
+    result = FedAvg(fraction_train=0.3, fraction_evaluate=0.0).start(
+        grid, initial_record(), num_rounds=2, clock="virtual", delays=FIXED)
+    train_requests = [m for m in grid.pushed if m.metadata.message_type == "train"]
+    assert len(train_requests) == 6  # 2 rounds of int(0.3 * 10) = 3 nodes
+    assert result.summary["staleness-max"] == 0
+    assert torch.allclose(result.arrays.to_torch_state_dict()["fc.bias"], torch.full((2,), 2.0))
+
+
+def test_bad_replies_are_rejected_and_counted_run_goes_on():
+    def flaky(node, message):
+        if message.metadata.message_type == "train" and node == 101:
+            return Message(Error(code=0, reason="boom"), reply_to=message)
+        if message.metadata.message_type == "train" and node == 102:  # wrong layout
+            return Message(RecordDict({"arrays": ArrayRecord([np.zeros(3, np.float32)]),
+                                       "metrics": MetricRecord({"num-examples": 1})}), reply_to=message)
+        return client(node, message)
+
+    result = FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
+        FakeGrid(4, flaky), initial_record(), num_rounds=4, clock="virtual", delays=FIXED, concurrency=4)
+    assert result.summary["server-versions"] == 4
+    assert result.summary["rejected-by-reason"]["error-reply"] >= 1
+    assert result.summary["rejected-by-reason"]["wrong-layout"] >= 1
+
+
+def test_custom_keys_and_metric_aggregation():
+    def keyed(node, message):
+        state = message.content["weights"].to_torch_state_dict()
+        trained = OrderedDict((k, v + 1) for k, v in state.items())
+        metrics = MetricRecord({"n": 2, "train_loss": 1.0})
+        return Message(RecordDict({"weights": ArrayRecord(trained), "metrics": metrics}), reply_to=message)
+
+    seen = []
+
+    def count_replies(records, key):
+        seen.append((len(records), key))
+        return MetricRecord({"replies": len(records)})
+
+    result = FedBuff(buffer_size=2, fraction_evaluate=0.0, arrayrecord_key="weights", configrecord_key="cfg",
+                     weighted_by_key="n", train_metrics_aggr_fn=count_replies).start(
+        FakeGrid(3, keyed), initial_record(), num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
+    assert result.train_metrics_clientapp == {1: MetricRecord({"replies": 2}), 2: MetricRecord({"replies": 2})}
+    assert seen == [(2, "n"), (2, "n")]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(fraction_train=1.5), "fraction_train"),
+    (dict(min_evaluate_nodes=-1), "min_evaluate_nodes"),
+    (dict(weighted_by_key=""), "weighted_by_key"),
+    (dict(evaluate_metrics_aggr_fn=3), "evaluate_metrics_aggr_fn"),
+    (dict(buffer_size=0), "buffer-size"),
+])
+def test_constructor_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FedBuff(**kwargs)
+
+
+def test_unknown_keyword_names_the_valid_ones():
+    with pytest.raises(TypeError, match="fraction_evaluate"):
+        FedBuff(buffer=3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(clock="virtual"), "delay model"),
+    (dict(clock="sundial"), "clock"),
+    (dict(clock="virtual", delays="no-such-preset"), "preset"),
+    (dict(num_rounds=0), "never stop"),
+    (dict(evaluate_every=0), "evaluate_every"),
+])
+def test_start_validation_happens_before_any_message(kwargs, message):
+    grid = FakeGrid(2, client)
+    with pytest.raises(ValueError, match=message):
+        FedBuff().start(grid, initial_record(), **kwargs)
+    assert grid.pushed == []
+
+
+def test_run_folder_is_written_when_asked(tmp_path):
+    FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
+        FakeGrid(2, client), initial_record(), num_rounds=2, clock="virtual", delays=FIXED, evaluate_fn=server_evaluate,
+        output_dir=str(tmp_path), run_name="lib")
+    folder = tmp_path / "lib"
+    lines = (folder / "metrics.csv").read_text().splitlines()
+    assert lines[0].startswith("time,server_version,arrivals")
+    assert len(lines) == 1 + 3  # versions 0, 1, 2
+    assert (folder / "summary.json").exists()
