@@ -110,8 +110,23 @@ def resolve_run_config(run_config: list[str]) -> list[str]:
     return [str(Path(item).resolve()) if item.endswith(".toml") and Path(item).exists() else item for item in run_config]
 
 
+BUILTIN_SERVERAPP = "asyncfl.server_app.app:app"
+
+
+def is_builtin_app(app_dir: Path) -> bool:
+    """Whether ``app_dir`` runs asyncfl's own ServerApp (other Flower apps bring their own run-config)."""
+    import tomllib
+
+    with open(app_dir / "pyproject.toml", "rb") as handle:
+        components = tomllib.load(handle).get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
+    return components.get("serverapp") == BUILTIN_SERVERAPP
+
+
 def check_run_config(app_dir: Path, run_config: list[str]) -> None:
     """Validate the fused run-config here, before a SuperLink or Ray starts.
+
+    Flower itself rejects unknown keys of any app; the values are checked only for
+    asyncfl's built-in app, whose keys this module knows.
 
     Raises ``ValueError`` (unknown key, bad TOML) or
     :class:`asyncfl.config.ConfigError` (invalid value), naming what is valid.
@@ -121,7 +136,9 @@ def check_run_config(app_dir: Path, run_config: list[str]) -> None:
     from asyncfl.config import parse_run_config
 
     overrides = parse_config_args(run_config) if run_config else {}
-    parse_run_config(get_fused_config_from_dir(app_dir, overrides))
+    fused = get_fused_config_from_dir(app_dir, overrides)
+    if is_builtin_app(app_dir):
+        parse_run_config(fused)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import MessageType
+from flwr.common.logger import log as flwr_log
 
 from asyncfl.server_app.client_metrics import aggregate_replies
 from asyncfl.strategies.flower_options import FlowerOptions
-
-log = logging.getLogger("asyncfl.evaluate")
 
 POLL_EVERY_S = 0.05
 
@@ -133,8 +132,8 @@ class FederatedEvaluation:
                                        self.options.evaluate_metrics_aggr_fn, "evaluate")
             if record is not None:
                 self.by_version[version] = record
-                log.info("federated evaluation of version %d on %d node(s): %s", version, len(point.replies),
-                         dict(record))
+                flwr_log(logging.INFO, "federated evaluation of version %d on %d node(s): %s", version,
+                         len(point.replies), dict(record))
             del self._points[version]
 
     def _count(self, reason: str, n: int = 1) -> None:

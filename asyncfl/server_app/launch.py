@@ -40,7 +40,7 @@ LOSS_KEYS = ("loss", "eval-loss", "eval_loss")
 NODE_WAIT_CAP_S = 60.0
 
 
-@dataclass
+@dataclass(repr=False)  # keep Flower's report as the repr
 class AsyncResult(Result):
     """Flower's ``Result`` (metric dicts keyed by server version) plus the asynchronous run's ``summary``:
     arrivals, staleness histogram/mean/max, rejected updates by reason, server ms per arrival, timing."""
@@ -207,6 +207,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
     s = result.summary
     flwr_log(logging.INFO, "%s finished in %.1fs: %d arrivals, %d server versions, %d rejected, mean staleness %.2f",
              name, s["wall-seconds"], s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"])
+    for line in str(result).splitlines():  # Flower's closing report, keyed by server version
+        flwr_log(logging.INFO, "\t%s", line)
     return result
 
 
