@@ -33,6 +33,12 @@ _PUBLIC = {
     "DCASGD": "asyncfl.strategies.stale_compensation",
     "WPred": "asyncfl.strategies.stale_compensation",
     "AsynTiers": "asyncfl.strategies.stale_compensation",
+    "ReviveConfig": "asyncfl.strategies.fedrevive",
+    "SynthesisConfig": "asyncfl.strategies.revive.synthesis",
+    "LocalProgram": "asyncfl.strategies.gi.unrolled",
+    "InversionConfig": "asyncfl.strategies.gi.inversion",
+    "answer_identity": "asyncfl.client_app.extras",
+    "pad_to_emulated_duration": "asyncfl.client_app.extras",
     "DelayModel": "asyncfl.simulation.delays",
     "ComponentDelay": "asyncfl.simulation.delays",
 }

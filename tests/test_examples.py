@@ -1,5 +1,6 @@
 """The examples run for real through `flwr run` on a private simulation SuperLink (slow: marked e2e)."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,22 @@ def test_quickstart_pytorch_with_one_import_changed(tmp_path):
         assert f"server-side evaluation of version {version}:" in output
     assert "federated evaluation of version 3 on 3 node(s)" in output
     assert "FedBuff finished" in output and "3 server versions" in output
+
+
+def test_fedecho_with_a_user_model_is_seeded_and_writes_its_run_folder(tmp_path):
+    # Execute: the same seeded simulation twice (user model with BatchNorm, user ClientApp with asyncfl's
+    # identity answer, FedEcho distilling on the user's unlabeled inputs, virtual clock).
+    folders = []
+    for name in ("a", "b"):
+        out = tmp_path / f"out-{name}"
+        app, output = run_example("fedecho-custom-model", tmp_path / name,
+                                  f"num-server-rounds=6 output-dir='{out}' run-name='run'", supernodes=8)
+        assert (app / "final_model.pt").exists()
+        folders.append(out / "run")
+    # Assert: same seed, byte-identical metrics through real Flower and Ray; FedEcho's figures in the summary
+    assert (folders[0] / "metrics.csv").read_text() == (folders[1] / "metrics.csv").read_text()
+    summary = json.loads((folders[0] / "summary.json").read_text())
+    assert summary["strategy"] == "FedEcho" and summary["server-versions"] == 6
+    assert summary["aggregations"] == 6 and summary["logit-clients"] >= 3
+    assert summary["best-accuracy"] > 0.5
+    assert "unidentified-nodes" not in summary  # every node answered the identity query

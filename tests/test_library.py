@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.serverapp.strategy import Result
 
 import asyncfl
-from asyncfl import FedAvg, FedBuff
+from asyncfl import FedADT, FedAvg, FedBuff, FedEcho, FedRevive, GICompensation
 from asyncfl.simulation.delays import ComponentDelay, DelayModel
 from tests.fake_grid import FakeGrid
 
@@ -193,3 +193,66 @@ def test_run_folder_is_written_when_asked(tmp_path):
     assert lines[0].startswith("time,server_version,arrivals")
     assert len(lines) == 1 + 3  # versions 0, 1, 2
     assert (folder / "summary.json").exists()
+
+
+class UserNet(torch.nn.Module):
+    """A user's own model for 2-feature inputs, with BatchNorm (float running stats, int64 batch counter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
+def test_fedecho_distils_into_a_user_model():
+    # Prepare: clients return the received model shifted by +0.01 (floats) and one more tracked batch.
+    def shift(node, message):
+        state = message.content["arrays"].to_torch_state_dict()
+        trained = OrderedDict((k, v + (1 if not v.is_floating_point() else 0.01)) for k, v in state.items())
+        return Message(RecordDict({"arrays": ArrayRecord(trained),
+                                   "metrics": MetricRecord({"num-examples": 5})}), reply_to=message)
+
+    torch.manual_seed(0)
+    initial = ArrayRecord(UserNet().state_dict())
+    inputs = torch.randn(16, 2)
+    strategy = FedEcho(model_fn=UserNet, distill_inputs=inputs, buffer_size=2, distill_steps=2, fraction_evaluate=0.0)
+    # Execute
+    result = strategy.start(FakeGrid(3, shift), initial, num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
+    # Assert: the user's layout comes back, distillation ran on every version, logits from every client kept
+    final = result.arrays.to_torch_state_dict()
+    assert list(final) == list(UserNet().state_dict())
+    assert final["bn.num_batches_tracked"].dtype == torch.int64
+    assert result.summary["aggregations"] == 2 and result.summary["logit-clients"] >= 2
+    buffered = initial.to_torch_state_dict()["fc.weight"] + 0.01 * 2  # two FedBuff steps of +0.01, before KD
+    assert not torch.allclose(final["fc.weight"], buffered)  # the KD steps moved the weights
+
+
+def test_fedecho_takes_a_dataset_and_ignores_its_labels():
+    data = torch.utils.data.TensorDataset(torch.randn(6, 2), torch.zeros(6, dtype=torch.long))
+    strategy = FedEcho(model_fn=UserNet, distill_inputs=data)
+    assert tuple(strategy.unlabeled.shape) == (6, 2)
+
+
+def test_fedadt_takes_labeled_server_data_as_a_pair():
+    strategy = FedADT(model_fn=UserNet, server_data=(np.zeros((4, 2)), np.array([0, 1, 2, 0])))
+    assert strategy.server_set.x.dtype == np.float32 and strategy.server_set.y.tolist() == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: FedEcho(model_fn=None, distill_inputs=np.zeros((2, 2))), "model_fn"),
+    (lambda: FedEcho(model_fn=lambda: "not a module", distill_inputs=np.zeros((2, 2))), "torch.nn.Module"),
+    (lambda: FedEcho(model_fn=UserNet, distill_inputs=None), "distill_inputs"),
+    (lambda: FedEcho(model_fn=UserNet, distill_inputs=np.zeros((0, 2))), "empty"),
+    (lambda: FedADT(model_fn=UserNet, server_data="data.csv"), "server_data"),
+    (lambda: FedADT(model_fn=UserNet, server_data=(np.zeros((3, 2)), np.zeros(2))), "as many labels"),
+    (lambda: FedRevive(model_fn=UserNet, num_classes=3, input_shape=(2,)), "input_shape"),
+    (lambda: GICompensation(model_fn=UserNet, input_shape=(2,), num_classes=3, local_program=None),
+     "local_program"),
+])
+def test_server_side_methods_name_the_missing_piece(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()

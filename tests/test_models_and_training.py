@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from asyncfl.models.flat import load_flat
 from asyncfl.client_app.training import evaluate, train_local
 from asyncfl.models import build_model, count_parameters
 
@@ -99,3 +100,14 @@ def test_max_pool_fast_path_is_bitwise_the_plain_max_pool():
         pool(leaf).mul(torch.arange(8 * 16 * 7 * 7, dtype=torch.float32).view(8, 16, 7, 7)).sum().backward()
         grads.append(leaf.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def test_load_flat_clamps_negative_batchnorm_variances():
+    # A candidate built from stale deltas may hold a negative running variance; eval-mode
+    # BatchNorm would then output NaN (seen in FedEcho's distillation of a BN model).
+    model = torch.nn.BatchNorm1d(2)
+    flat = np.array([1, 1, 0, 0, 0, 0, 0.5, -0.25, 3], dtype=np.float32)  # weight, bias, mean, var, count
+    load_flat(model, flat)
+    assert model.running_var.tolist() == [0.5, 0.0]
+    assert int(model.num_batches_tracked) == 3
+    assert torch.isfinite(model.eval()(torch.ones(4, 2))).all()

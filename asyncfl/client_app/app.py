@@ -16,6 +16,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration
+from asyncfl.client_app.extras import node_ids as _node_ids
 from asyncfl.client_app.gossip import gossip_event
 from asyncfl.client_app.task import node_data, node_model
 from asyncfl.client_app.training import evaluate as evaluate_model
@@ -24,16 +26,6 @@ from asyncfl.config import parse_run_config
 from asyncfl.data.drift import drifted
 
 app = ClientApp()
-
-
-def _node_ids(context: Context) -> tuple[int, int]:
-    try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    except KeyError as exc:
-        raise ValueError(
-            f"node-config lacks {exc.args[0]!r}; start the SuperNode with "
-            "--node-config \"partition-id=<i> num-partitions=<n>\""
-        ) from exc
 
 
 def _threads(context: Context) -> None:
@@ -97,7 +89,7 @@ def train(msg: Message, context: Context) -> Message:
         }
     )
     # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it.
-    time.sleep(max(0.0, float(knobs.get("emulate-seconds", 0.0)) - (time.monotonic() - started)))
+    pad_to_emulated_duration(msg, started)
     return Message(content, reply_to=msg)
 
 
@@ -149,9 +141,5 @@ def identify(msg: Message, context: Context) -> Message:
     partition_id, num_partitions = _node_ids(context)
     cfg = parse_run_config(context.run_config)
     data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
-    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions,
-                           "num-examples": len(data.y_train)})
-    request = msg.content.config_records.get("config", ConfigRecord())
-    if request.get("asyncfl-label-counts", False):  # only simulation delay models tied to labels ask
-        config["label-counts"] = [int(c) for c in np.bincount(data.y_train, minlength=data.num_classes)]
-    return Message(RecordDict({"config": config}), reply_to=msg)
+    return identity_reply(msg, context, len(data.y_train),
+                          lambda: np.bincount(data.y_train, minlength=data.num_classes))

@@ -14,14 +14,22 @@ from torch import nn
 
 
 def load_flat(model: nn.Module, flat: np.ndarray) -> nn.Module:
-    """Copy ``flat`` into ``model`` in place (dtypes follow the model's own)."""
+    """Copy ``flat`` into ``model`` in place (dtypes follow the model's own).
+
+    BatchNorm running variances are clamped to >= 0 on the way in: a candidate model
+    built from stale deltas (``x + eta * sum(client - stale base)``) can hold negative
+    ones before the engine's own clamp, and a server-side pass through such a network in
+    eval mode (FedEcho's distillation) would turn every output into NaN.
+    """
     offset = 0
     state = model.state_dict()
     with torch.no_grad():
-        for tensor in state.values():
+        for name, tensor in state.items():
             size = tensor.numel()
             piece = torch.from_numpy(np.asarray(flat[offset : offset + size])).view(tensor.shape)
             tensor.copy_(piece.round() if not tensor.is_floating_point() else piece)
+            if name.endswith("running_var"):
+                tensor.clamp_(min=0.0)
             offset += size
     if offset != flat.size:
         raise ValueError(f"flat vector has {flat.size} values, the model needs {offset}")

@@ -146,11 +146,14 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
                    train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
                    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, max_arrivals: int,
                    max_time: float, concurrency: int | None, clock: str, delays, seed: int, evaluate_every: int,
-                   output_dir: str | None, run_name: str) -> AsyncResult:
+                   output_dir: str | None, run_name: str, emulate_delay_scale: float = 0.0) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); every argument is
     checked before the first message is sent."""
     _check_stops(num_rounds, max_arrivals, max_time, timeout, evaluate_every, concurrency)
     delay_preset, delay_model = resolve_delays(clock, delays)
+    if emulate_delay_scale < 0 or (emulate_delay_scale > 0 and (clock != "wall" or delays is None)):
+        raise ValueError(f"emulate_delay_scale={emulate_delay_scale} needs clock='wall', a delays= model to draw "
+                         "durations from, and a value >= 0")
     codec, initial = codec_and_model(initial_arrays)
     options = strategy.flower
     name = type(strategy).__name__
@@ -160,7 +163,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
         clock=clock, concurrency=in_flight, max_arrivals=max_arrivals, max_virtual_time=max_time, eval_every=0.0,
         target_accuracy=(), job_timeout=timeout, wait_for_nodes=min(timeout, NODE_WAIT_CAP_S), seed=seed,
         delay_preset=delay_preset, delays=delay_model, eval_batch_size=1, progress=False,
-        max_versions=num_rounds, eval_every_versions=evaluate_every,
+        max_versions=num_rounds, eval_every_versions=evaluate_every, emulate_delay_scale=emulate_delay_scale,
     )
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(options.weighted_by_key, options.train_metrics_aggr_fn)

@@ -135,6 +135,7 @@ class Strategy(ABC):
         evaluate_every: int = 1,
         output_dir: str | None = None,
         run_name: str = "",
+        emulate_delay_scale: float = 0.0,
     ) -> "AsyncResult":
         """Run this strategy asynchronously on ``grid``; Flower's ``Strategy.start`` signature plus async knobs.
 
@@ -171,6 +172,10 @@ class Strategy(ABC):
         output_dir, run_name : str, optional
             When ``output_dir`` is given, the run folder (``metrics.csv``, ``summary.json``,
             ``accuracy.png``) is written there as the run goes.
+        emulate_delay_scale : float
+            Wall clock only: each train request carries ``emulate-seconds`` = a duration drawn
+            from ``delays`` times this scale; ClientApps that call
+            :func:`asyncfl.client_app.extras.pad_to_emulated_duration` take that long (0 = off).
 
         Returns
         -------
@@ -185,4 +190,5 @@ class Strategy(ABC):
             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn, max_arrivals=max_arrivals,
             max_time=max_time, concurrency=concurrency, clock=clock, delays=delays, seed=seed,
             evaluate_every=evaluate_every, output_dir=output_dir, run_name=run_name,
+            emulate_delay_scale=emulate_delay_scale,
         )

@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.user_inputs import checked_model_fn, labeled_arrays
 
 
 def adaptive_kd_weight(t: int, alpha_min: float, alpha_max: float, t_g: int) -> float:
@@ -59,19 +60,25 @@ class FedADT(Strategy):
 
     Parameters
     ----------
-    make_model : callable
-        Builds a fresh network of the global model's architecture.
-    server_set : ServerSet
-        Labeled distillation data on the server.
+    model_fn : callable
+        Builds a fresh network of the global model's architecture (your ``Net``).
+    server_data : ServerSet, (x, y) or Dataset
+        Labeled distillation data on the server (0.5 % of the training data in the paper).
     """
 
-    def __init__(self, make_model: Callable[[], nn.Module], server_set: ServerSet, temperature: float = 3.0,
+    def __init__(self, model_fn: Callable[[], nn.Module], server_data: Any, temperature: float = 3.0,
                  alpha_min: float = 0.2, alpha_max: float = 0.6, t_g: int = 1000, kd_lr: float = 0.01,
                  kd_batch_size: int = 32, seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if len(server_set.y) == 0:
+        model_fn = checked_model_fn(model_fn, "FedADT")
+        if isinstance(server_data, ServerSet):
+            server_data = (server_data.x, server_data.y)
+        if isinstance(server_data, (tuple, list)) and len(server_data) == 2 and len(server_data[1]) == 0:
             raise ValueError("FedADT needs a non-empty server set (fedadt.server-fraction too small?)")
-        self.teacher, self.student = make_model(), make_model()
+        server_set = ServerSet(*labeled_arrays(server_data, "FedADT", "server_data"))
+        if not 0.0 <= alpha_min <= alpha_max <= 1.0:
+            raise ValueError(f"FedADT: need 0 <= alpha_min ({alpha_min}) <= alpha_max ({alpha_max}) <= 1")
+        self.teacher, self.student = model_fn(), model_fn()
         self.server_set = server_set
         self.temperature = temperature
         self.alpha_min, self.alpha_max, self.t_g = alpha_min, alpha_max, t_g

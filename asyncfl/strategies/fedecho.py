@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.user_inputs import checked_model_fn, input_array
 
 _INFERENCE_BATCH = 500
 
@@ -99,10 +100,11 @@ class FedEcho(Strategy):
 
     Parameters
     ----------
-    make_model : callable
-        Builds a fresh network of the global model's architecture.
-    unlabeled : np.ndarray
-        The distillation inputs ``U``, shaped like the clients' inputs.
+    model_fn : callable
+        Builds a fresh network of the global model's architecture (your ``Net``).
+    distill_inputs : array, tensor or Dataset
+        The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
+        are ignored).
     buffer_size : int
         ``M``, arrivals per global update.
     server_lr : float
@@ -115,17 +117,19 @@ class FedEcho(Strategy):
         Range of the uncertainty weight.
     """
 
-    def __init__(self, make_model: Callable[[], nn.Module], unlabeled: np.ndarray, buffer_size: int = 5,
+    def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 5,
                  server_lr: float = 1.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-4, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
                  seed: int = 0, distill_set: str = "", distill_size: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if len(unlabeled) == 0:
-            raise ValueError("FedEcho needs a non-empty unlabeled distillation set")
+        model_fn = checked_model_fn(model_fn, "FedEcho")
+        unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
         if buffer_size < 1:
-            raise ValueError(f"fedecho.buffer-size must be >= 1, got {buffer_size}")
-        self.unlabeled = torch.from_numpy(np.ascontiguousarray(unlabeled, dtype=np.float32))
-        self.client_net, self.student = make_model().eval(), make_model().eval()
+            raise ValueError(f"FedEcho: buffer_size must be >= 1, got {buffer_size}")
+        if not 0.0 <= alpha_min <= alpha_max <= 1.0:
+            raise ValueError(f"FedEcho: need 0 <= alpha_min ({alpha_min}) <= alpha_max ({alpha_max}) <= 1")
+        self.unlabeled = torch.from_numpy(unlabeled)
+        self.client_net, self.student = model_fn().eval(), model_fn().eval()
         self.optimizer = torch.optim.Adam(self.student.parameters(), lr=distill_lr, betas=(0.9, 0.999), eps=1e-8)
         self.buffer_size, self.server_lr = buffer_size, server_lr
         self.distill_steps, self.distill_batch_size, self.clip = distill_steps, distill_batch_size, clip

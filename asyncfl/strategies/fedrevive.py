@@ -43,6 +43,7 @@ from torch.nn import functional as F
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.user_inputs import checked_model_fn
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
@@ -103,8 +104,8 @@ class FedRevive(Strategy):
 
     Parameters
     ----------
-    make_model : callable
-        Builds a fresh network of the global model's architecture.
+    model_fn : callable
+        Builds a fresh network of the global model's architecture (your ``Net``).
     num_classes, input_shape : int, tuple
         The task's label count and input shape (for the generator and the probes).
     config : ReviveConfig
@@ -118,13 +119,18 @@ class FedRevive(Strategy):
         (ablation, and DD-FedRevive). Client indices are partition ids when clients report them.
     """
 
-    def __init__(self, make_model: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
+    def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
                  config: ReviveConfig = ReviveConfig(), seed: int = 0,
                  holdout: tuple[np.ndarray, np.ndarray] | None = None,
                  true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = config
         self.num_classes = num_classes
+        make_model = checked_model_fn(model_fn, "FedRevive")
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"FedRevive: num_classes must be an integer >= 2, got {num_classes!r}")
+        if len(tuple(input_shape)) != 3:
+            raise ValueError(f"FedRevive: input_shape must be (channels, height, width), got {input_shape!r}")
         self.make_model = make_model
         self.student = make_model().eval()
         self.probe_net = make_model().eval()

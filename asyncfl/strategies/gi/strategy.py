@@ -34,6 +34,7 @@ from asyncfl.strategies.gi.inversion import InversionConfig, RecoveredSet, inver
 from asyncfl.strategies.gi.switching import SwitchBack
 from asyncfl.strategies.gi.uniqueness import adaptive_threshold, is_unique
 from asyncfl.strategies.gi.unrolled import FlatLayout, LocalProgram
+from asyncfl.strategies.user_inputs import checked_model_fn
 
 
 class GICompensation(FedAvg):
@@ -41,14 +42,14 @@ class GICompensation(FedAvg):
 
     Parameters
     ----------
-    make_model : callable
-        Builds the run's architecture.
+    model_fn : callable
+        Builds the run's architecture (your ``Net``).
     input_shape : tuple of int
         One sample's ``(C, H, W)``.
     num_classes : int
         Classes of the soft labels.
-    program : LocalProgram
-        The clients' local training (from the run-config), replayed exactly.
+    local_program : LocalProgram
+        The clients' local training (optimizer, learning rate, batches), replayed exactly.
     inversion : InversionConfig
         Size of ``D_rec``, iterations, learning rate, top-K share.
     switch_window : float
@@ -63,15 +64,18 @@ class GICompensation(FedAvg):
         Seeds the random initial ``D_rec``.
     """
 
-    def __init__(self, make_model: Callable[[], torch.nn.Module], input_shape: tuple[int, ...], num_classes: int,
-                 program: LocalProgram, inversion: InversionConfig, switch_window: float = 0.1,
+    def __init__(self, model_fn: Callable[[], torch.nn.Module], input_shape: tuple[int, ...], num_classes: int,
+                 local_program: LocalProgram, inversion: InversionConfig = InversionConfig(), switch_window: float = 0.1,
                  uniqueness: bool = True, server_lr: float = 1.0, seed: int = 0, switch_rule: str = "first",
                  switch_comparisons: int = 3, **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        self.layout = FlatLayout(make_model())
+        if not isinstance(local_program, LocalProgram):
+            raise ValueError("GICompensation needs local_program: a LocalProgram describing the clients' SGD "
+                             f"(steps or epochs, batch size, lr, momentum), got {type(local_program).__name__}")
+        self.layout = FlatLayout(checked_model_fn(model_fn, "GICompensation")())
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
-        self.program = program
+        self.program = local_program
         self.inversion = inversion
         self.uniqueness = uniqueness
         self.seed = seed

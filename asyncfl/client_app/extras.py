@@ -1,0 +1,85 @@
+"""asyncfl's extras for your own ClientApp, without giving up your train function.
+
+``answer_identity(app)`` registers a ``query`` handler that tells the engine the
+node's ``partition-id`` (and, if you say how, its example count): clients are then
+ordered by partition id, so a seeded simulation repeats exactly whatever node ids
+the SuperLink assigned. ``pad_to_emulated_duration`` makes a deployed client take
+as long as the delay model drew for the job (``start(..., emulate_delay_scale=...)``),
+so asynchrony shows on uniform hardware::
+
+    app = ClientApp()
+    answer_identity(app, num_examples=lambda context: len(my_partition(context)))
+
+    @app.train()
+    def train(msg, context):
+        started = time.monotonic()
+        ...  # your training
+        pad_to_emulated_duration(msg, started)
+        return Message(content, reply_to=msg)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+#: The request key under which the engine asks for label counts (only label-tied delay models do).
+LABEL_COUNTS_KEY = "asyncfl-label-counts"
+EMULATE_SECONDS_KEY = "emulate-seconds"
+
+
+def node_ids(context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)`` from the node config, with a message that says how to set them."""
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as exc:
+        raise ValueError(
+            f"node-config lacks {exc.args[0]!r}; start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        ) from exc
+
+
+def identity_reply(msg: Message, context: Context, num_examples: int | None = None,
+                   label_counts: Callable[[], list[int]] | None = None) -> Message:
+    """The reply to the engine's identity query: partition id, partitions, and what else is known.
+
+    ``label_counts`` is called only when the request asks for it (delay models tied to labels).
+    """
+    partition_id, num_partitions = node_ids(context)
+    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    if num_examples is not None:
+        config["num-examples"] = int(num_examples)
+    request = msg.content.config_records.get("config", ConfigRecord())
+    if label_counts is not None and request.get(LABEL_COUNTS_KEY, False):
+        config["label-counts"] = [int(c) for c in label_counts()]
+    return Message(RecordDict({"config": config}), reply_to=msg)
+
+
+def answer_identity(app: ClientApp, num_examples: Callable[[Context], int] | None = None) -> None:
+    """Register a ``query`` handler on ``app`` that answers asyncfl's identity query.
+
+    Parameters
+    ----------
+    app : ClientApp
+        Your ClientApp (it must not have a default ``query`` handler already).
+    num_examples : callable, optional
+        ``context -> training examples on this node``; delay models tied to data size use it.
+    """
+
+    @app.query()
+    def identify(msg: Message, context: Context) -> Message:
+        return identity_reply(msg, context, num_examples(context) if num_examples is not None else None)
+
+
+def pad_to_emulated_duration(msg: Message, started: float) -> None:
+    """Sleep until the job has taken the ``emulate-seconds`` its request carries (no key: return at once).
+
+    ``started`` is the ``time.monotonic()`` taken when the handler began.
+    """
+    config = msg.content.config_records.get("config", ConfigRecord())
+    remaining = float(config.get(EMULATE_SECONDS_KEY, 0.0)) - (time.monotonic() - started)
+    if remaining > 0:
+        time.sleep(remaining)

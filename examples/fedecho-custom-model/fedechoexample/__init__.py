@@ -1,0 +1,1 @@
+"""fedechoexample: FedEcho on a user-defined model, through asyncfl's public API."""
