@@ -4,7 +4,7 @@ Unlike ``asyncfl run`` (Ray simulation), every client here is its own
 ``flower-supernode`` process talking to the SuperLink over Flower's Fleet API
 (HTTP on ``--host/--port`` in Flower 1.41), the ServerApp runs in a process the
 SuperLink's SuperExec starts, and the engine runs on the wall clock. The same
-commands, with real host names, deploy across machines (README, "Deployment").
+commands, with real host names, deploy across machines (docs/deployment.md).
 
 Optionally TLS (certificates from ``scripts/make-certs.sh``), SuperNode
 authentication (a key pair per SuperNode, registered with ``flwr supernode
