@@ -121,6 +121,25 @@ class EngineConfig:
     max_versions: int = 0  # stop once the server model reaches this version (0 = no cap); Flower's num_rounds
     eval_every_versions: int = 0  # also evaluate every this many server versions (0 = by clock only)
 
+    def __post_init__(self) -> None:
+        """Settings that exclude or need each other (checked for the run-config and for ``start()`` alike)."""
+        if self.pipeline_late_clients and self.round_deadline <= 0:
+            raise ConfigError("pipeline-late-clients (pipeline_late_clients) lets clients whose job missed the round "
+                              "deadline train again; it needs round-deadline > 0 (semi-asynchronous rounds)")
+        if self.round_deadline > 0 and self.clock != "virtual":
+            raise ConfigError("round-deadline (round_deadline: semi-asynchronous rounds) needs clock = 'virtual'; "
+                              "set it to 0 for wall-clock runs")
+        if isinstance(self.delays, IntertwinedDelays) and self.clock != "virtual":
+            raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
+        if self.overlap and self.server_time_scale > 0:
+            raise ConfigError("overlap-server-compute (overlap_server_compute) hides server time from clients; set "
+                              "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
+                              "time to the virtual clock")
+        if self.max_arrivals == 0 and self.max_virtual_time == 0 and self.max_versions == 0:
+            raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
+        if self.eval_every <= 0 and self.eval_every_versions <= 0:
+            raise ConfigError("set eval-every > 0 (clock units) or evaluate every so many versions")
+
 
 @dataclass(frozen=True)
 class OutputConfig:
@@ -431,19 +450,6 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
         round_deadline=_positive("round-deadline", float(cfg["round-deadline"]), allow_zero=True),
         pipeline_late_clients=bool(cfg["pipeline-late-clients"]),
     )
-    if engine.pipeline_late_clients and engine.round_deadline <= 0:
-        raise ConfigError("pipeline-late-clients lets clients whose job missed the round deadline train again; it "
-                          "needs round-deadline > 0 (semi-asynchronous rounds)")
-    if engine.round_deadline > 0 and engine.clock != "virtual":
-        raise ConfigError("round-deadline (semi-asynchronous rounds) needs clock = 'virtual'; set round-deadline = 0 "
-                          "for wall-clock runs")
-    if engine.delay_preset == "intertwined" and engine.clock != "virtual":
-        raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
-    if engine.overlap and engine.server_time_scale > 0:
-        raise ConfigError("overlap-server-compute hides server time from clients; set server-time-scale = 0 with it "
-                          "(or turn overlap off to charge server time to the virtual clock)")
-    if engine.max_arrivals == 0 and engine.max_virtual_time == 0:
-        raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
     gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None
     drift = _drift(cfg, data, gossip)

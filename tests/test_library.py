@@ -176,6 +176,10 @@ def test_unknown_keyword_names_the_valid_ones():
     (dict(clock="virtual", delays="no-such-preset"), "preset"),
     (dict(num_rounds=0), "never stop"),
     (dict(evaluate_every=0), "evaluate_every"),
+    (dict(round_deadline=1.0), "round-deadline"),
+    (dict(clock="virtual", delays="uniform-speed", pipeline_late_clients=True), "pipeline-late-clients"),
+    (dict(overlap_server_compute=True, server_time_scale=1.0), "overlap"),
+    (dict(emulate_delay_scale=1.0), "emulate_delay_scale"),
 ])
 def test_start_validation_happens_before_any_message(kwargs, message):
     grid = FakeGrid(2, client)
@@ -256,3 +260,13 @@ def test_fedadt_takes_labeled_server_data_as_a_pair():
 def test_server_side_methods_name_the_missing_piece(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_clock_scheduled_evaluation_as_the_builtin_app_uses_it(tmp_path):
+    # evaluate_every=0 with evaluate_every_time=2: rows at t = 0, 2, 4 (jobs take 1 unit; 3 in flight)
+    FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
+        FakeGrid(3, client), initial_record(), num_rounds=0, max_arrivals=12, clock="virtual", delays=FIXED,
+        concurrency=3, evaluate_fn=server_evaluate, evaluate_every=0, evaluate_every_time=2.0,
+        output_dir=str(tmp_path), run_name="clock")
+    rows = (tmp_path / "clock" / "metrics.csv").read_text().splitlines()[1:]
+    assert [float(r.split(",")[0]) for r in rows] == [0.0, 2.0, 4.0]

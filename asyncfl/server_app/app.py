@@ -10,17 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from asyncfl.client_app.task import node_data
 from asyncfl.config import RunConfig, parse_run_config
 from asyncfl.data import load_dataset
 from asyncfl.models import build_model
-from asyncfl.server_app.codec import ModelCodec
-from asyncfl.server_app.engine import AsyncEngine
-from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, state_as_numpy
-from asyncfl.server_app.recorder import RunRecorder, affected_class_summary
+from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, EvaluateFn
 from asyncfl.server_app.relay import GossipRelay
 from asyncfl.strategies import StrategyResources, build_strategy
 
@@ -63,15 +60,17 @@ def _run_gossip(grid: Grid, cfg: RunConfig) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run one asynchronous (or synchronous-preset) FL experiment."""
+    """Run one asynchronous (or synchronous-preset) FL experiment: run-config -> strategy -> ``start()``."""
     _configure_logging()
     cfg = parse_run_config(context.run_config)
     torch.set_num_threads(max(1, int(context.run_config.get("server-threads", 1))))
+    if cfg.gossip is not None:
+        _run_gossip(grid, cfg)
+        return
 
     splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.engine.seed)
     model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=cfg.engine.seed)
-    state = state_as_numpy(model)
-    codec = ModelCodec.from_state(state)
+    initial_arrays = ArrayRecord(model.state_dict())
     resources = StrategyResources(
         make_model=lambda: build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm),
         x_train=splits.x_train,
@@ -84,10 +83,10 @@ def main(grid: Grid, context: Context) -> None:
                                                    minlength=splits.num_classes),
         train_config=cfg.train.to_message_config(),
     )
-    if cfg.gossip is not None:
-        _run_gossip(grid, cfg)
-        return
-    strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources)
+    # the built-in app evaluates on the server only (no federated evaluation) and waits for one node at least
+    strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources, fraction_evaluate=0.0,
+                              min_available_nodes=1)
+    strategy.name = cfg.strategy
     if cfg.drift.active:
         evaluator = DriftingEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size,
                                       splits.num_classes, cfg.drift, cfg.engine.seed)
@@ -95,29 +94,20 @@ def main(grid: Grid, context: Context) -> None:
         evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size, splits.num_classes)
 
     folder = run_folder(cfg)
-    recorder = RunRecorder(folder, cfg.to_dict(), cfg.engine.target_accuracy, cfg.engine.progress,
-                           cfg.engine.max_arrivals, cfg.engine.max_virtual_time, num_classes=splits.num_classes)
-    engine = AsyncEngine(grid, strategy, codec, codec.flatten(list(state.values())), cfg.engine,
-                         cfg.train.to_message_config(), evaluator, recorder)
-    affected = getattr(cfg.engine.delays, "affected_class", None)
-    recorder.summary_source = lambda: recorder.summary(
-        cfg.strategy, engine.stats, engine.versions.version,
-        {**strategy.summary(), **(affected_class_summary(recorder.rows, affected) if affected is not None else {})},
-        engine.now,
-    )
+    engine = cfg.engine
     log.info("asyncfl: strategy=%s dataset=%s model=%s clock=%s concurrency=%d -> %s", cfg.strategy,
-             cfg.data.dataset, cfg.data.model, cfg.engine.clock, cfg.engine.concurrency, folder)
-    engine.discover_clients()
-    try:
-        engine.run()
-    finally:
-        summary = recorder.summary_source()
-        summary["peak-stored-versions"] = engine.versions.peak_versions
-        summary["clients"] = len(engine.clients)
-        if hasattr(engine.delays, "counts"):
-            summary["delay-categories"] = engine.delays.counts()
-        summary["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        recorder.write_summary(summary)
-        recorder.plot()
+             cfg.data.dataset, cfg.data.model, engine.clock, engine.concurrency, folder)
+    result = strategy.start(
+        grid, initial_arrays, num_rounds=0, timeout=engine.job_timeout,
+        train_config=ConfigRecord(cfg.train.to_message_config()), evaluate_fn=EvaluateFn(evaluator),
+        max_arrivals=engine.max_arrivals, max_time=engine.max_virtual_time, concurrency=engine.concurrency,
+        clock=engine.clock, delays=engine.delays, seed=engine.seed, evaluate_every=0,
+        evaluate_every_time=engine.eval_every, target_accuracy=engine.target_accuracy, progress=engine.progress,
+        overlap_server_compute=engine.overlap, server_time_scale=engine.server_time_scale,
+        round_deadline=engine.round_deadline, pipeline_late_clients=engine.pipeline_late_clients,
+        emulate_delay_scale=engine.emulate_delay_scale, wait_for_nodes=engine.wait_for_nodes,
+        output_dir=str(folder.parent), run_name=folder.name, run_config=cfg.to_dict(),
+    )
+    summary = result.summary
     log.info("asyncfl: done: final accuracy %.4f after %d arrivals (%s)", summary["final-accuracy"] or 0.0,
              summary["arrivals"], folder)

@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+from flwr.app import ArrayRecord, MetricRecord
 
 from asyncfl.client_app.training import evaluate_per_class, pick_device
 from asyncfl.data.drift import DriftConfig, drifted
@@ -54,3 +55,24 @@ class DriftingEvaluator(CentralEvaluator):
             self.x = drifted(self.base_x, self.y, self.drift.fraction(at), self.drift.source, (self.seed, 1))
             self._count = count
         return count
+
+
+class EvaluateFn:
+    """A :class:`CentralEvaluator` as a Flower ``evaluate_fn(version, ArrayRecord) -> MetricRecord``.
+
+    The record carries ``accuracy``, ``loss`` and ``class-accuracy`` (a list, NaN for classes
+    absent from the split). A drifting evaluator's ``select`` is passed through, so the engine
+    tells it the clock before each evaluation.
+    """
+
+    def __init__(self, evaluator: CentralEvaluator) -> None:
+        self.evaluator = evaluator
+        if hasattr(evaluator, "select"):
+            self.select = evaluator.select
+
+    def __call__(self, version: int, arrays: ArrayRecord) -> MetricRecord:
+        evaluator = self.evaluator
+        evaluator.model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy, per_class = evaluate_per_class(evaluator.model, evaluator.x, evaluator.y,
+                                                       evaluator.num_classes, evaluator.batch_size, evaluator.device)
+        return MetricRecord({"accuracy": float(accuracy), "loss": float(loss), "class-accuracy": per_class})

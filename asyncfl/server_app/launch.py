@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +28,7 @@ from asyncfl.server_app.client_metrics import TrainMetrics
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
-from asyncfl.server_app.recorder import RunRecorder, run_summary
+from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
 from asyncfl.simulation.categories import RuntimeCategories
 from asyncfl.simulation.delays import DelayModel
 from asyncfl.simulation.intertwined import IntertwinedDelays
@@ -36,6 +37,7 @@ from asyncfl.strategies.base import Strategy
 
 ACCURACY_KEYS = ("accuracy", "acc", "eval-acc", "eval_acc", "eval-accuracy", "eval_accuracy")
 LOSS_KEYS = ("loss", "eval-loss", "eval_loss")
+CLASS_ACCURACY_KEY = "class-accuracy"
 #: Longest wait for the first nodes (``min_available_nodes``) and for nodes to reach the concurrency.
 NODE_WAIT_CAP_S = 60.0
 
@@ -52,7 +54,10 @@ class ServerEvaluation:
     """Adapts a Flower ``evaluate_fn(version, ArrayRecord) -> MetricRecord | None`` to the engine's evaluator.
 
     Every MetricRecord it returns is kept in ``by_version``; its accuracy and loss entries
-    (first of :data:`ACCURACY_KEYS` / :data:`LOSS_KEYS`; NaN when absent) become the run's curves.
+    (first of :data:`ACCURACY_KEYS` / :data:`LOSS_KEYS`; NaN when absent) become the run's curves,
+    and a ``class-accuracy`` list, if present, the per-class columns. An ``evaluate_fn`` whose test
+    data changes over time (variant data) may have a ``select(clock) -> key`` method: it is told
+    the clock before each evaluation, and a model is re-scored when the key changes.
     """
 
     def __init__(self, evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None], codec: ModelCodec) -> None:
@@ -60,15 +65,19 @@ class ServerEvaluation:
         self.codec = codec
         self.version: Callable[[], int] = lambda: 0  # set once the engine exists
         self.by_version: dict[int, MetricRecord] = {}
+        if hasattr(evaluate_fn, "select"):
+            self.select = evaluate_fn.select
 
-    def __call__(self, flat: np.ndarray) -> tuple[float, float]:
+    def __call__(self, flat: np.ndarray) -> tuple:
         version = self.version()
         metrics = self.evaluate_fn(version, self.codec.to_record(flat))
         if metrics is None:
             return math.nan, math.nan
         self.by_version[version] = metrics
         flwr_log(logging.INFO, "server-side evaluation of version %d: %s", version, dict(metrics))
-        return _first_number(metrics, LOSS_KEYS), _first_number(metrics, ACCURACY_KEYS)
+        scores = (_first_number(metrics, LOSS_KEYS), _first_number(metrics, ACCURACY_KEYS))
+        per_class = metrics.get(CLASS_ACCURACY_KEY)
+        return (*scores, list(per_class)) if isinstance(per_class, list) else scores
 
 
 def _first_number(metrics: MetricRecord, keys: tuple[str, ...]) -> float:
@@ -111,7 +120,7 @@ def resolve_delays(clock: str, delays) -> tuple[str, DelayModel | RuntimeCategor
 
 
 def _check_stops(num_rounds: int, max_arrivals: int, max_time: float, timeout: float, evaluate_every: int,
-                 concurrency: int | None) -> None:
+                 evaluate_every_time: float, concurrency: int | None) -> None:
     for name, value in (("num_rounds", num_rounds), ("max_arrivals", max_arrivals), ("evaluate_every", evaluate_every)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name}={value!r} must be an integer >= 0")
@@ -119,8 +128,9 @@ def _check_stops(num_rounds: int, max_arrivals: int, max_time: float, timeout: f
         raise ValueError(f"need max_time >= 0 (got {max_time}) and timeout > 0 (got {timeout})")
     if not (num_rounds or max_arrivals or max_time):
         raise ValueError("the run would never stop: set num_rounds > 0, max_arrivals > 0 or max_time > 0")
-    if evaluate_every < 1:
-        raise ValueError(f"evaluate_every={evaluate_every} must be >= 1 (server versions between evaluations)")
+    if evaluate_every < 1 and evaluate_every_time <= 0:
+        raise ValueError(f"evaluate_every={evaluate_every} must be >= 1 (server versions between evaluations), "
+                         "or set evaluate_every_time > 0 (clock units)")
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1 (or None: from fraction_train)")
 
@@ -146,25 +156,34 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
                    train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
                    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, max_arrivals: int,
                    max_time: float, concurrency: int | None, clock: str, delays, seed: int, evaluate_every: int,
-                   output_dir: str | None, run_name: str, emulate_delay_scale: float = 0.0) -> AsyncResult:
+                   output_dir: str | None, run_name: str, emulate_delay_scale: float = 0.0,
+                   evaluate_every_time: float = 0.0, target_accuracy: tuple[float, ...] = (), progress: bool = False,
+                   overlap_server_compute: bool = False, server_time_scale: float = 0.0, round_deadline: float = 0.0,
+                   pipeline_late_clients: bool = False, wait_for_nodes_s: float | None = None,
+                   run_config: dict | None = None) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); every argument is
     checked before the first message is sent."""
-    _check_stops(num_rounds, max_arrivals, max_time, timeout, evaluate_every, concurrency)
+    _check_stops(num_rounds, max_arrivals, max_time, timeout, evaluate_every, evaluate_every_time, concurrency)
     delay_preset, delay_model = resolve_delays(clock, delays)
     if emulate_delay_scale < 0 or (emulate_delay_scale > 0 and (clock != "wall" or delays is None)):
         raise ValueError(f"emulate_delay_scale={emulate_delay_scale} needs clock='wall', a delays= model to draw "
                          "durations from, and a value >= 0")
+    node_wait = min(timeout, NODE_WAIT_CAP_S) if wait_for_nodes_s is None else wait_for_nodes_s
+    # built (and so validated) before anything waits or sends; the concurrency is fixed once nodes are known
+    config = EngineConfig(
+        clock=clock, concurrency=concurrency or 1, max_arrivals=max_arrivals, max_virtual_time=max_time,
+        eval_every=evaluate_every_time, target_accuracy=tuple(target_accuracy), job_timeout=timeout,
+        wait_for_nodes=node_wait, seed=seed, delay_preset=delay_preset, delays=delay_model, eval_batch_size=1,
+        progress=progress, emulate_delay_scale=emulate_delay_scale, overlap=overlap_server_compute,
+        server_time_scale=server_time_scale, round_deadline=round_deadline,
+        pipeline_late_clients=pipeline_late_clients, max_versions=num_rounds, eval_every_versions=evaluate_every,
+    )
     codec, initial = codec_and_model(initial_arrays)
     options = strategy.flower
-    name = type(strategy).__name__
+    name = strategy.name
     nodes = wait_for_nodes(grid, options.min_available_nodes, min(timeout, NODE_WAIT_CAP_S))
-    in_flight = concurrency if concurrency is not None else options.train_nodes(len(nodes))
-    config = EngineConfig(
-        clock=clock, concurrency=in_flight, max_arrivals=max_arrivals, max_virtual_time=max_time, eval_every=0.0,
-        target_accuracy=(), job_timeout=timeout, wait_for_nodes=min(timeout, NODE_WAIT_CAP_S), seed=seed,
-        delay_preset=delay_preset, delays=delay_model, eval_batch_size=1, progress=False,
-        max_versions=num_rounds, eval_every_versions=evaluate_every, emulate_delay_scale=emulate_delay_scale,
-    )
+    config = replace(config, concurrency=concurrency if concurrency is not None else options.train_nodes(len(nodes)))
+    in_flight = config.concurrency
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(options.weighted_by_key, options.train_metrics_aggr_fn)
     federated = (FederatedEvaluation(grid, options, dict(evaluate_config or {}), seed, timeout)
@@ -172,8 +191,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
     recorder = None
     if output_dir is not None:
         folder = Path(output_dir).expanduser().resolve() / (run_name or f"{name.lower()}-{time.strftime('%Y%m%d-%H%M%S')}")
-        recorder = RunRecorder(folder, _run_settings(name, config, options, num_rounds), (), False, max_arrivals,
-                               max_time)
+        recorder = RunRecorder(folder, run_config or _run_settings(name, config, options, num_rounds),
+                               config.target_accuracy, progress, max_arrivals, max_time)
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                          keys=options.keys, train_metrics=train_metrics, federated_eval=federated)
     if server_eval is not None:
@@ -182,12 +201,18 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
              clock, in_flight, len(nodes), _stops_text(num_rounds, max_arrivals, max_time))
     started = time.monotonic()
 
+    affected = getattr(delay_model, "affected_class", None)  # the intertwined scenario's late class
+
     def summary() -> dict:
         rows = engine.stats.evaluations
-        out = run_summary(name, engine.stats, engine.versions.version, strategy.summary(), engine.now, rows, (),
-                          started)
+        extra = {**strategy.summary(), **(affected_class_summary(rows, affected) if affected is not None else {})}
+        out = run_summary(name, engine.stats, engine.versions.version, extra, engine.now, rows,
+                          config.target_accuracy, started)
         out["peak-stored-versions"] = engine.versions.peak_versions
         out["clients"] = len(engine.clients)
+        if hasattr(engine.delays, "counts"):
+            out["delay-categories"] = engine.delays.counts()
+        out["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         if federated is not None and federated.rejected:
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
         return out

@@ -38,7 +38,7 @@ class RunRecorder:
     """Writes a run's folder incrementally and draws a progress line."""
 
     def __init__(self, folder: Path, config: dict, targets: tuple[float, ...], progress: bool,
-                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0, num_classes: int = 0) -> None:
+                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0, num_classes: int | None = None) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.targets = targets
@@ -46,7 +46,8 @@ class RunRecorder:
         self.max_arrivals = max_arrivals
         self.max_time = max_time
         self.rows: list[dict] = []
-        self.class_columns = [f"acc_class_{k}" for k in range(num_classes)]
+        # per-class columns: as many as the evaluator reports (None: taken from the first evaluation row)
+        self.class_columns: list[str] | None = None if num_classes is None else self._class_columns(num_classes)
         self.wall_start = time.monotonic()
         self._last_progress = 0.0
         self._last_plot = time.monotonic()
@@ -54,12 +55,23 @@ class RunRecorder:
         #: Set by the ServerApp: builds the current summary, rewritten after every evaluation.
         self.summary_source = None
         (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        with open(folder / "metrics.csv", "w", newline="") as handle:
+        if self.class_columns is not None:
+            self._write_headers()
+
+    @staticmethod
+    def _class_columns(num_classes: int) -> list[str]:
+        return [f"acc_class_{k}" for k in range(num_classes)]
+
+    def _write_headers(self) -> None:
+        with open(self.folder / "metrics.csv", "w", newline="") as handle:
             csv.writer(handle).writerow(METRIC_COLUMNS + self.class_columns)
-        with open(folder / "timing.csv", "w", newline="") as handle:
+        with open(self.folder / "timing.csv", "w", newline="") as handle:
             csv.writer(handle).writerow(["time", "arrivals", "wall_seconds"])
 
     def on_evaluation(self, row: dict) -> None:
+        if self.class_columns is None:
+            self.class_columns = self._class_columns(len(row.get("class_accuracy") or []))
+            self._write_headers()
         self.rows.append(row)
         with open(self.folder / "metrics.csv", "a", newline="") as handle:
             per_class = row.get("class_accuracy") or [""] * len(self.class_columns)

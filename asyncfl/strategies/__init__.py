@@ -61,7 +61,7 @@ def server_rows(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     return stratified_rows(labels, fraction, seed, salt=5)
 
 
-def _build_fedrevive(name: str, params: dict, resources: StrategyResources) -> FedRevive:
+def _build_fedrevive(name: str, params: dict, resources: StrategyResources, **flower_options) -> FedRevive:
     synthesis = SynthesisConfig(
         batch_size=params.pop("synth_batch_size"), steps=params.pop("synth_steps"),
         generator_lr=params.pop("generator_lr"), latent_lr=params.pop("latent_lr"),
@@ -77,11 +77,12 @@ def _build_fedrevive(name: str, params: dict, resources: StrategyResources) -> F
         holdout = (resources.x_train[rows], resources.y_train[rows])
     return FedRevive(resources.make_model, resources.num_classes, tuple(resources.x_train.shape[1:]),
                      ReviveConfig(synthesis=synthesis, **params), seed=resources.seed, holdout=holdout,
-                     true_proportions=resources.label_histogram if use_true else None)
+                     true_proportions=resources.label_histogram if use_true else None, **flower_options)
 
 
-def build_strategy(name: str, params: dict, resources: StrategyResources | None = None) -> Strategy:
-    """Instantiate strategy ``name`` with its parsed ``params``.
+def build_strategy(name: str, params: dict, resources: StrategyResources | None = None,
+                   **flower_options) -> Strategy:
+    """Instantiate strategy ``name`` with its parsed ``params`` (and Flower's ``FedAvg`` options, if any).
 
     Methods that distil on the server (``fedadt``, ``fedecho``, ``fedrevive``, ``dd-fedrevive``) also need
     ``resources``.
@@ -89,27 +90,28 @@ def build_strategy(name: str, params: dict, resources: StrategyResources | None 
     if name in NEEDS_RESOURCES and resources is None:
         raise ValueError(f"strategy {name!r} needs server resources (a model builder and the training split)")
     if name in ("fedrevive", "dd-fedrevive"):
-        return _build_fedrevive(name, dict(params), resources)
+        return _build_fedrevive(name, dict(params), resources, **flower_options)
     if name == "gi-compensation":
         if resources.train_config is None:
             raise ValueError("gi-compensation needs the clients' local-training config to replay it")
         return GICompensation(resources.make_model, tuple(resources.x_train.shape[1:]), resources.num_classes,
-                              LocalProgram.from_message_config(resources.train_config), seed=resources.seed, **params)
+                              LocalProgram.from_message_config(resources.train_config), seed=resources.seed, **params,
+                              **flower_options)
     if name == "fedecho":
         params = dict(params)
         unlabeled = distillation_inputs(params["distill_set"], resources.x_train, resources.y_train,
                                         params["distill_size"], resources.seed, data_dir=resources.data_dir,
                                         holdout_fraction=resources.server_holdout)
-        return FedEcho(resources.make_model, unlabeled, seed=resources.seed, **params)
+        return FedEcho(resources.make_model, unlabeled, seed=resources.seed, **params, **flower_options)
     if name == "fedadt":
         params = dict(params)
         rows = server_rows(resources.y_train, params.pop("server_fraction"), resources.seed)
         server_set = ServerSet(resources.x_train[rows], resources.y_train[rows])
-        return FedADT(resources.make_model, server_set, seed=resources.seed, **params)
+        return FedADT(resources.make_model, server_set, seed=resources.seed, **params, **flower_options)
     if name not in _REGISTRY:
         valid = list(_REGISTRY) + [n for n in NEEDS_RESOURCES if n not in _REGISTRY]
         raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(valid)}")
-    return _REGISTRY[name](**params)
+    return _REGISTRY[name](**params, **flower_options)
 
 
 __all__ = [

@@ -85,6 +85,16 @@ class Strategy(ABC):
         self._flower = FlowerOptions(**flower_options)
 
     @property
+    def name(self) -> str:
+        """What runs call this strategy (``summary.json``'s ``strategy``): the class name unless set
+        (the built-in app sets its run-config name, e.g. ``fedbuff``)."""
+        return self.__dict__.get("_name") or type(self).__name__
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+
+    @property
     def flower(self) -> FlowerOptions:
         """The Flower ``FedAvg`` options this strategy was built with (defaults when none were given)."""
         return self.__dict__.get("_flower", _DEFAULT_OPTIONS)
@@ -136,6 +146,15 @@ class Strategy(ABC):
         output_dir: str | None = None,
         run_name: str = "",
         emulate_delay_scale: float = 0.0,
+        evaluate_every_time: float = 0.0,
+        target_accuracy: tuple[float, ...] = (),
+        progress: bool = False,
+        overlap_server_compute: bool = False,
+        server_time_scale: float = 0.0,
+        round_deadline: float = 0.0,
+        pipeline_late_clients: bool = False,
+        wait_for_nodes: float | None = None,
+        run_config: dict | None = None,
     ) -> "AsyncResult":
         """Run this strategy asynchronously on ``grid``; Flower's ``Strategy.start`` signature plus async knobs.
 
@@ -176,6 +195,28 @@ class Strategy(ABC):
             Wall clock only: each train request carries ``emulate-seconds`` = a duration drawn
             from ``delays`` times this scale; ClientApps that call
             :func:`asyncfl.client_app.extras.pad_to_emulated_duration` take that long (0 = off).
+        evaluate_every_time : float
+            Also evaluate at every multiple of this clock time (virtual units or wall seconds; 0 = off).
+            With it, ``evaluate_every=0`` evaluates on the clock only.
+        target_accuracy : tuple of float
+            Accuracies whose first clock time is reported in the summary (``time-to-target``).
+        progress : bool
+            Log a progress line every 2 s (needs ``output_dir``).
+        overlap_server_compute : bool
+            Dispatch the freed slot's next job before the server update (FedRevive Sec. 2.3): server
+            compute hidden from clients, one more version of staleness.
+        server_time_scale : float
+            Virtual clock: charge server compute to the clock at this many units per second (0 = free,
+            the papers' convention; > 0 makes runs depend on the machine's speed).
+        round_deadline : float
+            Synchronous strategies, virtual clock: a round closes at its start + this, later jobs arrive
+            stale in a later round (the gradient-inversion paper's semi-asynchronous setting; 0 = off).
+        pipeline_late_clients : bool
+            With ``round_deadline``: a late client may train again while its late job is out.
+        wait_for_nodes : float, optional
+            Seconds to wait for ``concurrency`` nodes to connect (default ``min(timeout, 60)``).
+        run_config : dict, optional
+            What ``config.json`` records (default: the strategy's name, Flower options and engine settings).
 
         Returns
         -------
@@ -190,5 +231,8 @@ class Strategy(ABC):
             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn, max_arrivals=max_arrivals,
             max_time=max_time, concurrency=concurrency, clock=clock, delays=delays, seed=seed,
             evaluate_every=evaluate_every, output_dir=output_dir, run_name=run_name,
-            emulate_delay_scale=emulate_delay_scale,
+            emulate_delay_scale=emulate_delay_scale, evaluate_every_time=evaluate_every_time,
+            target_accuracy=target_accuracy, progress=progress, overlap_server_compute=overlap_server_compute,
+            server_time_scale=server_time_scale, round_deadline=round_deadline,
+            pipeline_late_clients=pipeline_late_clients, wait_for_nodes_s=wait_for_nodes, run_config=run_config,
         )
