@@ -17,12 +17,8 @@ from asyncfl.models.zoo import MODELS
 from asyncfl.simulation.categories import RuntimeCategories
 from asyncfl.decentralized.settings import GOSSIP_METHODS, GossipConfig
 from asyncfl.simulation.intertwined import IntertwinedDelays
-from asyncfl.strategies.gi.inversion import InversionConfig
-from asyncfl.strategies.gi.switching import SWITCH_RULES
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
 from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
-from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
-from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
 
 STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho", "fedrevive",
               "dd-fedrevive", "stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation") + GOSSIP_METHODS
@@ -213,6 +209,10 @@ def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCate
 
 
 def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
+    # server side only: a ClientApp parses with strategy_settings=False and never imports the strategies
+    from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
+    from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
+
     if strategy == "fedavg":
         return {"server_lr": float(cfg["fedavg.server-lr"])}
     if strategy == "fedasync":
@@ -290,6 +290,9 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
 
 def _semi_async_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
     """FedAvg-based baselines of the gradient-inversion paper; they share ``fedavg.server-lr``."""
+    from asyncfl.strategies.gi.inversion import InversionConfig
+    from asyncfl.strategies.gi.switching import SWITCH_RULES
+
     params: dict[str, Any] = {"server_lr": _positive("fedavg.server-lr", float(cfg["fedavg.server-lr"]))}
     if strategy == "stale-weighted":
         params["a"] = _positive("stale-weighted.a", float(cfg["stale-weighted.a"]), allow_zero=True)
@@ -352,6 +355,8 @@ def _fedecho_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fedrevive_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
+    from asyncfl.strategies.staleness import BETA_SCHEDULES
+
     p = "fedrevive."
     beta_constant = float(cfg[p + "beta-constant"])
     meta_lambda = float(cfg[p + "meta-lambda"])
@@ -384,8 +389,11 @@ def _fedrevive_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
     }
 
 
-def parse_run_config(cfg: Mapping[str, Any]) -> RunConfig:
+def parse_run_config(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     """Validate Flower's flat ``context.run_config`` into a :class:`RunConfig`.
+
+    ``strategy_settings=False`` (the ClientApp) skips the server strategy's own keys, so a
+    client process never imports the server-side methods; ``strategy_params`` is then empty.
 
     Raises
     ------
@@ -393,12 +401,12 @@ def parse_run_config(cfg: Mapping[str, Any]) -> RunConfig:
         For a missing key or an invalid value, naming the valid choices.
     """
     try:
-        return _parse(cfg)
+        return _parse(cfg, strategy_settings)
     except KeyError as exc:
         raise ConfigError(f"run-config lacks key {exc.args[0]!r}; every knob needs a default in pyproject.toml") from exc
 
 
-def _parse(cfg: Mapping[str, Any]) -> RunConfig:
+def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     strategy = _choice("strategy", str(cfg["strategy"]), STRATEGIES)
     data = DataConfig(
         dataset=_choice("dataset", str(cfg["dataset"]), DATASETS),
@@ -453,7 +461,8 @@ def _parse(cfg: Mapping[str, Any]) -> RunConfig:
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
     gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None
     drift = _drift(cfg, data, gossip)
-    return RunConfig(strategy, _strategy_params(cfg, strategy), data, train, engine, output, gossip, drift)
+    params = _strategy_params(cfg, strategy) if strategy_settings else {}
+    return RunConfig(strategy, params, data, train, engine, output, gossip, drift)
 
 
 def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None) -> DriftConfig:

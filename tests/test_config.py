@@ -125,3 +125,21 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
                                "round-deadline": 1.0})
     assert parsed.engine.round_deadline == 1.0 and parsed.engine.delays.staleness == 40
     assert parsed.strategy_params["inversion"].keep_fraction == 0.05
+
+
+def test_the_clientapp_does_not_import_the_server_strategies():
+    # A ClientApp process parses only what it needs; the server-side methods stay out of it.
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncfl.client_app.app; "
+            "print(sorted(m for m in sys.modules if m.startswith('asyncfl.strategies') or m.startswith('asyncfl.server_app')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_clientapp_parse_skips_strategy_keys_but_not_shared_ones():
+    cfg = parse_run_config(defaults(**{"fedbuff.buffer-size": 0}), strategy_settings=False)
+    assert cfg.strategy_params == {}
+    with pytest.raises(ConfigError, match="optimizer"):
+        parse_run_config(defaults(optimizer="lion"), strategy_settings=False)

@@ -44,7 +44,7 @@ def _load(model: torch.nn.Module, record: ArrayRecord) -> None:
 def _prepare(msg: Message, context: Context):
     """Parse the run-config, fetch this node's data and load the received model."""
     _threads(context)
-    cfg = parse_run_config(context.run_config)
+    cfg = parse_run_config(context.run_config, strategy_settings=False)
     partition_id, num_partitions = _node_ids(context)
     data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
     model = node_model(cfg.data, data, cfg.engine.seed)
@@ -127,7 +127,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 def gossip(msg: Message, context: Context) -> Message:
     """One decentralized compute event (PushCen-ADFL or a gossip baseline) for the gossip relay."""
     _threads(context)
-    cfg = parse_run_config(context.run_config)
+    cfg = parse_run_config(context.run_config, strategy_settings=False)
     partition_id, num_partitions = _node_ids(context)
     data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
     return gossip_event(msg, context, cfg, data, node_model(cfg.data, data, cfg.engine.seed))
@@ -139,7 +139,7 @@ def identify(msg: Message, context: Context) -> Message:
     its training-set size (for delay models tied to data size) and, only when asked, its label
     counts (for the ``intertwined`` delay model, which delays the biggest holders of one class)."""
     partition_id, num_partitions = _node_ids(context)
-    cfg = parse_run_config(context.run_config)
+    cfg = parse_run_config(context.run_config, strategy_settings=False)
     data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
     return identity_reply(msg, context, len(data.y_train),
                           lambda: np.bincount(data.y_train, minlength=data.num_classes))
