@@ -28,6 +28,7 @@ _PUBLIC = {
     "FedADT": "asyncfl.strategies.fedadt",
     "FedEcho": "asyncfl.strategies.fedecho",
     "FedRevive": "asyncfl.strategies.fedrevive",
+    "DDFedRevive": "asyncfl.strategies.fedrevive",
     "GICompensation": "asyncfl.strategies.gi",
     "StaleWeighted": "asyncfl.strategies.stale_compensation",
     "DCASGD": "asyncfl.strategies.stale_compensation",

@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.serverapp.strategy import Result
 
 import asyncfl
-from asyncfl import FedADT, FedAvg, FedBuff, FedEcho, FedRevive, GICompensation
+from asyncfl import DDFedRevive, FedADT, FedAvg, FedBuff, FedEcho, FedRevive, GICompensation
 from asyncfl.simulation.delays import ComponentDelay, DelayModel
 from tests.fake_grid import FakeGrid
 
@@ -56,7 +56,7 @@ def server_evaluate(version: int, arrays: ArrayRecord) -> MetricRecord:
 
 def test_public_names_are_importable_from_asyncfl():
     for name in ("FedAvg", "FedAsync", "FedBuff", "AFLDW", "CA2FL", "FADAS", "FedFa", "FedADT", "FedEcho",
-                 "FedRevive", "GICompensation", "StaleWeighted", "DCASGD", "WPred", "AsynTiers"):
+                 "FedRevive", "DDFedRevive", "GICompensation", "StaleWeighted", "DCASGD", "WPred", "AsynTiers"):
         assert isinstance(getattr(asyncfl, name), type), name
     with pytest.raises(AttributeError):
         asyncfl.NoSuchStrategy
@@ -254,6 +254,11 @@ def test_fedadt_takes_labeled_server_data_as_a_pair():
     (lambda: FedADT(model_fn=UserNet, server_data="data.csv"), "server_data"),
     (lambda: FedADT(model_fn=UserNet, server_data=(np.zeros((3, 2)), np.zeros(2))), "as many labels"),
     (lambda: FedRevive(model_fn=UserNet, num_classes=3, input_shape=(2,)), "input_shape"),
+    (lambda: DDFedRevive(model_fn=UserNet, num_classes=3, input_shape=(1, 1, 2), server_data=None,
+                         label_proportions=lambda c, n: [1, 1, 1]), "server_data"),
+    (lambda: DDFedRevive(model_fn=UserNet, num_classes=3, input_shape=(1, 1, 2),
+                         server_data=(np.zeros((2, 1, 1, 2)), np.zeros(2)), label_proportions=None),
+     "label_proportions"),
     (lambda: GICompensation(model_fn=UserNet, input_shape=(2,), num_classes=3, local_program=None),
      "local_program"),
 ])
@@ -270,3 +275,11 @@ def test_clock_scheduled_evaluation_as_the_builtin_app_uses_it(tmp_path):
         output_dir=str(tmp_path), run_name="clock")
     rows = (tmp_path / "clock" / "metrics.csv").read_text().splitlines()[1:]
     assert [float(r.split(",")[0]) for r in rows] == [0.0, 2.0, 4.0]
+
+
+def test_dd_fedrevive_distils_on_the_server_data_it_is_given():
+    x, y = np.zeros((6, 1, 4, 4), np.float32), np.array([0, 1, 2, 0, 1, 2])
+    strategy = DDFedRevive(model_fn=lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)),
+                           num_classes=3, input_shape=(1, 4, 4), server_data=(x, y),
+                           label_proportions=lambda c, n: [1, 1, 1])
+    assert strategy.data_driven and len(strategy.pool) == 6

@@ -43,7 +43,7 @@ from torch.nn import functional as F
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.base import Arrival, Strategy
-from asyncfl.strategies.user_inputs import checked_model_fn
+from asyncfl.strategies.user_inputs import checked_model_fn, labeled_arrays
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
@@ -247,3 +247,33 @@ class FedRevive(Strategy):
             "ms-per-synthesis-round": round(1000.0 * self.seconds["synthesis"] / max(self.synthesis_rounds, 1), 1),
             "ms-per-kd-update": round(1000.0 * self.seconds["distillation"] / max(self.kd_updates, 1), 1),
         }
+
+
+class DDFedRevive(FedRevive):
+    """DD-FedRevive: the FedRevive paper's data-driven upper bound.
+
+    As :class:`FedRevive`, but the KD pool is real labeled server data instead of
+    synthesised samples, and the teachers are weighted by the clients' true label
+    proportions instead of the noise-probe proxies (the paper sets ``beta`` constant 0.5:
+    ``config=ReviveConfig(beta="constant", beta_constant=0.5)``).
+
+    Parameters
+    ----------
+    model_fn, num_classes, input_shape, config, seed
+        As for :class:`FedRevive`.
+    server_data : (x, y) or Dataset
+        The server's labeled distillation data.
+    label_proportions : callable
+        ``(client index, number of clients) -> label histogram``; client indices are the
+        nodes' partition ids when their ClientApps answer the identity query.
+    """
+
+    def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
+                 server_data: Any, label_proportions: Callable[[int, int], np.ndarray],
+                 config: ReviveConfig = ReviveConfig(), seed: int = 0, **flower_options: Any) -> None:
+        holdout = labeled_arrays(server_data, "DDFedRevive", "server_data")
+        if not callable(label_proportions):
+            raise ValueError("DDFedRevive needs label_proportions: a callable (client index, number of clients) -> "
+                             f"label histogram, got {type(label_proportions).__name__}")
+        super().__init__(model_fn, num_classes, input_shape, config, seed, holdout=holdout,
+                         true_proportions=label_proportions, **flower_options)
