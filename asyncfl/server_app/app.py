@@ -17,7 +17,7 @@ from asyncfl.client_app.task import node_data
 from asyncfl.config import RunConfig, parse_run_config
 from asyncfl.data import load_dataset
 from asyncfl.models import build_model
-from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, EvaluateFn
+from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, RecordEvaluator
 from asyncfl.server_app.relay import GossipRelay
 from asyncfl.strategies import StrategyResources, build_strategy
 
@@ -99,7 +99,7 @@ def main(grid: Grid, context: Context) -> None:
              cfg.data.dataset, cfg.data.model, engine.clock, engine.concurrency, folder)
     result = strategy.start(
         grid, initial_arrays, num_rounds=0, timeout=engine.job_timeout,
-        train_config=ConfigRecord(cfg.train.to_message_config()), evaluate_fn=EvaluateFn(evaluator),
+        train_config=ConfigRecord(cfg.train.to_message_config()), evaluate_fn=RecordEvaluator(evaluator),
         max_arrivals=engine.max_arrivals, max_time=engine.max_virtual_time, concurrency=engine.concurrency,
         clock=engine.clock, delays=engine.delays, seed=engine.seed, evaluate_every=0,
         evaluate_every_time=engine.eval_every, target_accuracy=engine.target_accuracy, progress=engine.progress,

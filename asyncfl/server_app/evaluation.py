@@ -57,7 +57,7 @@ class DriftingEvaluator(CentralEvaluator):
         return count
 
 
-class EvaluateFn:
+class RecordEvaluator:
     """A :class:`CentralEvaluator` as a Flower ``evaluate_fn(version, ArrayRecord) -> MetricRecord``.
 
     The record carries ``accuracy``, ``loss`` and ``class-accuracy`` (a list, NaN for classes
