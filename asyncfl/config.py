@@ -277,6 +277,8 @@ def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
         return {}
     if strategy in ("stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation"):
         return _semi_async_params(cfg, strategy)
+    if strategy != "afl-dw":  # a name added to STRATEGIES without its settings here must not pass as AFL-DW
+        raise ConfigError(f"strategy={strategy!r} has no run-config settings; valid: {', '.join(STRATEGIES)}")
     beta_constant = float(cfg["afl-dw.beta-constant"])
     if not 0.0 <= beta_constant <= 1.0:
         raise ConfigError(f"afl-dw.beta-constant={beta_constant} must be in [0, 1]")

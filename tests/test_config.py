@@ -143,3 +143,11 @@ def test_clientapp_parse_skips_strategy_keys_but_not_shared_ones():
     assert cfg.strategy_params == {}
     with pytest.raises(ConfigError, match="optimizer"):
         parse_run_config(defaults(optimizer="lion"), strategy_settings=False)
+
+
+def test_a_strategy_name_without_settings_is_not_parsed_as_afl_dw(monkeypatch):
+    import asyncfl.config as config
+
+    monkeypatch.setattr(config, "STRATEGIES", config.STRATEGIES + ("newmethod",))
+    with pytest.raises(ConfigError, match="newmethod"):
+        parse_run_config(defaults(strategy="newmethod"))
