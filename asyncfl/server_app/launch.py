@@ -181,9 +181,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
     codec, initial = codec_and_model(initial_arrays)
     options = strategy.flower
     name = strategy.name
-    nodes = wait_for_nodes(grid, options.min_available_nodes, min(timeout, NODE_WAIT_CAP_S))
+    nodes = wait_for_nodes(grid, options.min_available_nodes, node_wait)
     config = replace(config, concurrency=concurrency if concurrency is not None else options.train_nodes(len(nodes)))
-    in_flight = config.concurrency
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(options.weighted_by_key, options.train_metrics_aggr_fn)
     federated = (FederatedEvaluation(grid, options, dict(evaluate_config or {}), seed, timeout)
@@ -198,7 +197,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
     if server_eval is not None:
         server_eval.version = lambda: engine.versions.version
     flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
-             clock, in_flight, len(nodes), _stops_text(num_rounds, max_arrivals, max_time))
+             clock, config.concurrency, len(nodes), _stops_text(num_rounds, max_arrivals, max_time))
     started = time.monotonic()
 
     affected = getattr(delay_model, "affected_class", None)  # the intertwined scenario's late class
