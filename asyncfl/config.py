@@ -1,8 +1,11 @@
 """Run configuration: parse Flower's flat run-config once into frozen dataclasses.
 
-Every key has a default in ``pyproject.toml`` (Flower rejects unknown keys).
-Validation happens here, before any work starts, with messages that name the
-valid choices.
+This module holds the keys every run shares (data, local training, engine, output);
+each strategy's own keys (``fedbuff.*``) are parsed by its config dataclass, beside
+the strategy class (:mod:`asyncfl.strategies.settings`), found through
+:mod:`asyncfl.strategies.registry`. Every key has a default in ``pyproject.toml``
+(Flower rejects unknown keys). Validation happens once, before any work starts,
+with messages that name the valid choices.
 """
 
 from __future__ import annotations
@@ -19,19 +22,15 @@ from asyncfl.decentralized.settings import GOSSIP_METHODS, GossipConfig
 from asyncfl.simulation.intertwined import IntertwinedDelays
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
 from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
+from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
+from asyncfl.strategies.settings import ConfigError, StrategyConfig
 
-STRATEGIES = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho", "fedrevive",
-              "dd-fedrevive", "stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation") + GOSSIP_METHODS
-REVIVE_PROPORTIONS = ("proxy", "true")
-#: FedEcho's unlabeled distillation sets: a cross-dataset set or the server's hold-out rows.
-DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
-_CHANNELS = {"mnist5k": 1, "digits": 1, "mnist": 1, "fashion-mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
+STRATEGIES = tuple(STRATEGY_CLASSES) + GOSSIP_METHODS
 CLOCKS = ("virtual", "wall")
 OPTIMIZERS = ("sgd", "adam")
 
-
-class ConfigError(ValueError):
-    """A run-config value is invalid; the message says which and what is valid."""
+__all__ = ["ConfigError", "DataConfig", "EngineConfig", "OutputConfig", "RunConfig", "TrainConfig",
+           "parse_run_config", "STRATEGIES", "CLOCKS", "OPTIMIZERS"]
 
 
 def _choice(key: str, value: str, valid: tuple[str, ...]) -> str:
@@ -150,7 +149,7 @@ class RunConfig:
     """The whole run-config, typed."""
 
     strategy: str
-    strategy_params: Mapping[str, Any]
+    strategy_config: StrategyConfig | None  # the strategy's own keys; None for gossip methods and in a ClientApp
     data: DataConfig
     train: TrainConfig
     engine: EngineConfig
@@ -160,9 +159,7 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (for ``config.json``)."""
-        out = asdict(self)
-        out["strategy_params"] = dict(self.strategy_params)
-        return out
+        return asdict(self)
 
 
 def _parse_targets(text: str) -> tuple[float, ...]:
@@ -208,194 +205,11 @@ def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCate
     return preset, DelayModel(**parts)
 
 
-def _strategy_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
-    # server side only: a ClientApp parses with strategy_settings=False and never imports the strategies
-    from asyncfl.strategies.fedbuff import STALENESS_WEIGHTINGS
-    from asyncfl.strategies.staleness import BETA_SCHEDULES, FEDASYNC_STALENESS_FUNCTIONS
-
-    if strategy == "fedavg":
-        return {"server_lr": float(cfg["fedavg.server-lr"])}
-    if strategy == "fedasync":
-        alpha = float(cfg["fedasync.alpha"])
-        if not 0.0 < alpha <= 1.0:
-            raise ConfigError(f"fedasync.alpha={alpha} must be in (0, 1]")
-        return {
-            "alpha": alpha,
-            "staleness": _choice("fedasync.staleness", str(cfg["fedasync.staleness"]), FEDASYNC_STALENESS_FUNCTIONS),
-            "a": _positive("fedasync.a", float(cfg["fedasync.a"]), allow_zero=True),
-            "b": _positive("fedasync.b", float(cfg["fedasync.b"]), allow_zero=True),
-        }
-    if strategy == "fedbuff":
-        return {
-            "buffer_size": _at_least_one("fedbuff.buffer-size", int(cfg["fedbuff.buffer-size"])),
-            "server_lr": _positive("fedbuff.server-lr", float(cfg["fedbuff.server-lr"])),
-            "staleness_weighting": _choice(
-                "fedbuff.staleness-weighting", str(cfg["fedbuff.staleness-weighting"]), STALENESS_WEIGHTINGS
-            ),
-        }
-    if strategy == "ca2fl":
-        return {
-            "buffer_size": _at_least_one("ca2fl.buffer-size", int(cfg["ca2fl.buffer-size"])),
-            "server_lr": _positive("ca2fl.server-lr", float(cfg["ca2fl.server-lr"])),
-        }
-    if strategy == "fadas":
-        beta1, beta2 = float(cfg["fadas.beta1"]), float(cfg["fadas.beta2"])
-        for key, value in (("fadas.beta1", beta1), ("fadas.beta2", beta2)):
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"{key}={value} must be in [0, 1)")
-        return {
-            "buffer_size": _at_least_one("fadas.buffer-size", int(cfg["fadas.buffer-size"])),
-            "server_lr": _positive("fadas.server-lr", float(cfg["fadas.server-lr"])),
-            "beta1": beta1,
-            "beta2": beta2,
-            "eps": _positive("fadas.eps", float(cfg["fadas.eps"])),
-            "tau_c": int(_positive("fadas.tau-c", int(cfg["fadas.tau-c"]), allow_zero=True)),
-        }
-    if strategy == "fedadt":
-        fraction = float(cfg["fedadt.server-fraction"])
-        if not 0.0 < fraction < 1.0:
-            raise ConfigError(f"fedadt.server-fraction={fraction} must be in (0, 1)")
-        alpha_min, alpha_max = float(cfg["fedadt.alpha-min"]), float(cfg["fedadt.alpha-max"])
-        if not 0.0 <= alpha_min <= alpha_max <= 1.0:
-            raise ConfigError(f"need 0 <= fedadt.alpha-min ({alpha_min}) <= fedadt.alpha-max ({alpha_max}) <= 1")
-        return {
-            "server_fraction": fraction,
-            "temperature": _positive("fedadt.temperature", float(cfg["fedadt.temperature"])),
-            "alpha_min": alpha_min,
-            "alpha_max": alpha_max,
-            "t_g": _at_least_one("fedadt.t-g", int(cfg["fedadt.t-g"])),
-            "kd_lr": _positive("fedadt.kd-lr", float(cfg["fedadt.kd-lr"])),
-            "kd_batch_size": _at_least_one("fedadt.kd-batch-size", int(cfg["fedadt.kd-batch-size"])),
-        }
-    if strategy == "fedecho":
-        return _fedecho_params(cfg)
-    if strategy in ("fedrevive", "dd-fedrevive"):
-        return _fedrevive_params(cfg, strategy)
-    if strategy == "fedfa":
-        return {"queue_size": _at_least_one("fedfa.queue-size", int(cfg["fedfa.queue-size"]))}
-    if strategy in GOSSIP_METHODS:
-        return {}
-    if strategy in ("stale-weighted", "dc-asgd", "w-pred", "asyn-tiers", "gi-compensation"):
-        return _semi_async_params(cfg, strategy)
-    if strategy != "afl-dw":  # a name added to STRATEGIES without its settings here must not pass as AFL-DW
-        raise ConfigError(f"strategy={strategy!r} has no run-config settings; valid: {', '.join(STRATEGIES)}")
-    beta_constant = float(cfg["afl-dw.beta-constant"])
-    if not 0.0 <= beta_constant <= 1.0:
-        raise ConfigError(f"afl-dw.beta-constant={beta_constant} must be in [0, 1]")
-    return {
-        "server_lr": _positive("afl-dw.server-lr", float(cfg["afl-dw.server-lr"])),
-        "beta": _choice("afl-dw.beta", str(cfg["afl-dw.beta"]), BETA_SCHEDULES),
-        "tau_max": _positive("afl-dw.tau-max", float(cfg["afl-dw.tau-max"])),
-        "beta_constant": beta_constant,
-    }
-
-
-def _semi_async_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
-    """FedAvg-based baselines of the gradient-inversion paper; they share ``fedavg.server-lr``."""
-    from asyncfl.strategies.gi.inversion import InversionConfig
-    from asyncfl.strategies.gi.switching import SWITCH_RULES
-
-    params: dict[str, Any] = {"server_lr": _positive("fedavg.server-lr", float(cfg["fedavg.server-lr"]))}
-    if strategy == "stale-weighted":
-        params["a"] = _positive("stale-weighted.a", float(cfg["stale-weighted.a"]), allow_zero=True)
-        params["b"] = float(cfg["stale-weighted.b"])
-    elif strategy == "dc-asgd":
-        params["lam"] = _positive("dc-asgd.lambda", float(cfg["dc-asgd.lambda"]), allow_zero=True)
-    elif strategy == "w-pred":
-        params["lam"] = _positive("w-pred.lambda", float(cfg["w-pred.lambda"]), allow_zero=True)
-        params["beta"] = float(cfg["w-pred.beta"])
-        if not 0.0 <= params["beta"] < 1.0:
-            raise ConfigError(f"w-pred.beta={params['beta']} must be in [0, 1)")
-    elif strategy == "asyn-tiers":
-        params["boundary"] = int(_positive("asyn-tiers.boundary", int(cfg["asyn-tiers.boundary"]), allow_zero=True))
-    else:
-        try:
-            params["inversion"] = InversionConfig(
-                rec_fraction=float(cfg["gi.rec-fraction"]), max_rec=int(cfg["gi.max-rec"]),
-                iterations=int(cfg["gi.iterations"]), warm_iterations=int(cfg["gi.warm-iterations"]),
-                lr=float(cfg["gi.lr"]), keep_fraction=float(cfg["gi.keep-fraction"]))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        params["switch_window"] = _positive("gi.switch-window", float(cfg["gi.switch-window"]), allow_zero=True)
-        params["switch_rule"] = _choice("gi.switch-rule", str(cfg["gi.switch-rule"]), SWITCH_RULES)
-        params["switch_comparisons"] = _at_least_one("gi.switch-comparisons", int(cfg["gi.switch-comparisons"]))
-        params["uniqueness"] = bool(cfg["gi.uniqueness"])
-    return params
-
-
-def _fedecho_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    alpha_min, alpha_max = float(cfg["fedecho.alpha-min"]), float(cfg["fedecho.alpha-max"])
-    if not 0.0 <= alpha_min <= alpha_max <= 1.0:
-        raise ConfigError(f"need 0 <= fedecho.alpha-min ({alpha_min}) <= fedecho.alpha-max ({alpha_max}) <= 1 "
-                          "(equal values give a fixed alpha)")
-    distill_set = _choice("fedecho.distill-set", str(cfg["fedecho.distill-set"]), DISTILL_SETS)
-    dataset = str(cfg["dataset"])
-    if distill_set == "holdout" and not float(cfg["server-holdout"]) > 0.0:
-        raise ConfigError("fedecho.distill-set='holdout' needs server-holdout > 0 (the fraction of the training "
-                          "split the server keeps and the clients never see)")
-    if distill_set == "digits" and _CHANNELS[dataset] != 1:
-        raise ConfigError(f"fedecho.distill-set='digits' is grayscale; dataset {dataset!r} has "
-                          f"{_CHANNELS[dataset]} channels: use cifar10/cifar100 or holdout")
-    if distill_set in ("cifar10", "cifar100") and (_CHANNELS[dataset] != 3 or distill_set == dataset):
-        raise ConfigError(f"fedecho.distill-set={distill_set!r} needs another 3-channel 32x32 dataset "
-                          f"(cifar10, cifar100, svhn), not {dataset!r}")
-    if distill_set == "digits" and dataset == "digits":
-        raise ConfigError("fedecho.distill-set='digits' with dataset 'digits' would distil on the clients' own "
-                          "data: use holdout")
-    return {
-        "buffer_size": _at_least_one("fedecho.buffer-size", int(cfg["fedecho.buffer-size"])),
-        "server_lr": _positive("fedecho.server-lr", float(cfg["fedecho.server-lr"])),
-        "distill_set": distill_set,
-        "distill_size": _at_least_one("fedecho.distill-size", int(cfg["fedecho.distill-size"])),
-        "distill_steps": int(_positive("fedecho.distill-steps", int(cfg["fedecho.distill-steps"]), allow_zero=True)),
-        "distill_batch_size": _at_least_one("fedecho.distill-batch-size", int(cfg["fedecho.distill-batch-size"])),
-        "distill_lr": _positive("fedecho.distill-lr", float(cfg["fedecho.distill-lr"])),
-        "alpha_min": alpha_min,
-        "alpha_max": alpha_max,
-        "clip": _positive("fedecho.clip", float(cfg["fedecho.clip"])),
-    }
-
-
-def _fedrevive_params(cfg: Mapping[str, Any], strategy: str) -> dict[str, Any]:
-    from asyncfl.strategies.staleness import BETA_SCHEDULES
-
-    p = "fedrevive."
-    beta_constant = float(cfg[p + "beta-constant"])
-    meta_lambda = float(cfg[p + "meta-lambda"])
-    if not 0.0 <= beta_constant <= 1.0:
-        raise ConfigError(f"fedrevive.beta-constant={beta_constant} must be in [0, 1]")
-    if not 0.0 < meta_lambda <= 1.0:
-        raise ConfigError(f"fedrevive.meta-lambda={meta_lambda} must be in (0, 1]")
-    if strategy == "dd-fedrevive" and not float(cfg["server-holdout"]) > 0.0:
-        raise ConfigError("strategy 'dd-fedrevive' distils on real labeled server data: set server-holdout > 0")
-    positive = {key: _positive(p + key, float(cfg[p + key])) for key in
-                ("server-lr", "tau-max", "t-probe", "kd-lr", "temperature", "generator-lr", "latent-lr")}
-    counts = {key: _at_least_one(p + key, int(cfg[p + key])) for key in
-              ("buffer-size", "t-est", "t-gen", "kd-steps", "kd-batch-size", "pool-capacity", "latent-dim",
-               "synth-batch-size", "synth-steps")}
-    starts = {key: int(_positive(p + key, int(cfg[p + key]), allow_zero=True)) for key in ("synth-start", "kd-start")}
-    alphas = {key: _positive(p + key, float(cfg[p + key]), allow_zero=True) for key in
-              ("alpha-target", "alpha-feature", "alpha-adv")}
-    return {
-        "server_lr": positive["server-lr"], "beta": _choice(p + "beta", str(cfg[p + "beta"]), BETA_SCHEDULES),
-        "tau_max": positive["tau-max"], "beta_constant": beta_constant, "buffer_size": counts["buffer-size"],
-        "t_est": counts["t-est"], "t_probe": positive["t-probe"], "t_gen": counts["t-gen"],
-        "synth_start": starts["synth-start"], "kd_start": starts["kd-start"], "kd_steps": counts["kd-steps"],
-        "kd_batch_size": counts["kd-batch-size"], "kd_lr": positive["kd-lr"], "temperature": positive["temperature"],
-        "pool_capacity": counts["pool-capacity"], "latent_dim": counts["latent-dim"],
-        "synth_batch_size": counts["synth-batch-size"], "synth_steps": counts["synth-steps"],
-        "generator_lr": positive["generator-lr"], "latent_lr": positive["latent-lr"],
-        "alpha_target": alphas["alpha-target"], "alpha_feature": alphas["alpha-feature"],
-        "alpha_adv": alphas["alpha-adv"], "meta_lambda": meta_lambda,
-        "proportions": _choice(p + "proportions", str(cfg[p + "proportions"]), REVIVE_PROPORTIONS),
-    }
-
-
 def parse_run_config(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     """Validate Flower's flat ``context.run_config`` into a :class:`RunConfig`.
 
     ``strategy_settings=False`` (the ClientApp) skips the server strategy's own keys, so a
-    client process never imports the server-side methods; ``strategy_params`` is then empty.
+    client process never imports the server-side methods; ``strategy_config`` is then ``None``.
 
     Raises
     ------
@@ -436,9 +250,6 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     )
     if train.local_steps == 0 and train.local_epochs == 0:
         raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
-    if strategy == "gi-compensation" and train.optimizer != "sgd":
-        raise ConfigError("gi-compensation replays the clients' SGD program (the paper: inversion fails under Adam); "
-                          f"set optimizer = 'sgd' (got {train.optimizer!r})")
     delay_preset, delays = _parse_delays(cfg)
     engine = EngineConfig(
         clock=_choice("clock", str(cfg["clock"]), CLOCKS),
@@ -463,8 +274,10 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
     gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None
     drift = _drift(cfg, data, gossip)
-    params = _strategy_params(cfg, strategy) if strategy_settings else {}
-    return RunConfig(strategy, params, data, train, engine, output, gossip, drift)
+    strategy_config = None
+    if strategy_settings and strategy in STRATEGY_CLASSES:
+        strategy_config = strategy_class(strategy).config_class.from_run_config(cfg)
+    return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift)
 
 
 def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None) -> DriftConfig:

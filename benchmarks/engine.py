@@ -41,7 +41,8 @@ from asyncfl.server_app.codec import ModelCodec  # noqa: E402
 from asyncfl.server_app.engine import AsyncEngine  # noqa: E402
 from asyncfl.server_app.evaluation import state_as_numpy  # noqa: E402
 from asyncfl.simulation.presets import DELAY_PRESETS  # noqa: E402
-from asyncfl.strategies import StrategyResources, build_strategy  # noqa: E402
+from asyncfl.strategies.registry import strategy_class  # noqa: E402
+from asyncfl.strategies.resources import StrategyResources  # noqa: E402
 
 
 def _train_jobs(jobs: int) -> float:
@@ -133,25 +134,21 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
     model = build_model("cnn", (1, 28, 28), 10, seed=0)
     state = state_as_numpy(model)
     codec = ModelCodec.from_state(state)
-    params = {"fedavg": {"server_lr": 1.0}, "fedasync": {"alpha": 0.6, "staleness": "polynomial", "a": 0.5, "b": 4.0},
-              "fedbuff": {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"},
-              "afl-dw": {"server_lr": 0.5, "beta": "cosine", "tau_max": 150.0, "beta_constant": 0.5},
-              "ca2fl": {"buffer_size": 5, "server_lr": 1.0},
-              "fadas": {"buffer_size": 5, "server_lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "tau_c": 5},
-              "fedfa": {"queue_size": 10},
-              "fedadt": {"server_fraction": 0.005, "temperature": 3.0, "alpha_min": 0.2, "alpha_max": 0.6,
-                         "t_g": 1000, "kd_lr": 0.01, "kd_batch_size": 32},
-              "fedecho": {"buffer_size": 5, "server_lr": 1.0, "distill_set": "digits", "distill_size": 1000,
-                          "distill_steps": 10, "distill_batch_size": 64, "distill_lr": 1e-4, "alpha_min": 0.2,
-                          "alpha_max": 0.8, "clip": 5.0}}
+    from flwr.common.config import flatten_dict, get_project_config
+
+    # the built-in app's defaults (pyproject.toml), as a default run would configure each strategy
+    run_config = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
+    names = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho")
     distilling = {"fedadt", "fedecho"}  # ~100x the server work per arrival: fewer arrivals suffice
     data = load_dataset("mnist5k", "", 0.2, 42)
     resources = StrategyResources(lambda: build_model("cnn", (1, 28, 28), 10), data.x_train, data.y_train, 0)
     out = {}
-    for name, p in params.items():
+    for name in names:
+        cls = strategy_class(name)
+        strategy = cls.from_config(cls.config_class.from_run_config(run_config), resources)
         config = EngineConfig("virtual", 10, max(20, arrivals // 10) if name in distilling else arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",
                               DELAY_PRESETS["fedrevive-default"], 500, False)
-        engine = AsyncEngine(InstantGrid(50), build_strategy(name, p, resources), codec, codec.flatten(list(state.values())),
+        engine = AsyncEngine(InstantGrid(50), strategy, codec, codec.flatten(list(state.values())),
                              config, {}, lambda m: (0.0, 0.0))
         stats = engine.run()
         out[name] = 1000 * stats.server_seconds / stats.arrivals

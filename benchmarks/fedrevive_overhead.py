@@ -40,7 +40,7 @@ from asyncfl.data import load_dataset, partition_indices  # noqa: E402
 from asyncfl.models import build_model  # noqa: E402
 from asyncfl.models.flat import load_flat, model_to_flat  # noqa: E402
 from asyncfl.strategies.base import Arrival  # noqa: E402
-from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig  # noqa: E402
+from asyncfl.strategies.fedrevive import FedRevive  # noqa: E402
 
 
 def _state_bytes(strategy: FedRevive) -> int:
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         uploads.append((client, model_to_flat(model)))
     job_ms = 1000.0 * float(np.median(job_seconds[2:]))
 
-    config = ReviveConfig(synth_start=0, kd_start=0, kd_batch_size=args.kd_batch_size)
-    strategy = FedRevive(make_model, classes, shape, config, seed=0)
+    knobs = dict(synthesis_start=0, kd_start=0, kd_batch_size=args.kd_batch_size)
+    strategy = FedRevive(make_model, classes, shape, seed=0, **knobs)
     strategy.on_start(args.clients)
     current = base.copy()
     for client, weights in uploads[:8]:  # fill the teacher buffer and the pool (untimed)
@@ -104,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     probe_ms = 1000.0 * strategy.seconds["probing"] / max(probes, 1)
     synthesis_ms = 1000.0 * strategy.seconds["synthesis"] / max(rounds, 1)
     kd_ms = 1000.0 * strategy.seconds["distillation"] / max(kd, 1)
-    steady_ms = kd_ms + synthesis_ms / config.t_gen
+    steady_ms = kd_ms + synthesis_ms / strategy.config.synthesis_every
 
     memory = {}
     for clients in (200, 2000):  # the proxies grow with clients; everything else is fixed
-        sized = FedRevive(make_model, classes, shape, config, seed=0)
+        sized = FedRevive(make_model, classes, shape, seed=0, **knobs)
         sized.on_start(clients)
         sized.pool = strategy.pool
         for client in range(clients):

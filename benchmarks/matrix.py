@@ -125,7 +125,7 @@ GI = Study(
     common={"model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "local-epochs": 5, "local-steps": 0,
             "batch-size": 64, "concurrency": 20, "round-deadline": 1.0, "delay-model": "intertwined",
             "intertwined.class": 5, "intertwined.clients": 10, "max-virtual-time": 150.0, "max-arrivals": 0,
-            "eval-every": 1.0, "progress": False, "target-accuracy": "0.8", "gi.iterations": 100,
+            "eval-every": 1.0, "progress": False, "target-accuracy": "0.8", "gi.inversion-iterations": 100,
             "gi.warm-iterations": 40},
     methods={
         "unweighted": {"strategy": "fedavg"},
@@ -172,7 +172,7 @@ GI = Study(
                                 "dirichlet-alpha": 0.1},
         # a better fit: every coordinate in the disparity and 3x the iterations (the estimation-error benchmark's
         # best column), to test whether fit quality is what holds GI back at S = 40
-        "gi-fit__s40-dir0.1": {"strategy": "gi-compensation", "gi.keep-fraction": 1.0, "gi.iterations": 300,
+        "gi-fit__s40-dir0.1": {"strategy": "gi-compensation", "gi.keep-fraction": 1.0, "gi.inversion-iterations": 300,
                                "gi.warm-iterations": 120, "intertwined.staleness": 40, "dirichlet-alpha": 0.1},
     },
     affected_class=5,

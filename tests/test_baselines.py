@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from asyncfl.strategies import CA2FL, FADAS, Arrival, FedFa, build_strategy
+from asyncfl.strategies import CA2FL, FADAS, Arrival, FedFa
+from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.fadas import AMSGrad, delay_adaptive_lr
 
 
@@ -53,7 +54,7 @@ def test_amsgrad_direction_by_hand():
 
 
 def test_fadas_buffers_then_steps_with_reduced_lr_for_stale_buffers():
-    strategy = FADAS(buffer_size=2, server_lr=1.0, beta1=0.0, beta2=0.0, eps=0.0, tau_c=2)
+    strategy = FADAS(buffer_size=2, server_lr=1.0, beta1=0.0, beta2=0.0, epsilon=1e-12, staleness_threshold=2)
     zero = np.zeros(2, np.float32)
     assert strategy.on_arrival(arrival(0, [2, -4], zero, staleness=1), zero) is None
     new = strategy.on_arrival(arrival(1, [2, -4], zero, staleness=4), zero)
@@ -87,4 +88,4 @@ def test_fedfa_running_sum_stays_exact_over_many_arrivals():
 ])
 def test_bad_sizes_are_rejected(name, params, message):
     with pytest.raises(ValueError, match=message):
-        build_strategy(name, params)
+        strategy_class(name)(**params)

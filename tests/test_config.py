@@ -19,7 +19,7 @@ def defaults(**overrides):
 def test_pyproject_defaults_parse():
     cfg = parse_run_config(defaults())
     assert cfg.strategy == "fedbuff"
-    assert cfg.strategy_params["buffer_size"] == 5
+    assert cfg.strategy_config.buffer_size == 5
     assert cfg.engine.delay_preset == "fedrevive-default"
     assert cfg.engine.target_accuracy == (0.8, 0.9)
 
@@ -111,7 +111,7 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
         parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "adam"})
     with pytest.raises(ConfigError, match="keep fraction|keep-fraction"):
         parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "gi.keep-fraction": 0.0})
-    with pytest.raises(ConfigError, match="gi.switch-rule.*first, mean"):
+    with pytest.raises(ConfigError, match="switch_rule='vote'.*first, mean.*gi.switch-rule"):
         parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "gi.switch-rule": "vote"})
     with pytest.raises(ConfigError, match="round-deadline"):
         parse_run_config({**cfg, "clock": "wall", "round-deadline": 1.0})
@@ -124,30 +124,34 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
     parsed = parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "delay-model": "intertwined",
                                "round-deadline": 1.0})
     assert parsed.engine.round_deadline == 1.0 and parsed.engine.delays.staleness == 40
-    assert parsed.strategy_params["inversion"].keep_fraction == 0.05
+    assert parsed.strategy_config.inversion.keep_fraction == 0.05
 
 
 def test_the_clientapp_does_not_import_the_server_strategies():
-    # A ClientApp process parses only what it needs; the server-side methods stay out of it.
+    # A ClientApp process parses only what it needs: the strategy names and the config base, no method.
     import subprocess
     import sys
 
     code = ("import sys, asyncfl.client_app.app; "
             "print(sorted(m for m in sys.modules if m.startswith('asyncfl.strategies') or m.startswith('asyncfl.server_app')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.strip() == "['asyncfl.strategies', 'asyncfl.strategies.registry', 'asyncfl.strategies.settings']"
 
 
 def test_clientapp_parse_skips_strategy_keys_but_not_shared_ones():
     cfg = parse_run_config(defaults(**{"fedbuff.buffer-size": 0}), strategy_settings=False)
-    assert cfg.strategy_params == {}
+    assert cfg.strategy_config is None
     with pytest.raises(ConfigError, match="optimizer"):
         parse_run_config(defaults(optimizer="lion"), strategy_settings=False)
 
 
-def test_a_strategy_name_without_settings_is_not_parsed_as_afl_dw(monkeypatch):
-    import asyncfl.config as config
+def test_each_strategy_name_parses_into_its_own_config_class():
+    from asyncfl.decentralized.settings import GOSSIP_METHODS
+    from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
 
-    monkeypatch.setattr(config, "STRATEGIES", config.STRATEGIES + ("newmethod",))
-    with pytest.raises(ConfigError, match="newmethod"):
-        parse_run_config(defaults(strategy="newmethod"))
+    extra = {"dd-fedrevive": {"server-holdout": 0.1}, "gi-compensation": {"optimizer": "sgd"}}
+    for name in STRATEGY_CLASSES:
+        cfg = parse_run_config(defaults(strategy=name, **extra.get(name, {})))
+        assert type(cfg.strategy_config) is strategy_class(name).config_class, name
+    for name in GOSSIP_METHODS:
+        assert parse_run_config(defaults(strategy=name, **{"max-virtual-time": 5.0})).strategy_config is None

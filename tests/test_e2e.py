@@ -83,7 +83,7 @@ def test_gradient_inversion_compensation_in_the_intertwined_scenario(tmp_path):
     # 10 clients, the 2 biggest holders of class 5 are 2 rounds late; every stale update is inverted.
     overrides = ("dataset='digits' model='mlp' optimizer='sgd' lr=0.05 local-epochs=1 local-steps=0 batch-size=32 "
                  "concurrency=6 round-deadline=1.0 delay-model='intertwined' intertwined.clients=2 "
-                 "intertwined.staleness=2 strategy='gi-compensation' gi.iterations=10 gi.warm-iterations=5 "
+                 "intertwined.staleness=2 strategy='gi-compensation' gi.inversion-iterations=10 gi.warm-iterations=5 "
                  "gi.uniqueness=false max-arrivals=0 max-virtual-time=7.0 eval-every=1.0 progress=false "
                  f"output-dir='{tmp_path}' run-name='gi'")
     asyncfl_run(ROOT, overrides, supernodes=10)
@@ -101,8 +101,8 @@ def test_gradient_inversion_compensation_in_the_intertwined_scenario(tmp_path):
 
 def test_fedrevive_synthesises_and_distils_in_a_real_run(tmp_path):
     # Tiny budget: synthesis from update 2 every 2 updates, KD from update 4, 2 KD steps, 4 teachers.
-    overrides = (f"{SMALL} strategy='fedrevive' max-arrivals=10 fedrevive.synth-start=2 fedrevive.kd-start=4 "
-                 "fedrevive.t-gen=2 fedrevive.kd-steps=2 fedrevive.buffer-size=4 fedrevive.synth-batch-size=16 "
+    overrides = (f"{SMALL} strategy='fedrevive' max-arrivals=10 fedrevive.synthesis-start=2 fedrevive.kd-start=4 "
+                 "fedrevive.synthesis-every=2 fedrevive.kd-steps=2 fedrevive.teacher-buffer-size=4 fedrevive.synthesis-batch-size=16 "
                  "fedrevive.beta='constant' fedrevive.beta-constant=0.5 "
                  f"output-dir='{tmp_path}' run-name='revive'")
     asyncfl_run(ROOT, overrides)

@@ -6,8 +6,9 @@ import torch
 
 from asyncfl.models import build_model
 from asyncfl.models.flat import load_flat, model_to_flat
-from asyncfl.strategies import Arrival, StrategyResources, build_strategy, server_rows
-from asyncfl.strategies.fedadt import FedADT, ServerSet, adaptive_kd_weight, fedadt_beta, fedadt_kd_loss
+from asyncfl.strategies import Arrival, StrategyResources
+from asyncfl.strategies.fedadt import (FedADT, FedADTConfig, ServerSet, adaptive_kd_weight, fedadt_beta, fedadt_kd_loss,
+                                       server_rows)
 
 
 def test_adaptive_kd_weight_schedule():
@@ -75,11 +76,12 @@ def test_build_fedadt_takes_a_stratified_server_set():
     assert np.bincount(labels[rows]).tolist() == [5, 5, 5, 5]
     resources = StrategyResources(lambda: build_model("mlp", (1, 8, 8), 4), np.zeros((200, 1, 8, 8), np.float32),
                                   labels, seed=0)
-    strategy = build_strategy("fedadt", {"server_fraction": 0.02, "temperature": 3.0, "alpha_min": 0.2,
-                                         "alpha_max": 0.6, "t_g": 10, "kd_lr": 0.01, "kd_batch_size": 32}, resources)
-    assert strategy.summary()["server-set-size"] == 4
+    strategy = FedADT.from_config(FedADTConfig(server_fraction=0.02, ramp_arrivals=10), resources)
+    assert strategy.summary()["server-set-size"] == 4 and strategy.config.ramp_arrivals == 10
 
 
 def test_fedadt_without_resources_is_a_clear_error():
-    with pytest.raises(ValueError, match="needs server resources"):
-        build_strategy("fedadt", {"server_fraction": 0.1})
+    with pytest.raises(ValueError, match="needs the built-in app's model"):
+        FedADT.from_config(FedADTConfig(server_fraction=0.1))
+    with pytest.raises(ValueError, match="alpha_min=0.7 must be <= alpha_max"):
+        FedADTConfig(alpha_min=0.7, alpha_max=0.6)

@@ -12,7 +12,7 @@ from asyncfl.data.holdout import client_pool, holdout_rows
 from asyncfl.data.unlabeled import distillation_inputs
 from asyncfl.models import build_model
 from asyncfl.models.flat import load_flat, model_to_flat
-from asyncfl.strategies import Arrival, FedBuff, StrategyResources, build_strategy
+from asyncfl.strategies import Arrival, FedBuff, StrategyResources
 from asyncfl.strategies.fedecho import (
     ClientLogitBank,
     FedEcho,
@@ -132,15 +132,16 @@ def test_holdout_rows_are_never_in_any_client_partition():
     assert set(inputs.ravel().astype(int)) == set(held)
 
 
-def test_build_strategy_makes_fedecho_from_run_config_params():
+def test_the_built_in_app_makes_fedecho_from_its_run_config_section():
     from asyncfl.config import parse_run_config
 
     cfg = parse_run_config({**defaults(), "strategy": "fedecho", "fedecho.distill-size": 50})
     rng = np.random.default_rng(0)
     resources = StrategyResources(lambda: build_model("mlp", (1, 28, 28), 10), rng.normal(size=(20, 1, 28, 28)).astype(np.float32),
                                   rng.integers(0, 10, 20), seed=0)
-    strategy = build_strategy("fedecho", dict(cfg.strategy_params), resources)
+    strategy = FedEcho.from_config(cfg.strategy_config, resources)
     assert isinstance(strategy, FedEcho) and strategy.unlabeled.shape == (50, 1, 28, 28)
+    assert strategy.summary()["distill-set"] == "digits"
 
 
 @pytest.mark.parametrize("overrides, message", [

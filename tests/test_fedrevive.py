@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 from asyncfl.config import ConfigError, parse_run_config
+from asyncfl.data.holdout import holdout_rows
 from asyncfl.models import build_model
 from asyncfl.models.flat import load_flat, model_to_flat
-from asyncfl.strategies import AFLDW, Arrival, StrategyResources, build_strategy
-from asyncfl.strategies.fedrevive import FedRevive, ReviveConfig, multi_teacher_kd_loss, multi_teacher_kd_surrogate
+from asyncfl.strategies import AFLDW, Arrival, StrategyResources
+from asyncfl.strategies.fedrevive import (DDFedRevive, FedRevive, FedReviveConfig, multi_teacher_kd_loss,
+                                          multi_teacher_kd_surrogate)
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
@@ -113,8 +115,8 @@ def _arrival(client, weights, base, staleness):
 def test_before_kd_start_fedrevive_is_afl_dw():
     base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
     client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
-    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(server_lr=0.3, tau_max=10.0, synth_start=100, kd_start=100))
-    afl = AFLDW(server_lr=0.3, beta="cosine", tau_max=10.0)
+    revive = FedRevive(_mlp, 3, SHAPE, server_lr=0.3, max_staleness=10.0, synthesis_start=100, kd_start=100)
+    afl = AFLDW(server_lr=0.3, beta="cosine", max_staleness=10.0)
     for tau in (0, 3, 12):  # bitwise: runs of one seed must not part before KD starts
         assert np.array_equal(revive.on_arrival(_arrival(0, client, base, tau), base),
                               afl.on_arrival(_arrival(0, client, base, tau), base))
@@ -125,8 +127,8 @@ def test_distillation_moves_the_student_toward_the_buffered_teachers():
     base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
     teachers = [model_to_flat(build_model("mlp", SHAPE, 3, seed=10 + i)) for i in range(3)]
     x = np.random.default_rng(0).normal(size=(60, *SHAPE)).astype(np.float32)
-    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(kd_steps=40, kd_lr=0.01, buffer_size=3), holdout=(x, np.arange(60) % 3),
-                       true_proportions=lambda client, n: np.ones(3))
+    revive = DDFedRevive(_mlp, 3, SHAPE, (x, np.arange(60) % 3), lambda client, n: np.ones(3), kd_steps=40,
+                         kd_lr=0.01, teacher_buffer_size=3)
     for i, weights in enumerate(teachers):
         revive._buffer_teacher(i, weights)
 
@@ -146,8 +148,8 @@ def test_dd_fedrevive_mixes_half_and_half_from_the_first_update():
     base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
     client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
     x = np.random.default_rng(0).normal(size=(30, *SHAPE)).astype(np.float32)
-    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(server_lr=1.0, kd_start=0, kd_steps=2), seed=4,
-                       holdout=(x, np.arange(30) % 3), true_proportions=lambda client, n: np.ones(3))
+    revive = DDFedRevive(_mlp, 3, SHAPE, (x, np.arange(30) % 3), lambda client, n: np.ones(3), seed=4,
+                         server_lr=1.0, kd_start=0, kd_steps=2)
     assert revive.beta(0) == 0.5 and revive.beta(500) == 0.5
     new = revive.on_arrival(_arrival(0, client, base, 0), base)
     assert revive.kd_updates == 1 and revive.summary()["variant"] == "dd-fedrevive"
@@ -157,11 +159,10 @@ def test_dd_fedrevive_mixes_half_and_half_from_the_first_update():
 def test_fedrevive_is_deterministic_for_a_seed():
     base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
     clients = [model_to_flat(build_model("mlp", SHAPE, 3, seed=5 + i)) for i in range(4)]
-    config = ReviveConfig(synth_start=0, kd_start=1, t_gen=2, kd_steps=2, latent_dim=8,
-                          synthesis=SynthesisConfig(batch_size=8))
+    knobs = dict(synthesis_start=0, kd_start=1, synthesis_every=2, kd_steps=2, latent_dim=8, synthesis_batch_size=8)
     runs = []
     for _ in range(2):
-        revive = FedRevive(_mlp, 3, SHAPE, config, seed=11)
+        revive = FedRevive(_mlp, 3, SHAPE, seed=11, **knobs)
         model = base
         for i, weights in enumerate(clients):
             model = revive.on_arrival(_arrival(i, weights, base, 20), model)
@@ -170,21 +171,24 @@ def test_fedrevive_is_deterministic_for_a_seed():
     assert revive.synthesis_rounds == 2 and revive.kd_updates == 3
 
 
-def test_build_strategy_from_run_config_and_bad_settings_are_refused():
+def test_built_from_run_config_and_bad_settings_are_refused():
     rng = np.random.default_rng(0)
     resources = StrategyResources(lambda: build_model("mlp", (1, 28, 28), 10),
                                   rng.normal(size=(40, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 40), seed=0,
                                   server_holdout=0.1, label_histogram=lambda pid, n: np.ones(10))
-    cfg = parse_run_config({**defaults(), "strategy": "fedrevive"})
-    assert isinstance(build_strategy("fedrevive", dict(cfg.strategy_params), resources), FedRevive)
+    cfg = parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.teacher-buffer-size": 3})
+    assert isinstance(cfg.strategy_config, FedReviveConfig) and cfg.strategy_config.teacher_buffer_size == 3
+    revive = FedRevive.from_config(cfg.strategy_config, resources)
+    assert isinstance(revive, FedRevive) and revive.config == cfg.strategy_config and len(revive._teacher_nets) == 3
     dd = parse_run_config({**defaults(), "strategy": "dd-fedrevive", "server-holdout": 0.1})
-    assert build_strategy("dd-fedrevive", dict(dd.strategy_params), resources).data_driven
+    dd_revive = DDFedRevive.from_config(dd.strategy_config, resources)
+    assert dd_revive.data_driven and len(dd_revive.pool) == len(holdout_rows(resources.y_train, 0.1, 0))
     with pytest.raises(ConfigError, match="server-holdout > 0"):
         parse_run_config({**defaults(), "strategy": "dd-fedrevive"})
     with pytest.raises(ConfigError, match="choose one of"):
         parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.beta": "sigmoid"})
-    with pytest.raises(ConfigError, match="meta-lambda"):
-        parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.meta-lambda": 0.0})
+    with pytest.raises(ConfigError, match="reptile_step=0.0 must be > 0.*fedrevive.reptile-step"):
+        parse_run_config({**defaults(), "strategy": "fedrevive", "fedrevive.reptile-step": 0.0})
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 32, 32)])
@@ -244,8 +248,8 @@ def test_proxy_ranks_the_dominant_class_first_for_a_teacher_trained_on_a_skewed_
 def test_kd_update_is_zero_when_every_teacher_is_the_student():
     current = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
     x = np.random.default_rng(0).normal(size=(30, *SHAPE)).astype(np.float32)
-    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(kd_steps=5, kd_lr=0.01, buffer_size=4), holdout=(x, np.arange(30) % 3),
-                       true_proportions=lambda client, n: np.ones(3))
+    revive = DDFedRevive(_mlp, 3, SHAPE, (x, np.arange(30) % 3), lambda client, n: np.ones(3), kd_steps=5,
+                         kd_lr=0.01, teacher_buffer_size=4)
     for i in range(4):
         revive._buffer_teacher(i, current)
     assert np.abs(revive.distil(current)).max() < 1e-6
@@ -256,8 +260,8 @@ def test_with_beta_zero_fedrevive_is_the_plain_asynchronous_step():
     base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
     client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
     current = model_to_flat(build_model("mlp", SHAPE, 3, seed=3))
-    revive = FedRevive(_mlp, 3, SHAPE, ReviveConfig(server_lr=0.4, beta="constant", beta_constant=0.0, synth_start=0,
-                                                    kd_start=0, t_gen=1, kd_steps=2, latent_dim=8))
+    revive = FedRevive(_mlp, 3, SHAPE, server_lr=0.4, beta="constant", beta_constant=0.0, synthesis_start=0,
+                       kd_start=0, synthesis_every=1, kd_steps=2, latent_dim=8)
     for tau in (0, 5, 40):
         new = revive.on_arrival(_arrival(0, client, base, tau), current)
         assert np.allclose(new, current + np.float32(0.4) * (client - base), atol=1e-6)

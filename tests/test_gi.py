@@ -13,7 +13,7 @@ from asyncfl.models.flat import model_to_flat
 from asyncfl.strategies.base import Arrival
 from asyncfl.strategies.gi.inversion import InversionConfig, invert_update, replay_update
 from asyncfl.strategies.gi.sparsify import kept_count, top_k_mask
-from asyncfl.strategies.gi.strategy import GICompensation
+from asyncfl.strategies.gi.strategy import GICompensation, GICompensationConfig
 from asyncfl.strategies.gi.switching import SwitchBack, l1_disparity
 from asyncfl.strategies.gi.uniqueness import adaptive_threshold, cosine_distance, is_unique
 from asyncfl.strategies.gi.unrolled import (FlatLayout, LocalProgram, client_batches, flatten_params,
@@ -125,9 +125,9 @@ def test_mean_rule_ignores_one_noisy_comparison_and_switches_on_the_recent_mean(
     # at version 4 the last three are (1,4), (3,2), (3,2): 7 < 8, still no; at 5: 9 > 6, switch.
     assert switch.switched_at == 5
     with pytest.raises(ValueError, match="choose one of"):
-        SwitchBack(rule="vote")
+        GICompensationConfig(switch_rule="vote")
     with pytest.raises(ValueError, match=">= 1"):
-        SwitchBack(rule="mean", min_comparisons=0)
+        GICompensationConfig(switch_rule="mean", switch_comparisons=0)
 
 
 def _arrival(client, base_version, staleness, base, weights, n=20):
@@ -137,8 +137,8 @@ def _arrival(client, base_version, staleness, base, weights, n=20):
 def _gi_strategy(**kwargs):
     make = lambda: build_model("mlp", (1, 8, 8), 10)  # noqa: E731
     program = LocalProgram(epochs=1, steps=0, batch_size=10, lr=0.1)
-    config = InversionConfig(iterations=5, warm_iterations=3, max_rec=8)
-    return GICompensation(make, (1, 8, 8), 10, program, config, **kwargs), make
+    knobs = dict(inversion_iterations=5, warm_iterations=3, max_reconstruction=8)
+    return GICompensation(make, (1, 8, 8), 10, program, **knobs, **kwargs), make
 
 
 def test_gi_strategy_inverts_unique_stale_updates_and_averages_the_rest():

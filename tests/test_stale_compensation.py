@@ -25,7 +25,7 @@ def test_dc_asgd_on_three_elements():
 
 
 def test_dc_asgd_strategy_compensates_only_stale_updates():
-    strategy = DCASGD(server_lr=1.0, lam=4.0)
+    strategy = DCASGD(server_lr=1.0, compensation_strength=4.0)
     current = np.array([0.1, 0.2, -0.4], np.float32)
     fresh = _arrival(0, 0, [1.0, 1.0, 1.0], current)
     stale = _arrival(1, 2, [1.0, -2.0, 0.5], np.zeros(3))
@@ -42,7 +42,7 @@ def test_sigmoid_staleness_weight():
 
 
 def test_stale_weighted_multiplies_sample_counts_by_the_staleness_weight():
-    strategy = StaleWeighted(server_lr=1.0, a=0.25, b=10.0)
+    strategy = StaleWeighted(server_lr=1.0, steepness=0.25, midpoint=10.0)
     current = np.zeros(1, np.float32)
     for a in (_arrival(0, 10, [1.0], current, n=10), _arrival(1, 0, [0.0], current, n=10)):
         strategy.on_arrival(a, current)
@@ -78,7 +78,7 @@ def test_intertwined_delays_pick_the_biggest_holders_of_the_class():
 def test_w_pred_sends_late_clients_a_look_ahead_and_compensates_from_it():
     from asyncfl.strategies.stale_compensation import WPred
 
-    strategy = WPred(server_lr=1.0, lam=0.0, beta=0.5)
+    strategy = WPred(server_lr=1.0, compensation_strength=0.0, step_average_decay=0.5)
     current = np.zeros(2, np.float32)
     assert strategy.dispatch_model(3, current) is None  # nothing known yet
     for arrival in (_arrival(3, 2, [1.0, 1.0], current), _arrival(4, 0, [1.0, 1.0], current)):

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from asyncfl.strategies import AFLDW, Arrival, FedAsync, FedAvg, FedBuff, build_strategy
+from asyncfl.strategies import AFLDW, Arrival, FedAsync, FedAvg, FedBuff
+from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.fedasync import fedasync_mix
 from asyncfl.strategies.fedavg import weighted_mean_delta
@@ -63,7 +64,7 @@ def test_fedasync_mix_by_hand():
 
 
 def test_fedasync_uses_alpha_times_staleness():
-    strategy = FedAsync(alpha=0.5, staleness="polynomial", a=1.0)
+    strategy = FedAsync(alpha=0.5, staleness="polynomial", staleness_decay=1.0)
     # tau=1 -> s=1/2 -> alpha_t = 0.25; current [0], client [4] -> 1
     new = strategy.on_arrival(arrival([4.0], [0.0], staleness=1), np.array([0.0], np.float32))
     assert np.allclose(new, [1.0])
@@ -121,11 +122,11 @@ def test_afl_dw_step_by_hand():
 
 
 def test_afl_dw_downweights_by_one_minus_beta():
-    strategy = AFLDW(server_lr=1.0, beta="linear", tau_max=4)
+    strategy = AFLDW(server_lr=1.0, beta="linear", max_staleness=4)
     new = strategy.on_arrival(arrival([4.0], [0.0], staleness=1), np.array([0.0], np.float32))
     assert np.allclose(new, [3.0])  # (1 - 1/4) * 4
 
 
-def test_build_strategy_unknown_name():
+def test_registry_unknown_name():
     with pytest.raises(ValueError, match="fedavg, fedasync, fedbuff, afl-dw"):
-        build_strategy("fedprox", {})
+        strategy_class("fedprox")

@@ -16,6 +16,8 @@ import numpy as np
 from asyncfl.data import readers
 
 DATASETS = ("mnist5k", "digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "svhn")
+#: Input channels of each dataset (1 = grayscale), known before any data is read.
+CHANNELS = {"mnist5k": 1, "digits": 1, "mnist": 1, "fashion-mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,26 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from asyncfl.data.datasets import load_dataset
+from asyncfl.data.datasets import CHANNELS, load_dataset
 from asyncfl.data.holdout import holdout_rows
+
+#: The built-in app's unlabeled sets: a cross-dataset set or the server's hold-out rows.
+DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
+
+
+def distill_set_problem(kind: str, dataset: str, server_holdout: float) -> str | None:
+    """Why ``kind`` cannot serve clients of ``dataset`` (``None`` when it can); checked before any data is read."""
+    channels = CHANNELS[dataset]
+    if kind == "holdout" and not server_holdout > 0.0:
+        return ("'holdout' needs server-holdout > 0 (the fraction of the training split the server keeps and "
+                "the clients never see)")
+    if kind == "digits" and channels != 1:
+        return f"'digits' is grayscale; dataset {dataset!r} has {channels} channels: use cifar10/cifar100 or holdout"
+    if kind in ("cifar10", "cifar100") and (channels != 3 or kind == dataset):
+        return f"{kind!r} needs another 3-channel 32x32 dataset (cifar10, cifar100, svhn), not {dataset!r}"
+    if kind == "digits" and dataset == "digits":
+        return "'digits' with dataset 'digits' would distil on the clients' own data: use holdout"
+    return None
 
 
 def resized_digits_with_labels(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,8 @@ from asyncfl.data import load_dataset
 from asyncfl.models import build_model
 from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, RecordEvaluator
 from asyncfl.server_app.relay import GossipRelay
-from asyncfl.strategies import StrategyResources, build_strategy
+from asyncfl.strategies.registry import strategy_class
+from asyncfl.strategies.resources import StrategyResources
 
 app = ServerApp()
 log = logging.getLogger("asyncfl")
@@ -84,8 +85,8 @@ def main(grid: Grid, context: Context) -> None:
         train_config=cfg.train.to_message_config(),
     )
     # the built-in app evaluates on the server only (no federated evaluation) and waits for one node at least
-    strategy = build_strategy(cfg.strategy, dict(cfg.strategy_params), resources, fraction_evaluate=0.0,
-                              min_available_nodes=1)
+    strategy = strategy_class(cfg.strategy).from_config(cfg.strategy_config, resources, fraction_evaluate=0.0,
+                                                        min_available_nodes=1)
     strategy.name = cfg.strategy
     if cfg.drift.active:
         evaluator = DriftingEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size,

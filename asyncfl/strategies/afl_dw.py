@@ -7,12 +7,14 @@ distilled term, ``x <- x + eta_s * (1 - beta(tau)) * Delta``, with the same
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
-from asyncfl.strategies.staleness import beta_schedule
+from asyncfl.strategies.settings import StrategyConfig, knob
+from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule
 
 
 def afl_dw_step(current: np.ndarray, delta: np.ndarray, server_lr: float, beta: float) -> np.ndarray:
@@ -20,24 +22,44 @@ def afl_dw_step(current: np.ndarray, delta: np.ndarray, server_lr: float, beta: 
     return current + np.float32(server_lr * (1.0 - beta)) * delta
 
 
-class AFLDW(Strategy):
-    """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``."""
+@dataclass(frozen=True)
+class AFLDWConfig(StrategyConfig):
+    """AFL-DW's knobs (run-config ``afl-dw.*``).
 
-    def __init__(self, server_lr: float = 0.1, beta: str = "cosine", tau_max: float = 150.0, beta_constant: float = 0.5, **flower_options: Any) -> None:
+    Parameters
+    ----------
+    server_lr : float
+        ``eta_s``.
+    beta : {"cosine", "linear", "step", "constant"}
+        The ``beta(tau)`` family (FedRevive App. I.1; 1-cosine is the paper's).
+    max_staleness : float
+        ``tau_max``: the staleness at which ``beta`` reaches 1.
+    beta_constant : float
+        ``beta`` of the constant family.
+    """
+
+    label: ClassVar[str] = "AFLDW"
+    prefix: ClassVar[str] = "afl-dw"
+
+    server_lr: float = knob(0.1, above=0)
+    beta: str = knob("cosine", choices=BETA_SCHEDULES)
+    max_staleness: float = knob(150.0, above=0)
+    beta_constant: float = knob(0.5, minimum=0, maximum=1)
+
+
+class AFLDW(Strategy):
+    """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``. Knobs: :class:`AFLDWConfig`."""
+
+    config_class = AFLDWConfig
+
+    def __init__(self, server_lr: float = 0.1, beta: str = "cosine", max_staleness: float = 150.0,
+                 beta_constant: float = 0.5, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if tau_max <= 0:
-            raise ValueError(f"afl-dw.tau-max must be > 0, got {tau_max}")
-        if not 0.0 <= beta_constant <= 1.0:
-            raise ValueError(f"afl-dw.beta-constant must be in [0, 1], got {beta_constant}")
-        beta_schedule(beta, 0, tau_max, beta_constant)
-        self.server_lr = server_lr
-        self.beta = beta
-        self.tau_max = tau_max
-        self.beta_constant = beta_constant
+        self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant)
 
     def beta_of(self, tau: int) -> float:
         """``beta(tau)`` of the configured schedule."""
-        return beta_schedule(self.beta, tau, self.tau_max, self.beta_constant)
+        return beta_schedule(self.config.beta, tau, self.config.max_staleness, self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        return afl_dw_step(current, arrival.delta, self.server_lr, self.beta_of(arrival.staleness))
+        return afl_dw_step(current, arrival.delta, self.config.server_lr, self.beta_of(arrival.staleness))

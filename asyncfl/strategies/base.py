@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from asyncfl.strategies.flower_options import FlowerOptions
+from asyncfl.strategies.settings import StrategyConfig
 
 if TYPE_CHECKING:  # the engine side is imported only when a run starts
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
 
     from asyncfl.server_app.launch import AsyncResult
     from asyncfl.simulation.delays import DelayModel
+    from asyncfl.strategies.resources import StrategyResources
 
 _DEFAULT_OPTIONS = FlowerOptions()
 
@@ -65,7 +67,9 @@ class Strategy(ABC):
 
     Subclasses implement :meth:`on_arrival`. The engine owns the global model;
     a strategy returns a new flat vector when it wants the server version to
-    advance, or ``None`` to keep the current one.
+    advance, or ``None`` to keep the current one. A subclass's knobs are the fields
+    of its :attr:`config_class` (validated there); its constructor takes them as
+    keywords and keeps the validated values in :attr:`config`.
 
     Every strategy also takes the keyword arguments of Flower's ``FedAvg``
     (``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
@@ -76,6 +80,9 @@ class Strategy(ABC):
     ``Strategy.start`` signature.
     """
 
+    #: The method's knobs: a :class:`StrategyConfig` dataclass beside the class.
+    config_class: type[StrategyConfig] = StrategyConfig
+
     def __init__(self, **flower_options: Any) -> None:
         valid = [f.name for f in fields(FlowerOptions)]
         unknown = sorted(set(flower_options) - set(valid))
@@ -83,6 +90,19 @@ class Strategy(ABC):
             raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {', '.join(unknown)}; "
                             f"besides its own, it accepts Flower's FedAvg options: {', '.join(valid)}")
         self._flower = FlowerOptions(**flower_options)
+
+    @classmethod
+    def from_config(cls, config: StrategyConfig, resources: "StrategyResources | None" = None,
+                    **flower_options: Any) -> "Strategy":
+        """The built-in app's way in: this strategy from its parsed run-config section.
+
+        Methods that run a network on the server override this to take their model and
+        data from ``resources`` (the built-in app's model zoo and dataset).
+        """
+        if not isinstance(config, cls.config_class):
+            raise TypeError(f"{cls.__name__}.from_config needs a {cls.config_class.__name__}, "
+                            f"got {type(config).__name__}")
+        return cls(**config.keywords(), **flower_options)
 
     @property
     def name(self) -> str:

@@ -13,11 +13,13 @@ The cache costs one model-sized vector per client that has reported:
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.settings import StrategyConfig, knob
 
 
 def ca2fl_step(current: np.ndarray, h_bar: np.ndarray, calibrated_sum: np.ndarray, buffer_size: int,
@@ -26,15 +28,33 @@ def ca2fl_step(current: np.ndarray, h_bar: np.ndarray, calibrated_sum: np.ndarra
     return current + np.float32(server_lr) * (h_bar + calibrated_sum / np.float32(buffer_size))
 
 
+@dataclass(frozen=True)
+class CA2FLConfig(StrategyConfig):
+    """CA2FL's knobs (run-config ``ca2fl.*``).
+
+    Parameters
+    ----------
+    buffer_size : int
+        ``M``: arrivals per global update.
+    server_lr : float
+        ``eta``.
+    """
+
+    label: ClassVar[str] = "CA2FL"
+    prefix: ClassVar[str] = "ca2fl"
+
+    buffer_size: int = knob(5, minimum=1)
+    server_lr: float = knob(1.0, above=0)
+
+
 class CA2FL(Strategy):
-    """CA2FL (Wang et al., 2024): FedBuff whose step is calibrated by cached client updates."""
+    """CA2FL (Wang et al., 2024): FedBuff whose step is calibrated by cached client updates. Knobs: :class:`CA2FLConfig`."""
+
+    config_class = CA2FLConfig
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 1.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if buffer_size < 1:
-            raise ValueError(f"ca2fl.buffer-size must be >= 1, got {buffer_size}")
-        self.buffer_size = buffer_size
-        self.server_lr = server_lr
+        self.config = CA2FLConfig(buffer_size, server_lr)
         self.num_clients = 0
         self._cache: dict[int, np.ndarray] = {}
         self._cache_sum: np.ndarray | None = None
@@ -65,9 +85,9 @@ class CA2FL(Strategy):
             self._cache_sum -= previous
         self._cache[arrival.client_index] = delta
         self._count += 1
-        if self._count < self.buffer_size:
+        if self._count < self.config.buffer_size:
             return None
-        new = ca2fl_step(current, self._h_bar, self._sum, self.buffer_size, self.server_lr)
+        new = ca2fl_step(current, self._h_bar, self._sum, self.config.buffer_size, self.config.server_lr)
         self._sum[:] = 0.0
         self._count = 0
         self._h_bar = self._cache_sum / np.float32(max(self.num_clients, len(self._cache)))

@@ -13,11 +13,13 @@ buffer ``tau_max <= tau_c`` and ``eta_t = eta / tau_max`` beyond it.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.settings import StrategyConfig, knob
 
 
 def delay_adaptive_lr(server_lr: float, tau_max: int, tau_c: int) -> float:
@@ -46,18 +48,43 @@ class AMSGrad:
         return self.m / (np.sqrt(self.v_hat) + np.float32(self.eps))
 
 
+@dataclass(frozen=True)
+class FADASConfig(StrategyConfig):
+    """FADAS's knobs (run-config ``fadas.*``).
+
+    Parameters
+    ----------
+    buffer_size : int
+        ``M``: arrivals per server step.
+    server_lr : float
+        ``eta``.
+    beta1, beta2, epsilon : float
+        AMSGrad's moment factors and ``eps``.
+    staleness_threshold : int
+        ``tau_c``: above it the step is ``eta / tau_max`` (delay-adaptive rate).
+    """
+
+    label: ClassVar[str] = "FADAS"
+    prefix: ClassVar[str] = "fadas"
+
+    buffer_size: int = knob(5, minimum=1)
+    server_lr: float = knob(1e-3, above=0)
+    beta1: float = knob(0.9, minimum=0, below=1)
+    beta2: float = knob(0.99, minimum=0, below=1)
+    epsilon: float = knob(1e-8, above=0)
+    staleness_threshold: int = knob(5, minimum=0)
+
+
 class FADAS(Strategy):
-    """FADAS (Wang et al., 2024): buffered updates, AMSGrad server step, delay-adaptive rate."""
+    """FADAS (Wang et al., 2024): buffered updates, AMSGrad server step, delay-adaptive rate. Knobs: :class:`FADASConfig`."""
+
+    config_class = FADASConfig
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.99,
-                 eps: float = 1e-8, tau_c: int = 5, **flower_options: Any) -> None:
+                 epsilon: float = 1e-8, staleness_threshold: int = 5, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if buffer_size < 1:
-            raise ValueError(f"fadas.buffer-size must be >= 1, got {buffer_size}")
-        self.buffer_size = buffer_size
-        self.server_lr = server_lr
-        self.tau_c = tau_c
-        self.optimizer = AMSGrad(beta1, beta2, eps)
+        self.config = FADASConfig(buffer_size, server_lr, beta1, beta2, epsilon, staleness_threshold)
+        self.optimizer = AMSGrad(beta1, beta2, epsilon)
         self._sum: np.ndarray | None = None
         self._count = 0
         self._tau_max = 0
@@ -71,11 +98,11 @@ class FADAS(Strategy):
         self._sum -= arrival.base
         self._tau_max = max(self._tau_max, arrival.staleness)
         self._count += 1
-        if self._count < self.buffer_size:
+        if self._count < self.config.buffer_size:
             return None
-        lr = delay_adaptive_lr(self.server_lr, self._tau_max, self.tau_c)
-        self.reduced_steps += lr < self.server_lr
-        new = current + np.float32(lr) * self.optimizer.direction(self._sum / np.float32(self.buffer_size))
+        lr = delay_adaptive_lr(self.config.server_lr, self._tau_max, self.config.staleness_threshold)
+        self.reduced_steps += lr < self.config.server_lr
+        new = current + np.float32(lr) * self.optimizer.direction(self._sum / np.float32(self.config.buffer_size))
         self._sum[:] = 0.0
         self._count, self._tau_max = 0, 0
         self.aggregations += 1

@@ -8,7 +8,7 @@ labeled server set (0.5% of the training data in the paper):
 ``L = a(t) * KL(softmax(z_S / T) || softmax(z_C / T)) + (1 - a(t)) * CE(z_C, y)``
 
 with ``T = 3`` and the adaptive weight
-``a(t) = a_min + (a_max - a_min) * min(1, t / T_g)`` (0.2, 0.6, ``T_g = 1000``;
+``a(t) = a_min + (a_max - a_min) * min(1, t / T_g)`` (0.2, 0.6, ``T_g = 1000``: ``ramp_arrivals``;
 ``t`` is the global timestamp, i.e. the number of arrivals). Then
 ``w <- (1 - beta) w + beta w_i`` with ``beta = 1 / sqrt(tau + 1)``.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -25,7 +25,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.data.holdout import stratified_rows
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.resources import StrategyResources
+from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, labeled_arrays
 
 
@@ -48,6 +51,46 @@ def fedadt_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, l
 
 
 @dataclass(frozen=True)
+class FedADTConfig(StrategyConfig):
+    """FedADT's knobs (run-config ``fedadt.*``).
+
+    Parameters
+    ----------
+    temperature : float
+        ``T`` of the distillation softmax.
+    alpha_min, alpha_max : float
+        Range of the adaptive KD weight ``a(t)``.
+    ramp_arrivals : int
+        ``T_g``: arrivals over which ``a(t)`` rises from ``alpha_min`` to ``alpha_max``.
+    kd_lr, kd_batch_size : float, int
+        SGD learning rate and batch size of the one KD pass over the server set.
+    server_fraction : float
+        Built-in app only: the class-stratified share of the training split the server keeps
+        (0.5 % in the paper). A library user passes ``server_data`` instead.
+    """
+
+    label: ClassVar[str] = "FedADT"
+    prefix: ClassVar[str] = "fedadt"
+
+    temperature: float = knob(3.0, above=0)
+    alpha_min: float = knob(0.2, minimum=0, maximum=1)
+    alpha_max: float = knob(0.6, minimum=0, maximum=1)
+    ramp_arrivals: int = knob(1000, minimum=1)
+    kd_lr: float = knob(0.01, above=0)
+    kd_batch_size: int = knob(32, minimum=1)
+    server_fraction: float = knob(0.005, above=0, below=1, builtin=True)
+
+    def check(self) -> None:
+        if self.alpha_min > self.alpha_max:
+            self.fail("alpha_min", f"must be <= alpha_max ({self.alpha_max})")
+
+
+def server_rows(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """The built-in app's FedADT server set: a seeded, class-stratified ``fraction`` of the training rows."""
+    return stratified_rows(labels, fraction, seed, salt=5)
+
+
+@dataclass(frozen=True)
 class ServerSet:
     """A small labeled set held by the server (FedADT's distillation data)."""
 
@@ -64,43 +107,56 @@ class FedADT(Strategy):
         Builds a fresh network of the global model's architecture (your ``Net``).
     server_data : ServerSet, (x, y) or Dataset
         Labeled distillation data on the server (0.5 % of the training data in the paper).
+    temperature, alpha_min, alpha_max, ramp_arrivals, kd_lr, kd_batch_size
+        See :class:`FedADTConfig`.
+    seed : int
+        Seeds the order of the server set in each KD pass.
     """
 
+    config_class = FedADTConfig
+
     def __init__(self, model_fn: Callable[[], nn.Module], server_data: Any, temperature: float = 3.0,
-                 alpha_min: float = 0.2, alpha_max: float = 0.6, t_g: int = 1000, kd_lr: float = 0.01,
+                 alpha_min: float = 0.2, alpha_max: float = 0.6, ramp_arrivals: int = 1000, kd_lr: float = 0.01,
                  kd_batch_size: int = 32, seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
+        self.config = FedADTConfig(temperature, alpha_min, alpha_max, ramp_arrivals, kd_lr, kd_batch_size)
         model_fn = checked_model_fn(model_fn, "FedADT")
         if isinstance(server_data, ServerSet):
             server_data = (server_data.x, server_data.y)
         if isinstance(server_data, (tuple, list)) and len(server_data) == 2 and len(server_data[1]) == 0:
             raise ValueError("FedADT needs a non-empty server set (fedadt.server-fraction too small?)")
         server_set = ServerSet(*labeled_arrays(server_data, "FedADT", "server_data"))
-        if not 0.0 <= alpha_min <= alpha_max <= 1.0:
-            raise ValueError(f"FedADT: need 0 <= alpha_min ({alpha_min}) <= alpha_max ({alpha_max}) <= 1")
         self.teacher, self.student = model_fn(), model_fn()
         self.server_set = server_set
-        self.temperature = temperature
-        self.alpha_min, self.alpha_max, self.t_g = alpha_min, alpha_max, t_g
-        self.kd_lr, self.kd_batch_size = kd_lr, kd_batch_size
         self._x = torch.from_numpy(server_set.x)
         self._y = torch.from_numpy(server_set.y)
         self._generator = torch.Generator().manual_seed(seed)
         self.timestamp = 0
         self.corrected = 0
 
+    @classmethod
+    def from_config(cls, config: FedADTConfig, resources: StrategyResources | None = None,
+                    **flower_options: Any) -> "FedADT":
+        """Built-in app: the server set is a class-stratified ``server_fraction`` of the training split."""
+        if resources is None:
+            raise ValueError("FedADT needs the built-in app's model and training split (resources)")
+        rows = server_rows(resources.y_train, config.server_fraction, resources.seed)
+        return cls(resources.make_model, ServerSet(resources.x_train[rows], resources.y_train[rows]),
+                   seed=resources.seed, **config.keywords(), **flower_options)
+
     def correct(self, client: np.ndarray, global_model: np.ndarray) -> np.ndarray:
         """One KD pass over the server set: the global model teaches the client model."""
+        cfg = self.config
         load_flat(self.teacher, global_model).eval()
         load_flat(self.student, client).train()
-        alpha = adaptive_kd_weight(self.timestamp, self.alpha_min, self.alpha_max, self.t_g)
-        optimizer = torch.optim.SGD(self.student.parameters(), lr=self.kd_lr)
+        alpha = adaptive_kd_weight(self.timestamp, cfg.alpha_min, cfg.alpha_max, cfg.ramp_arrivals)
+        optimizer = torch.optim.SGD(self.student.parameters(), lr=cfg.kd_lr)
         order = torch.randperm(len(self._y), generator=self._generator)
-        for start in range(0, len(order), self.kd_batch_size):
-            index = order[start : start + self.kd_batch_size]
+        for start in range(0, len(order), cfg.kd_batch_size):
+            index = order[start : start + cfg.kd_batch_size]
             with torch.no_grad():
                 teacher_logits = self.teacher(self._x[index])
-            loss = fedadt_kd_loss(self.student(self._x[index]), teacher_logits, self._y[index], alpha, self.temperature)
+            loss = fedadt_kd_loss(self.student(self._x[index]), teacher_logits, self._y[index], alpha, cfg.temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -7,12 +7,14 @@ and ``s`` one of the staleness functions in :mod:`asyncfl.strategies.staleness`.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
-from asyncfl.strategies.staleness import fedasync_staleness
+from asyncfl.strategies.settings import StrategyConfig, knob
+from asyncfl.strategies.staleness import FEDASYNC_STALENESS_FUNCTIONS, fedasync_staleness
 
 
 def fedasync_mix(current: np.ndarray, client: np.ndarray, alpha_t: float) -> np.ndarray:
@@ -20,19 +22,45 @@ def fedasync_mix(current: np.ndarray, client: np.ndarray, alpha_t: float) -> np.
     return current + np.float32(alpha_t) * (client - current)
 
 
-class FedAsync(Strategy):
-    """FedAsync (Xie et al., 2019) with constant, polynomial or hinge staleness."""
+@dataclass(frozen=True)
+class FedAsyncConfig(StrategyConfig):
+    """FedAsync's knobs (run-config ``fedasync.*``).
 
-    def __init__(self, alpha: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: float = 4.0, **flower_options: Any) -> None:
+    Parameters
+    ----------
+    alpha : float
+        ``alpha``: the mixing weight of a fresh client model, in (0, 1].
+    staleness : {"constant", "polynomial", "hinge"}
+        The staleness function ``s(tau)`` (Xie et al., Sec. 5.2).
+    staleness_decay : float
+        ``a``: the exponent of ``(tau + 1)^-a`` (polynomial) or the slope of the hinge.
+    staleness_cutoff : float
+        ``b``: the hinge's staleness below which ``s = 1``.
+    """
+
+    label: ClassVar[str] = "FedAsync"
+    prefix: ClassVar[str] = "fedasync"
+
+    alpha: float = knob(0.6, above=0, maximum=1)
+    staleness: str = knob("polynomial", choices=FEDASYNC_STALENESS_FUNCTIONS)
+    staleness_decay: float = knob(0.5, minimum=0)
+    staleness_cutoff: float = knob(4.0, minimum=0)
+
+
+class FedAsync(Strategy):
+    """FedAsync (Xie et al., 2019) with constant, polynomial or hinge staleness. Knobs: :class:`FedAsyncConfig`."""
+
+    config_class = FedAsyncConfig
+
+    def __init__(self, alpha: float = 0.6, staleness: str = "polynomial", staleness_decay: float = 0.5,
+                 staleness_cutoff: float = 4.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.alpha = alpha
-        self.staleness = staleness
-        self.a = a
-        self.b = b
+        self.config = FedAsyncConfig(alpha, staleness, staleness_decay, staleness_cutoff)
 
     def mixing_weight(self, tau: int) -> float:
         """``alpha_t = alpha * s(tau)``."""
-        return self.alpha * fedasync_staleness(self.staleness, tau, self.a, self.b)
+        cfg = self.config
+        return cfg.alpha * fedasync_staleness(cfg.staleness, tau, cfg.staleness_decay, cfg.staleness_cutoff)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         return fedasync_mix(current, arrival.weights, self.mixing_weight(arrival.staleness))

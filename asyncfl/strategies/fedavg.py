@@ -14,11 +14,13 @@ arrival contributes through :meth:`FedAvg.round_updates`.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.settings import StrategyConfig, knob
 
 
 def weighted_mean_delta(deltas: list[np.ndarray], num_examples: list[float]) -> np.ndarray:
@@ -35,14 +37,31 @@ def weighted_mean_delta(deltas: list[np.ndarray], num_examples: list[float]) -> 
     return out
 
 
+@dataclass(frozen=True)
+class FedAvgConfig(StrategyConfig):
+    """FedAvg's knob (run-config ``fedavg.server-lr``, shared by the FedAvg-based baselines).
+
+    Parameters
+    ----------
+    server_lr : float
+        ``eta_s`` on the round's weighted mean update.
+    """
+
+    label: ClassVar[str] = "FedAvg"
+    prefix: ClassVar[str] = "fedavg"
+
+    server_lr: float = knob(1.0, above=0, key="fedavg.server-lr")
+
+
 class FedAvg(Strategy):
-    """Synchronous FedAvg (McMahan et al., 2017) with a server learning rate."""
+    """Synchronous FedAvg (McMahan et al., 2017) with a server learning rate. Knobs: :class:`FedAvgConfig`."""
 
     synchronous = True
+    config_class = FedAvgConfig
 
     def __init__(self, server_lr: float = 1.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.server_lr = server_lr
+        self.config = FedAvgConfig(server_lr)
         self._arrivals: list[Arrival] = []
         self.rounds = 0
         self.stale_arrivals = 0
@@ -63,7 +82,7 @@ class FedAvg(Strategy):
         step = weighted_mean_delta(deltas, weights)
         self._arrivals = []
         self.rounds += 1
-        return current + np.float32(self.server_lr) * step
+        return current + np.float32(self.config.server_lr) * step
 
     def summary(self) -> dict[str, float | int | str]:
         return {"rounds": self.rounds, "stale-arrivals": self.stale_arrivals}

@@ -8,13 +8,14 @@ Optionally each update is scaled by ``1 / sqrt(1 + tau)`` as in Nguyen et al.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.settings import StrategyConfig, knob
 
 STALENESS_WEIGHTINGS = ("none", "sqrt")
 
@@ -33,21 +34,42 @@ def fedbuff_weight(tau: int, weighting: str) -> float:
     raise ValueError(f"unknown FedBuff staleness weighting {weighting!r}; valid: {', '.join(STALENESS_WEIGHTINGS)}")
 
 
+@dataclass(frozen=True)
+class FedBuffConfig(StrategyConfig):
+    """FedBuff's knobs (run-config ``fedbuff.*``).
+
+    Parameters
+    ----------
+    buffer_size : int
+        ``B``: updates per aggregation.
+    server_lr : float
+        ``eta_s``.
+    staleness_weighting : {"none", "sqrt"}
+        Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
+    """
+
+    label: ClassVar[str] = "FedBuff"
+    prefix: ClassVar[str] = "fedbuff"
+
+    buffer_size: int = knob(5, minimum=1)
+    server_lr: float = knob(1.0, above=0)
+    staleness_weighting: str = knob("none", choices=STALENESS_WEIGHTINGS)
+
+
 class FedBuff(Strategy):
     """FedBuff (Nguyen et al., 2022): aggregate exactly ``buffer_size`` updates at a time.
 
     The buffer holds a running sum, so memory is one model whatever ``B`` is.
     With ``buffer_size=1`` and ``server_lr=1`` it is plain asynchronous FedAvg.
+    Knobs: :class:`FedBuffConfig`.
     """
 
-    def __init__(self, buffer_size: int = 5, server_lr: float = 1.0, staleness_weighting: str = "none", **flower_options: Any) -> None:
+    config_class = FedBuffConfig
+
+    def __init__(self, buffer_size: int = 5, server_lr: float = 1.0, staleness_weighting: str = "none",
+                 **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if buffer_size < 1:
-            raise ValueError(f"fedbuff.buffer-size must be >= 1, got {buffer_size}")
-        fedbuff_weight(0, staleness_weighting)
-        self.buffer_size = buffer_size
-        self.server_lr = server_lr
-        self.staleness_weighting = staleness_weighting
+        self.config = FedBuffConfig(buffer_size, server_lr, staleness_weighting)
         self._sum: np.ndarray | None = None
         self._count = 0
         self.aggregations = 0
@@ -58,7 +80,7 @@ class FedBuff(Strategy):
         return self._count
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        scale = np.float32(fedbuff_weight(arrival.staleness, self.staleness_weighting))
+        scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
         if self._sum is None:
             self._sum = np.zeros_like(arrival.weights)
         if scale == 1.0:  # in place, no temporary: the hot path for the default setting
@@ -67,9 +89,9 @@ class FedBuff(Strategy):
         else:
             self._sum += scale * arrival.delta
         self._count += 1
-        if self._count < self.buffer_size:
+        if self._count < self.config.buffer_size:
             return None
-        new = fedbuff_step(current, self._sum, self.buffer_size, self.server_lr)
+        new = fedbuff_step(current, self._sum, self.config.buffer_size, self.config.server_lr)
         self._sum, self._count = None, 0
         self.aggregations += 1
         return new

@@ -24,15 +24,19 @@ clients computed on their own data rather than drifting to ``U``'s.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillation_inputs
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.resources import StrategyResources
+from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, input_array
 
 _INFERENCE_BATCH = 500
@@ -95,6 +99,52 @@ class ClientLogitBank:
         return (self._sum[rows] / len(self._logits)).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class FedEchoConfig(StrategyConfig):
+    """FedEcho's knobs (run-config ``fedecho.*``).
+
+    Parameters
+    ----------
+    buffer_size : int
+        ``M``, arrivals per global update.
+    server_lr : float
+        ``eta``.
+    distill_steps : int
+        ``Q``; 0 turns FedEcho into FedBuff that still records logits.
+    distill_batch_size, distill_lr, clip : int, float, float
+        ``|B|``, ``eta_d`` (Adam) and ``nu`` (gradient-norm clip).
+    alpha_min, alpha_max : float
+        Range of the uncertainty weight (equal values: a fixed ``alpha``).
+    distill_set, distill_size : str, int
+        Built-in app only: which unlabeled set ``U`` is (``digits``, ``cifar10``, ``cifar100`` or the
+        server's ``holdout`` rows) and how many of its inputs. A library user passes ``distill_inputs``.
+    """
+
+    label: ClassVar[str] = "FedEcho"
+    prefix: ClassVar[str] = "fedecho"
+
+    buffer_size: int = knob(5, minimum=1)
+    server_lr: float = knob(1.0, above=0)
+    distill_steps: int = knob(10, minimum=0)
+    distill_batch_size: int = knob(64, minimum=1)
+    distill_lr: float = knob(1e-4, above=0)
+    alpha_min: float = knob(0.2, minimum=0, maximum=1)
+    alpha_max: float = knob(0.8, minimum=0, maximum=1)
+    clip: float = knob(5.0, above=0)
+    distill_set: str = knob("digits", choices=DISTILL_SETS, builtin=True)
+    distill_size: int = knob(1000, minimum=1, builtin=True)
+
+    def check(self) -> None:
+        if self.alpha_min > self.alpha_max:
+            self.fail("alpha_min", f"must be <= alpha_max ({self.alpha_max}); equal values give a fixed alpha")
+
+    def check_run_config(self, run_config: Mapping[str, Any]) -> None:
+        problem = distill_set_problem(self.distill_set, str(run_config["dataset"]),
+                                      float(run_config["server-holdout"]))
+        if problem:
+            self.fail("distill_set", problem)
+
+
 class FedEcho(Strategy):
     """FedEcho (Algorithm 1): buffered aggregation, then uncertainty-aware distillation.
 
@@ -105,42 +155,46 @@ class FedEcho(Strategy):
     distill_inputs : array, tensor or Dataset
         The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
         are ignored).
-    buffer_size : int
-        ``M``, arrivals per global update.
-    server_lr : float
-        ``eta``.
-    distill_steps : int
-        ``Q``; 0 turns FedEcho into FedBuff that still records logits.
-    distill_batch_size, distill_lr, clip : int, float, float
-        ``|B|``, ``eta_d`` (Adam) and ``nu`` (gradient-norm clip).
-    alpha_min, alpha_max : float
-        Range of the uncertainty weight.
+    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip
+        See :class:`FedEchoConfig`.
+    seed : int
+        Seeds the distillation minibatches.
     """
+
+    config_class = FedEchoConfig
 
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 5,
                  server_lr: float = 1.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-4, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
-                 seed: int = 0, distill_set: str = "", distill_size: int = 0, **flower_options: Any) -> None:
+                 seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
+        self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
+                                    alpha_min, alpha_max, clip)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
-        if buffer_size < 1:
-            raise ValueError(f"FedEcho: buffer_size must be >= 1, got {buffer_size}")
-        if not 0.0 <= alpha_min <= alpha_max <= 1.0:
-            raise ValueError(f"FedEcho: need 0 <= alpha_min ({alpha_min}) <= alpha_max ({alpha_max}) <= 1")
         self.unlabeled = torch.from_numpy(unlabeled)
         self.client_net, self.student = model_fn().eval(), model_fn().eval()
         self.optimizer = torch.optim.Adam(self.student.parameters(), lr=distill_lr, betas=(0.9, 0.999), eps=1e-8)
-        self.buffer_size, self.server_lr = buffer_size, server_lr
-        self.distill_steps, self.distill_batch_size, self.clip = distill_steps, distill_batch_size, clip
-        self.alpha_min, self.alpha_max = alpha_min, alpha_max
-        self.distill_set = distill_set
+        self.distill_source = "user inputs"
         self.bank = ClientLogitBank()
         self._generator = torch.Generator().manual_seed(seed)
         self._sum: np.ndarray | None = None
         self._count = 0
         self.aggregations = 0
         self._alpha_sum, self._alpha_count = 0.0, 0  # for the summary's mean alpha
+
+    @classmethod
+    def from_config(cls, config: FedEchoConfig, resources: StrategyResources | None = None,
+                    **flower_options: Any) -> "FedEcho":
+        """Built-in app: ``U`` is ``distill_size`` inputs of ``distill_set`` (labels dropped)."""
+        if resources is None:
+            raise ValueError("FedEcho needs the built-in app's model and training split (resources)")
+        unlabeled = distillation_inputs(config.distill_set, resources.x_train, resources.y_train,
+                                        config.distill_size, resources.seed, data_dir=resources.data_dir,
+                                        holdout_fraction=resources.server_holdout)
+        strategy = cls(resources.make_model, unlabeled, seed=resources.seed, **config.keywords(), **flower_options)
+        strategy.distill_source = config.distill_set
+        return strategy
 
     @torch.no_grad()
     def client_logits(self, weights: np.ndarray) -> np.ndarray:
@@ -152,18 +206,19 @@ class FedEcho(Strategy):
 
     def distill(self, model: np.ndarray) -> np.ndarray:
         """``Q`` clipped Adam steps of the global model towards the averaged client logits."""
+        cfg = self.config
         load_flat(self.student, model).eval()
-        for _ in range(self.distill_steps):
-            rows = torch.randint(len(self.unlabeled), (min(self.distill_batch_size, len(self.unlabeled)),),
+        for _ in range(cfg.distill_steps):
+            rows = torch.randint(len(self.unlabeled), (min(cfg.distill_batch_size, len(self.unlabeled)),),
                                  generator=self._generator)
             teacher = torch.from_numpy(self.bank.mean(rows.numpy()))
-            alpha = uncertainty_weight(teacher, self.alpha_min, self.alpha_max)
+            alpha = uncertainty_weight(teacher, cfg.alpha_min, cfg.alpha_max)
             self._alpha_sum += alpha
             self._alpha_count += 1
             loss = fedecho_distillation_loss(self.student(self.unlabeled[rows]), teacher, alpha)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.clip)
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.clip)
             self.optimizer.step()
         return model_to_flat(self.student)
 
@@ -173,18 +228,19 @@ class FedEcho(Strategy):
             self._sum = np.zeros_like(arrival.delta)
         self._sum += arrival.delta
         self._count += 1
-        if self._count < self.buffer_size:
+        cfg = self.config
+        if self._count < cfg.buffer_size:
             return None
-        candidate = current + np.float32(self.server_lr / self.buffer_size) * self._sum
+        candidate = current + np.float32(cfg.server_lr / cfg.buffer_size) * self._sum
         self._sum[:] = 0.0
         self._count = 0
         self.aggregations += 1
-        return self.distill(candidate) if self.distill_steps else candidate
+        return self.distill(candidate) if cfg.distill_steps else candidate
 
     def summary(self) -> dict[str, float | int | str]:
         return {
             "aggregations": self.aggregations,
-            "distill-set": self.distill_set,
+            "distill-set": self.distill_source,
             "distill-samples": int(len(self.unlabeled)),
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),

@@ -9,23 +9,43 @@ every arrival. A running sum makes each arrival O(model), whatever ``Q`` is.
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections import deque
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.settings import StrategyConfig, knob
+
+
+@dataclass(frozen=True)
+class FedFaConfig(StrategyConfig):
+    """FedFa's knob (run-config ``fedfa.queue-size``).
+
+    Parameters
+    ----------
+    queue_size : int
+        ``Q``: client models averaged into the global one.
+    """
+
+    label: ClassVar[str] = "FedFa"
+    prefix: ClassVar[str] = "fedfa"
+
+    queue_size: int = knob(10, minimum=1)
 
 
 class FedFa(Strategy):
-    """FedFa (Xu et al., 2024): the global model is the mean of the last ``queue_size`` client models."""
+    """FedFa (Xu et al., 2024): the global model is the mean of the last ``queue_size`` client models.
+
+    Knobs: :class:`FedFaConfig`.
+    """
+
+    config_class = FedFaConfig
 
     def __init__(self, queue_size: int = 10, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        if queue_size < 1:
-            raise ValueError(f"fedfa.queue-size must be >= 1, got {queue_size}")
-        self.queue_size = queue_size
+        self.config = FedFaConfig(queue_size)
         self._queue: deque[np.ndarray] = deque()
         self._sum: np.ndarray | None = None
         self._arrivals = 0
@@ -36,10 +56,10 @@ class FedFa(Strategy):
             self._sum = np.zeros_like(weights)
         self._queue.append(weights)
         self._sum += weights
-        if len(self._queue) > self.queue_size:
+        if len(self._queue) > self.config.queue_size:
             self._sum -= self._queue.popleft()
         self._arrivals += 1
-        if self._arrivals % (10 * self.queue_size) == 0:  # bound float32 drift of the running sum
+        if self._arrivals % (10 * self.config.queue_size) == 0:  # bound float32 drift of the running sum
             self._sum = np.sum(np.stack(self._queue), axis=0)
         return self._sum / np.float32(len(self._queue))
 

@@ -32,46 +32,113 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from asyncfl.data.holdout import holdout_rows
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.resources import StrategyResources
+from asyncfl.strategies.settings import ConfigError, StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, labeled_arrays
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
 from asyncfl.strategies.revive.synthesis import SynthesisConfig, synthesize
-from asyncfl.strategies.staleness import beta_schedule
+from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule
+
+#: Where the built-in app's teacher class weights come from: probed proxies, or the real label histograms.
+REVIVE_PROPORTIONS = ("proxy", "true")
 
 
 @dataclass(frozen=True)
-class ReviveConfig:
-    """FedRevive's knobs (paper defaults; FEMNIST column of its Table 6 where per dataset)."""
+class FedReviveConfig(StrategyConfig):
+    """FedRevive's knobs (run-config ``fedrevive.*``; paper defaults, FEMNIST column of its Table 6).
 
-    server_lr: float = 0.05
-    beta: str = "cosine"
-    tau_max: float = 150.0
-    beta_constant: float = 0.5
-    buffer_size: int = 8
-    t_est: int = 2
-    t_probe: float = 1.4
-    t_gen: int = 10
-    synth_start: int = 50
-    kd_start: int = 100
-    kd_steps: int = 10
-    kd_batch_size: int = 32
-    kd_lr: float = 1e-4
-    temperature: float = 1.0
-    pool_capacity: int = 2048
-    latent_dim: int = 100
-    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
+    Parameters
+    ----------
+    server_lr : float
+        ``eta_s``.
+    beta, max_staleness, beta_constant : str, float, float
+        The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW).
+    teacher_buffer_size : int
+        ``c``: the most recent client models kept as teachers.
+    probe_uploads, probe_temperature : int, float
+        ``T_est`` (a client's first uploads that shape its class-proportion proxy) and ``T_probe``.
+    synthesis_every, synthesis_start : int
+        ``T_gen`` (server updates between synthesis rounds) and the update synthesis starts at.
+    synthesis_batch_size, synthesis_steps : int
+        Synthetic samples per round and ``K_synth`` Adam steps on ``(z, theta')``.
+    generator_lr, latent_lr : float
+        Adam learning rates of ``theta'`` and ``z``.
+    alpha_target, alpha_feature, alpha_adversarial : float
+        Weights of Eq. 4's three losses.
+    reptile_step : float
+        ``lambda`` of the Reptile meta-update ``theta <- (1 - lambda) theta + lambda theta'``.
+    kd_start, kd_steps, kd_batch_size, kd_lr, temperature : int, int, int, float, float
+        The update KD starts at, ``K_KD`` Adam steps, per-teacher minibatch, learning rate, ``T``.
+    pool_capacity : int
+        Synthetic samples the KD pool keeps (FIFO).
+    latent_dim : int
+        The generator's latent size.
+    proportions : {"proxy", "true"}
+        Built-in app only: ``true`` weights teachers by the clients' real label histograms (the
+        paper's ablation). A library user passes ``true_proportions``.
+    """
+
+    label: ClassVar[str] = "FedRevive"
+    prefix: ClassVar[str] = "fedrevive"
+
+    server_lr: float = knob(0.05, above=0)
+    beta: str = knob("cosine", choices=BETA_SCHEDULES)
+    max_staleness: float = knob(150.0, above=0)
+    beta_constant: float = knob(0.5, minimum=0, maximum=1)
+    teacher_buffer_size: int = knob(8, minimum=1)
+    probe_uploads: int = knob(2, minimum=1)
+    probe_temperature: float = knob(1.4, above=0)
+    synthesis_every: int = knob(10, minimum=1)
+    synthesis_start: int = knob(50, minimum=0)
+    kd_start: int = knob(100, minimum=0)
+    kd_steps: int = knob(10, minimum=1)
+    kd_batch_size: int = knob(32, minimum=1)
+    kd_lr: float = knob(1e-4, above=0)
+    temperature: float = knob(1.0, above=0)
+    pool_capacity: int = knob(2048, minimum=1)
+    latent_dim: int = knob(100, minimum=1)
+    synthesis_batch_size: int = knob(64, minimum=1)
+    synthesis_steps: int = knob(2, minimum=1)
+    generator_lr: float = knob(0.01, above=0)
+    latent_lr: float = knob(0.003, above=0)
+    alpha_target: float = knob(1.0, minimum=0)
+    alpha_feature: float = knob(0.3, minimum=0)
+    alpha_adversarial: float = knob(0.1, minimum=0)
+    reptile_step: float = knob(0.5, above=0, maximum=1)
+    proportions: str = knob("proxy", choices=REVIVE_PROPORTIONS, builtin=True)
+
+    @property
+    def synthesis(self) -> SynthesisConfig:
+        """The knobs of one synthesis round."""
+        return SynthesisConfig(batch_size=self.synthesis_batch_size, steps=self.synthesis_steps,
+                               generator_lr=self.generator_lr, latent_lr=self.latent_lr,
+                               alpha_target=self.alpha_target, alpha_feature=self.alpha_feature,
+                               alpha_adv=self.alpha_adversarial, meta_lambda=self.reptile_step)
+
+
+@dataclass(frozen=True)
+class DDFedReviveConfig(FedReviveConfig):
+    """DD-FedRevive's knobs: FedRevive's (run-config ``fedrevive.*``), on the server's labeled hold-out."""
+
+    label: ClassVar[str] = "DDFedRevive"
+
+    def check_run_config(self, run_config: Mapping[str, Any]) -> None:
+        if not float(run_config["server-holdout"]) > 0.0:
+            raise ConfigError("strategy 'dd-fedrevive' distils on real labeled server data: set server-holdout > 0")
 
 
 def multi_teacher_kd_loss(student_logits: list[torch.Tensor], teacher_logits: list[torch.Tensor],
@@ -108,22 +175,36 @@ class FedRevive(Strategy):
         Builds a fresh network of the global model's architecture (your ``Net``).
     num_classes, input_shape : int, tuple
         The task's label count and input shape (for the generator and the probes).
-    config : ReviveConfig
-        Method knobs.
+    server_lr, beta, max_staleness, ..., reptile_step
+        The method's knobs: see :class:`FedReviveConfig`.
     seed : int
         Seeds probes, synthesis and pool sampling.
-    holdout : tuple of arrays, optional
-        ``(x, y)`` real labeled server data: DD-FedRevive.
     true_proportions : callable, optional
         ``(client index, number of clients) -> label histogram``; replaces the probing proxies
-        (ablation, and DD-FedRevive). Client indices are partition ids when clients report them.
+        (the paper's ablation). Client indices are partition ids when clients report them.
     """
 
-    def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
-                 config: ReviveConfig = ReviveConfig(), seed: int = 0,
-                 holdout: tuple[np.ndarray, np.ndarray] | None = None,
+    config_class = FedReviveConfig
+
+    def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
+                 server_lr: float = 0.05, beta: str = "cosine", max_staleness: float = 150.0,
+                 beta_constant: float = 0.5, teacher_buffer_size: int = 8, probe_uploads: int = 2,
+                 probe_temperature: float = 1.4, synthesis_every: int = 10, synthesis_start: int = 50,
+                 kd_start: int = 100, kd_steps: int = 10, kd_batch_size: int = 32, kd_lr: float = 1e-4,
+                 temperature: float = 1.0, pool_capacity: int = 2048, latent_dim: int = 100,
+                 synthesis_batch_size: int = 64, synthesis_steps: int = 2, generator_lr: float = 0.01,
+                 latent_lr: float = 0.003, alpha_target: float = 1.0, alpha_feature: float = 0.3,
+                 alpha_adversarial: float = 0.1, reptile_step: float = 0.5, seed: int = 0,
                  true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
+        config = self.config_class(
+            server_lr=server_lr, beta=beta, max_staleness=max_staleness, beta_constant=beta_constant,
+            teacher_buffer_size=teacher_buffer_size, probe_uploads=probe_uploads, probe_temperature=probe_temperature,
+            synthesis_every=synthesis_every, synthesis_start=synthesis_start, kd_start=kd_start, kd_steps=kd_steps,
+            kd_batch_size=kd_batch_size, kd_lr=kd_lr, temperature=temperature, pool_capacity=pool_capacity,
+            latent_dim=latent_dim, synthesis_batch_size=synthesis_batch_size, synthesis_steps=synthesis_steps,
+            generator_lr=generator_lr, latent_lr=latent_lr, alpha_target=alpha_target, alpha_feature=alpha_feature,
+            alpha_adversarial=alpha_adversarial, reptile_step=reptile_step)
         self.config = config
         self.num_classes = num_classes
         make_model = checked_model_fn(model_fn, "FedRevive")
@@ -134,20 +215,17 @@ class FedRevive(Strategy):
         self.make_model = make_model
         self.student = make_model().eval()
         self.probe_net = make_model().eval()
-        self._teacher_nets = [make_model().eval() for _ in range(config.buffer_size)]
+        self._teacher_nets = [make_model().eval() for _ in range(config.teacher_buffer_size)]
         self._buffer: deque[tuple[int, nn.Module]] = deque()  # (client, loaded teacher), oldest first
         self._next_slot = 0
         self.true_proportions = true_proportions
-        self.proxies = ClassProportionProxies(num_classes, input_shape, config.t_est, config.t_probe, seed=seed)
+        self.proxies = ClassProportionProxies(num_classes, input_shape, config.probe_uploads, config.probe_temperature,
+                                              seed=seed)
         with torch.random.fork_rng():  # a seeded generator init that leaves the global RNG alone
             torch.manual_seed(seed)
             self.generator = Generator(config.latent_dim, num_classes, input_shape)
         self.pool = KDPool(config.pool_capacity)
-        self.data_driven = holdout is not None
-        if holdout is not None:
-            self.pool = KDPool(len(holdout[1]))
-            self.pool.add(torch.from_numpy(np.ascontiguousarray(holdout[0], dtype=np.float32)),
-                          torch.from_numpy(np.asarray(holdout[1], dtype=np.int64)))
+        self.data_driven = False
         self._torch_rng = torch.Generator().manual_seed(seed)
         self._np_rng = np.random.default_rng([seed, 9])
         self.num_clients = 0
@@ -157,6 +235,22 @@ class FedRevive(Strategy):
         self.last_synthesis_loss = float("nan")
         # Wall seconds per phase (App. C's overhead split); never used in the math.
         self.seconds = {"probing": 0.0, "synthesis": 0.0, "distillation": 0.0}
+
+    @classmethod
+    def from_config(cls, config: FedReviveConfig, resources: StrategyResources | None = None,
+                    **flower_options: Any) -> "FedRevive":
+        """Built-in app: the zoo model, the dataset's classes and shape; ``proportions="true"`` reads the
+        clients' label histograms (simulation only)."""
+        if resources is None:
+            raise ValueError(f"{cls.__name__} needs the built-in app's model and training split (resources)")
+        true_proportions = None
+        if config.proportions == "true":
+            if resources.label_histogram is None:
+                raise ValueError("FedRevive with true label proportions needs the clients' label histograms "
+                                 "(simulation only)")
+            true_proportions = resources.label_histogram
+        return cls(resources.make_model, resources.num_classes, resources.input_shape, seed=resources.seed,
+                   true_proportions=true_proportions, **config.keywords(), **flower_options)
 
     def on_start(self, num_clients: int) -> None:
         self.num_clients = num_clients
@@ -169,10 +263,10 @@ class FedRevive(Strategy):
         return self.proxies.proportions(client)
 
     def _buffer_teacher(self, client: int, weights: np.ndarray) -> None:
-        if len(self._buffer) == self.config.buffer_size:
+        if len(self._buffer) == self.config.teacher_buffer_size:
             self._buffer.popleft()
         net = self._teacher_nets[self._next_slot]
-        self._next_slot = (self._next_slot + 1) % self.config.buffer_size
+        self._next_slot = (self._next_slot + 1) % self.config.teacher_buffer_size
         self._buffer.append((client, load_flat(net, weights).eval()))
 
     def _weights(self) -> torch.Tensor:
@@ -182,7 +276,7 @@ class FedRevive(Strategy):
         """``beta(tau)``; DD-FedRevive uses the constant 0.5."""
         if self.data_driven:
             return 0.5
-        return beta_schedule(self.config.beta, staleness, self.config.tau_max, self.config.beta_constant)
+        return beta_schedule(self.config.beta, staleness, self.config.max_staleness, self.config.beta_constant)
 
     def distil(self, current: np.ndarray) -> np.ndarray:
         """``K_KD`` Adam steps of a student (from ``current``) towards all buffered teachers; returns ``Delta_KD``."""
@@ -212,7 +306,7 @@ class FedRevive(Strategy):
         self._buffer_teacher(arrival.client_index, arrival.weights)
         self.seconds["probing"] += time.perf_counter() - started
         cfg = self.config
-        if (not self.data_driven and self.updates >= cfg.synth_start and self.updates % cfg.t_gen == 0):
+        if not self.data_driven and self.updates >= cfg.synthesis_start and self.updates % cfg.synthesis_every == 0:
             started = time.perf_counter()
             load_flat(self.student, current)
             batch, labels, loss = synthesize(self.generator, [n for _, n in self._buffer], self.student,
@@ -253,27 +347,46 @@ class DDFedRevive(FedRevive):
     """DD-FedRevive: the FedRevive paper's data-driven upper bound.
 
     As :class:`FedRevive`, but the KD pool is real labeled server data instead of
-    synthesised samples, and the teachers are weighted by the clients' true label
-    proportions instead of the noise-probe proxies (the paper sets ``beta`` constant 0.5:
-    ``config=ReviveConfig(beta="constant", beta_constant=0.5)``).
+    synthesised samples, the teachers are weighted by the clients' true label
+    proportions instead of the noise-probe proxies, and ``beta`` is the constant 0.5
+    (the paper's setting for this upper bound); the synthesis knobs are unused.
 
     Parameters
     ----------
-    model_fn, num_classes, input_shape, config, seed
+    model_fn, num_classes, input_shape, seed
         As for :class:`FedRevive`.
     server_data : (x, y) or Dataset
         The server's labeled distillation data.
     label_proportions : callable
         ``(client index, number of clients) -> label histogram``; client indices are the
         nodes' partition ids when their ClientApps answer the identity query.
+    **options
+        FedRevive's knobs (:class:`FedReviveConfig`) and Flower's ``FedAvg`` options.
     """
 
+    config_class = DDFedReviveConfig
+
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],
-                 server_data: Any, label_proportions: Callable[[int, int], np.ndarray],
-                 config: ReviveConfig = ReviveConfig(), seed: int = 0, **flower_options: Any) -> None:
-        holdout = labeled_arrays(server_data, "DDFedRevive", "server_data")
+                 server_data: Any, label_proportions: Callable[[int, int], np.ndarray], seed: int = 0,
+                 **options: Any) -> None:
+        x, y = labeled_arrays(server_data, "DDFedRevive", "server_data")
         if not callable(label_proportions):
             raise ValueError("DDFedRevive needs label_proportions: a callable (client index, number of clients) -> "
                              f"label histogram, got {type(label_proportions).__name__}")
-        super().__init__(model_fn, num_classes, input_shape, config, seed, holdout=holdout,
-                         true_proportions=label_proportions, **flower_options)
+        super().__init__(model_fn, num_classes, input_shape, seed=seed, true_proportions=label_proportions, **options)
+        self.data_driven = True
+        self.pool = KDPool(len(y))
+        self.pool.add(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+                      torch.from_numpy(np.asarray(y, dtype=np.int64)))
+
+    @classmethod
+    def from_config(cls, config: FedReviveConfig, resources: StrategyResources | None = None,
+                    **flower_options: Any) -> "DDFedRevive":
+        """Built-in app: the pool is the server's hold-out rows; teachers weighted by the true histograms."""
+        if resources is None or resources.label_histogram is None:
+            raise ValueError("DDFedRevive needs the built-in app's training split and the clients' label "
+                             "histograms (simulation only)")
+        rows = holdout_rows(resources.y_train, resources.server_holdout, resources.seed)
+        return cls(resources.make_model, resources.num_classes, resources.input_shape,
+                   (resources.x_train[rows], resources.y_train[rows]), resources.label_histogram,
+                   seed=resources.seed, **config.keywords(), **flower_options)

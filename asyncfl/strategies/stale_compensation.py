@@ -4,7 +4,7 @@ All aggregate a round's updates with FedAvg; they differ in what a stale
 update (``tau > 0``) contributes:
 
 * ``stale-weighted`` (Shi et al., 2020): weight ``1 / (1 + exp(a (tau - b)))`` times ``n_i``
-  (``a = 0.25``, ``b = 10`` in the paper);
+  (steepness ``a = 0.25``, midpoint ``b = 10`` in the paper);
 * ``dc-asgd`` (1st-Order; Zheng et al., 2017, Eq. 1-2 of the paper): with the update seen as
   ``Delta = -g``, ``g(w^t) ~ g + lambda g*g*(w^t - w^{t-tau})`` gives
   ``Delta_c = Delta - lambda Delta*Delta*(w^t - w^{t-tau})`` (element-wise; the authors' code uses
@@ -24,14 +24,15 @@ The unweighted baseline is plain ``fedavg`` under a round deadline.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.strategies.base import Arrival
-from asyncfl.strategies.fedavg import FedAvg, weighted_mean_delta
+from asyncfl.strategies.fedavg import FedAvg, FedAvgConfig, weighted_mean_delta
+from asyncfl.strategies.settings import knob
 
 
 def sigmoid_staleness_weight(tau: int, a: float, b: float) -> float:
@@ -47,47 +48,111 @@ def dc_asgd_compensation(delta: np.ndarray, current: np.ndarray, base: np.ndarra
     return delta - np.float32(lam) * delta * delta * (current - base)
 
 
-class StaleWeighted(FedAvg):
-    """FedAvg whose stale updates carry an extra sigmoid staleness weight (the paper's "Weighted")."""
+@dataclass(frozen=True)
+class StaleWeightedConfig(FedAvgConfig):
+    """The "Weighted" baseline's knobs (run-config ``stale-weighted.*`` and ``fedavg.server-lr``).
 
-    def __init__(self, server_lr: float = 1.0, a: float = 0.25, b: float = 10.0, **flower_options: Any) -> None:
+    Parameters
+    ----------
+    steepness : float
+        ``a`` of the sigmoid ``1 / (1 + exp(a (tau - b)))``.
+    midpoint : float
+        ``b``: the staleness at which the weight is 1/2.
+    """
+
+    label: ClassVar[str] = "StaleWeighted"
+    prefix: ClassVar[str] = "stale-weighted"
+
+    steepness: float = knob(0.25, minimum=0)
+    midpoint: float = knob(10.0)
+
+
+class StaleWeighted(FedAvg):
+    """FedAvg whose stale updates carry an extra sigmoid staleness weight (the paper's "Weighted").
+
+    Knobs: :class:`StaleWeightedConfig`.
+    """
+
+    config_class = StaleWeightedConfig
+
+    def __init__(self, server_lr: float = 1.0, steepness: float = 0.25, midpoint: float = 10.0,
+                 **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        if a < 0:
-            raise ValueError(f"stale-weighted.a must be >= 0, got {a}")
-        self.a, self.b = a, b
+        self.config = StaleWeightedConfig(server_lr, steepness, midpoint)
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
-        weights = [a.num_examples * sigmoid_staleness_weight(a.staleness, self.a, self.b) for a in arrivals]
+        weights = [a.num_examples * sigmoid_staleness_weight(a.staleness, self.config.steepness, self.config.midpoint)
+                   for a in arrivals]
         return [a.delta for a in arrivals], weights
 
 
-class DCASGD(FedAvg):
-    """FedAvg with first-order (DC-ASGD) compensation of stale updates (the paper's "1st-Order")."""
+@dataclass(frozen=True)
+class DCASGDConfig(FedAvgConfig):
+    """The "1st-Order" baseline's knobs (run-config ``dc-asgd.*`` and ``fedavg.server-lr``).
 
-    def __init__(self, server_lr: float = 1.0, lam: float = 4.0, **flower_options: Any) -> None:
+    Parameters
+    ----------
+    compensation_strength : float
+        ``lambda`` of ``Delta - lambda Delta*Delta*(w^t - w^{t-tau})`` (DC-ASGD's variance-control parameter).
+    """
+
+    label: ClassVar[str] = "DCASGD"
+    prefix: ClassVar[str] = "dc-asgd"
+
+    compensation_strength: float = knob(4.0, minimum=0)
+
+
+class DCASGD(FedAvg):
+    """FedAvg with first-order (DC-ASGD) compensation of stale updates (the paper's "1st-Order").
+
+    Knobs: :class:`DCASGDConfig`.
+    """
+
+    config_class = DCASGDConfig
+
+    def __init__(self, server_lr: float = 1.0, compensation_strength: float = 4.0, **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        if lam < 0:
-            raise ValueError(f"dc-asgd.lambda must be >= 0, got {lam}")
-        self.lam = lam
+        self.config = DCASGDConfig(server_lr, compensation_strength)
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
         # ``a.base`` is the model the job was sent (W-Pred's look-ahead, or the global model of its version)
-        deltas = [dc_asgd_compensation(a.delta, current, a.base, self.lam) if a.staleness > 0 else a.delta
+        strength = self.config.compensation_strength
+        deltas = [dc_asgd_compensation(a.delta, current, a.base, strength) if a.staleness > 0 else a.delta
                   for a in arrivals]
         return deltas, [float(a.num_examples) for a in arrivals]
 
 
+@dataclass(frozen=True)
+class AsynTiersConfig(FedAvgConfig):
+    """The "Asyn-Tiers" baseline's knobs (run-config ``asyn-tiers.*`` and ``fedavg.server-lr``).
+
+    Parameters
+    ----------
+    boundary : int
+        Updates with ``tau <= boundary`` form the first tier, later ones the second.
+    """
+
+    label: ClassVar[str] = "AsynTiers"
+    prefix: ClassVar[str] = "asyn-tiers"
+
+    boundary: int = knob(0, minimum=0)
+
+
 class AsynTiers(FedAvg):
-    """Two staleness tiers, FedAvg inside each, tiers weighted by their client counts (the paper's "Asyn-Tiers")."""
+    """Two staleness tiers, FedAvg inside each, tiers weighted by their client counts (the paper's "Asyn-Tiers").
+
+    Knobs: :class:`AsynTiersConfig`.
+    """
+
+    config_class = AsynTiersConfig
 
     def __init__(self, server_lr: float = 1.0, boundary: int = 0, **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        if boundary < 0:
-            raise ValueError(f"asyn-tiers.boundary must be >= 0, got {boundary}")
-        self.boundary = boundary
+        self.config = AsynTiersConfig(server_lr, boundary)
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
-        tiers = [[a for a in arrivals if a.staleness <= self.boundary], [a for a in arrivals if a.staleness > self.boundary]]
+        boundary = self.config.boundary
+        tiers = [[a for a in arrivals if a.staleness <= boundary], [a for a in arrivals if a.staleness > boundary]]
         deltas, weights = [], []
         for tier in tiers:
             if tier:
@@ -96,14 +161,36 @@ class AsynTiers(FedAvg):
         return deltas, weights
 
 
-class WPred(DCASGD):
-    """Look-ahead dispatch for clients known to be late, plus first-order compensation (the paper's "W-Pred")."""
+@dataclass(frozen=True)
+class WPredConfig(DCASGDConfig):
+    """The "W-Pred" baseline's knobs (run-config ``w-pred.*`` and ``fedavg.server-lr``).
 
-    def __init__(self, server_lr: float = 1.0, lam: float = 4.0, beta: float = 0.9, **flower_options: Any) -> None:
-        super().__init__(server_lr, lam, **flower_options)
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"w-pred.beta must be in [0, 1), got {beta}")
-        self.beta = beta
+    Parameters
+    ----------
+    compensation_strength : float
+        ``lambda`` of the first-order compensation from the model sent to the model applied to.
+    step_average_decay : float
+        ``beta`` of the bias-corrected moving average of the per-round global steps.
+    """
+
+    label: ClassVar[str] = "WPred"
+    prefix: ClassVar[str] = "w-pred"
+
+    step_average_decay: float = knob(0.9, minimum=0, below=1)
+
+
+class WPred(DCASGD):
+    """Look-ahead dispatch for clients known to be late, plus first-order compensation (the paper's "W-Pred").
+
+    Knobs: :class:`WPredConfig`.
+    """
+
+    config_class = WPredConfig
+
+    def __init__(self, server_lr: float = 1.0, compensation_strength: float = 4.0, step_average_decay: float = 0.9,
+                 **flower_options: Any) -> None:
+        super().__init__(server_lr, compensation_strength, **flower_options)
+        self.config = WPredConfig(server_lr, compensation_strength, step_average_decay)
         self._expected_staleness: dict[int, int] = {}
         self._step_average: np.ndarray | None = None
         self._steps_seen = 0
@@ -114,7 +201,7 @@ class WPred(DCASGD):
         if tau == 0 or self._step_average is None:
             return None
         self.predicted_dispatches += 1
-        corrected = self._step_average / np.float32(1.0 - self.beta ** self._steps_seen)
+        corrected = self._step_average / np.float32(1.0 - self.config.step_average_decay ** self._steps_seen)
         return current + np.float32(tau) * corrected
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
@@ -128,7 +215,8 @@ class WPred(DCASGD):
             step = new - current
             if self._step_average is None:
                 self._step_average = np.zeros_like(step)
-            self._step_average = np.float32(self.beta) * self._step_average + np.float32(1.0 - self.beta) * step
+            decay = self.config.step_average_decay
+            self._step_average = np.float32(decay) * self._step_average + np.float32(1.0 - decay) * step
             self._steps_seen += 1
         return new
 

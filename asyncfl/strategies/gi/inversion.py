@@ -24,7 +24,7 @@ from asyncfl.strategies.gi.unrolled import LocalProgram, Tensors, flatten_params
 
 @dataclass(frozen=True)
 class InversionConfig:
-    """Knobs of one inversion.
+    """Knobs of one inversion (checked where they are set: :class:`~asyncfl.strategies.gi.strategy.GICompensationConfig`).
 
     Parameters
     ----------
@@ -47,16 +47,6 @@ class InversionConfig:
     warm_iterations: int = 40
     lr: float = 0.1
     keep_fraction: float = 0.05
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.rec_fraction <= 10.0:
-            raise ValueError(f"gi.rec-fraction must be in (0, 10], got {self.rec_fraction}")
-        if self.max_rec < 1 or self.iterations < 1 or self.warm_iterations < 1:
-            raise ValueError("gi.max-rec, gi.iterations and gi.warm-iterations must be >= 1")
-        if self.lr <= 0:
-            raise ValueError(f"gi.lr must be > 0, got {self.lr}")
-        if not 0.0 < self.keep_fraction <= 1.0:
-            raise ValueError(f"gi.keep-fraction must be in (0, 1], got {self.keep_fraction}")
 
     def rec_size(self, num_examples: int) -> int:
         """``|D_rec|`` for a client with ``num_examples`` samples."""

@@ -23,18 +23,70 @@ before the switching point (a condition bug); this implements the paper's text.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 import torch
 
 from asyncfl.strategies.base import Arrival
-from asyncfl.strategies.fedavg import FedAvg
+from asyncfl.strategies.fedavg import FedAvg, FedAvgConfig
 from asyncfl.strategies.gi.inversion import InversionConfig, RecoveredSet, invert_update, replay_update
-from asyncfl.strategies.gi.switching import SwitchBack
+from asyncfl.strategies.gi.switching import SWITCH_RULES, SwitchBack
 from asyncfl.strategies.gi.uniqueness import adaptive_threshold, is_unique
 from asyncfl.strategies.gi.unrolled import FlatLayout, LocalProgram
+from asyncfl.strategies.resources import StrategyResources
+from asyncfl.strategies.settings import ConfigError, knob
 from asyncfl.strategies.user_inputs import checked_model_fn
+
+
+@dataclass(frozen=True)
+class GICompensationConfig(FedAvgConfig):
+    """Gradient-inversion compensation's knobs (run-config ``gi.*`` and ``fedavg.server-lr``).
+
+    Parameters
+    ----------
+    reconstruction_fraction, max_reconstruction : float, int
+        ``|D_rec| / |D_i|`` (the paper settles at 1/2, App. D) and its cap (compute grows with it).
+    inversion_iterations, warm_iterations : int
+        Adam iterations from a random ``D_rec``, and warm-started from the client's previous one.
+    inversion_lr : float
+        Adam learning rate on ``D_rec``'s inputs and label logits.
+    keep_fraction : float
+        Top-K share of the update's coordinates in the disparity (0.05 = the paper's 95 % sparsification).
+    switch_window : float
+        Decay window of ``gamma`` as a fraction of the switching version (Table 3: 0.1).
+    switch_rule, switch_comparisons : str, int
+        Switch back at the first ``E1 > E2`` (the paper) or when the mean over the last comparisons says so.
+    uniqueness : bool
+        Apply the Eq. 7-8 test (False: invert every stale update).
+    """
+
+    label: ClassVar[str] = "GICompensation"
+    prefix: ClassVar[str] = "gi"
+
+    reconstruction_fraction: float = knob(0.5, above=0, maximum=10)
+    max_reconstruction: int = knob(64, minimum=1)
+    inversion_iterations: int = knob(100, minimum=1)
+    warm_iterations: int = knob(40, minimum=1)
+    inversion_lr: float = knob(0.1, above=0)
+    keep_fraction: float = knob(0.05, above=0, maximum=1)
+    switch_window: float = knob(0.1, minimum=0)
+    switch_rule: str = knob("first", choices=SWITCH_RULES)
+    switch_comparisons: int = knob(3, minimum=1)
+    uniqueness: bool = knob(True)
+
+    @property
+    def inversion(self) -> InversionConfig:
+        """The knobs of one inversion."""
+        return InversionConfig(rec_fraction=self.reconstruction_fraction, max_rec=self.max_reconstruction,
+                               iterations=self.inversion_iterations, warm_iterations=self.warm_iterations,
+                               lr=self.inversion_lr, keep_fraction=self.keep_fraction)
+
+    def check_run_config(self, run_config: Mapping[str, Any]) -> None:
+        if str(run_config["optimizer"]) != "sgd":
+            raise ConfigError("gi-compensation replays the clients' SGD program (the paper: inversion fails under "
+                              f"Adam); set optimizer = 'sgd' (got {run_config['optimizer']!r})")
 
 
 class GICompensation(FedAvg):
@@ -50,25 +102,26 @@ class GICompensation(FedAvg):
         Classes of the soft labels.
     local_program : LocalProgram
         The clients' local training (optimizer, learning rate, batches), replayed exactly.
-    inversion : InversionConfig
-        Size of ``D_rec``, iterations, learning rate, top-K share.
-    switch_window : float
-        Decay window of ``gamma`` as a fraction of the switching version (Table 3: 0.1).
-    switch_rule, switch_comparisons : str, int
-        When to switch back (see :class:`SwitchBack`): the paper's first ``E1 > E2``, or a running mean.
-    uniqueness : bool
-        Apply the Eq. 7-8 test (False: invert every stale update).
-    server_lr : float
-        FedAvg's server learning rate.
+    server_lr, reconstruction_fraction, ..., uniqueness
+        The method's knobs: see :class:`GICompensationConfig`.
     seed : int
         Seeds the random initial ``D_rec``.
     """
 
+    config_class = GICompensationConfig
+
     def __init__(self, model_fn: Callable[[], torch.nn.Module], input_shape: tuple[int, ...], num_classes: int,
-                 local_program: LocalProgram, inversion: InversionConfig = InversionConfig(), switch_window: float = 0.1,
-                 uniqueness: bool = True, server_lr: float = 1.0, seed: int = 0, switch_rule: str = "first",
-                 switch_comparisons: int = 3, **flower_options: Any) -> None:
+                 local_program: LocalProgram, *, server_lr: float = 1.0, reconstruction_fraction: float = 0.5,
+                 max_reconstruction: int = 64, inversion_iterations: int = 100, warm_iterations: int = 40,
+                 inversion_lr: float = 0.1, keep_fraction: float = 0.05, switch_window: float = 0.1,
+                 switch_rule: str = "first", switch_comparisons: int = 3, uniqueness: bool = True, seed: int = 0,
+                 **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
+        self.config = GICompensationConfig(
+            server_lr=server_lr, reconstruction_fraction=reconstruction_fraction, max_reconstruction=max_reconstruction,
+            inversion_iterations=inversion_iterations, warm_iterations=warm_iterations, inversion_lr=inversion_lr,
+            keep_fraction=keep_fraction, switch_window=switch_window, switch_rule=switch_rule,
+            switch_comparisons=switch_comparisons, uniqueness=uniqueness)
         if not isinstance(local_program, LocalProgram):
             raise ValueError("GICompensation needs local_program: a LocalProgram describing the clients' SGD "
                              f"(steps or epochs, batch size, lr, momentum), got {type(local_program).__name__}")
@@ -76,8 +129,7 @@ class GICompensation(FedAvg):
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
         self.program = local_program
-        self.inversion = inversion
-        self.uniqueness = uniqueness
+        self.inversion = self.config.inversion
         self.seed = seed
         self.switch = SwitchBack(switch_window, switch_rule, switch_comparisons)
         self._recovered: dict[int, RecoveredSet] = {}
@@ -91,6 +143,16 @@ class GICompensation(FedAvg):
         self.no_sample_count = 0
         self.inversion_seconds = 0.0
         self.disparity_ratios: list[float] = []
+
+    @classmethod
+    def from_config(cls, config: GICompensationConfig, resources: StrategyResources | None = None,
+                    **flower_options: Any) -> "GICompensation":
+        """Built-in app: replays the run-config's local-training program on the zoo model."""
+        if resources is None or resources.train_config is None:
+            raise ValueError("GICompensation needs the built-in app's model, data shape and local-training config")
+        return cls(resources.make_model, resources.input_shape, resources.num_classes,
+                   LocalProgram.from_message_config(resources.train_config), seed=resources.seed,
+                   **config.keywords(), **flower_options)
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
         version = arrivals[0].base_version + arrivals[0].staleness
@@ -112,7 +174,7 @@ class GICompensation(FedAvg):
         if arrival.num_examples <= 0:
             self.no_sample_count += 1  # a client that does not report its sample count cannot be replayed
             return arrival.delta
-        if self.uniqueness and not is_unique(arrival.delta, fresh, self._thresholds.get(arrival.base_version)):
+        if self.config.uniqueness and not is_unique(arrival.delta, fresh, self._thresholds.get(arrival.base_version)):
             self.not_unique += 1
             return arrival.delta
         stale = self.layout.param_vector(arrival.delta)

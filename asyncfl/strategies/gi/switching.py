@@ -44,12 +44,7 @@ class SwitchBack:
     """
 
     def __init__(self, window_fraction: float = 0.1, rule: str = "first", min_comparisons: int = 3) -> None:
-        if window_fraction < 0:
-            raise ValueError(f"gi.switch-window must be >= 0, got {window_fraction}")
-        if rule not in SWITCH_RULES:
-            raise ValueError(f"gi.switch-rule={rule!r}: choose one of {', '.join(SWITCH_RULES)}")
-        if min_comparisons < 1:
-            raise ValueError(f"gi.switch-comparisons must be >= 1, got {min_comparisons}")
+        # the values are checked by GICompensationConfig, where users set them
         self.window_fraction = window_fraction
         self.rule = rule
         self.min_comparisons = min_comparisons
