@@ -7,7 +7,8 @@ project owns, streams the run and stops the SuperLink by PID.
 
 ``asyncfl deploy`` runs the same app as a real deployment on this machine: a
 SuperLink and N SuperNode processes over Flower's transport, the engine on the
-wall clock (:mod:`asyncfl.deploy.local`).
+wall clock (:mod:`asyncfl.deploy.local`). ``asyncfl docker`` does the same with
+a container per server and per client (:mod:`asyncfl.deploy.containers`).
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     compose.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS (certificates/ mounted)")
     compose.add_argument("--cuda", action="store_true", help="ClientApps from the CUDA image, one GPU each")
     compose.add_argument("--out", type=Path, default=Path("docker/compose.yml"), help="output file")
+    _docker_parser(commands)
     compare = commands.add_parser("compare", help="table and one plot of several run folders")
     compare.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.csv, summary.json)")
     compare.add_argument("--out", type=Path, default=Path("comparison.png"), help="plot file (default: comparison.png)")
@@ -185,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client)
     if args.command == "deploy":
         return _deploy(parser, args)
+    if args.command == "docker":
+        return _docker(parser, args)
     if args.command == "compose":
         from asyncfl.deploy.compose import write_compose
 
@@ -242,6 +246,110 @@ def _deploy(parser: argparse.ArgumentParser, args) -> int:
             if flwr.poll() is None:
                 flwr.terminate()
                 flwr.wait(timeout=30)
+
+
+def _docker_parser(commands) -> None:
+    docker = commands.add_parser("docker", help="build images and run the app in containers (one per client)")
+    actions = docker.add_subparsers(dest="action", required=True)
+    base = actions.add_parser("base", help="make the Debian base image with debootstrap (no registry needed)")
+    base.add_argument("--tag", default=None, help="image tag (default: asyncfl-base:bookworm)")
+    base.add_argument("--mirror", default=None, help="Debian archive URI (default: the host's apt source)")
+    build = actions.add_parser("build", help="build the Flower and SuperExec images")
+    build.add_argument("--base", default=None,
+                       help="base image with python3: asyncfl-base:bookworm (default; `asyncfl docker base`) or "
+                            "python:3.11-slim where a registry is reachable")
+    build.add_argument("--wheels", type=Path, action="append", default=None,
+                       help="folder with a torch-*.whl to install (default: the folders in PIP_FIND_LINKS)")
+    build.add_argument("--torch-index-url", default="", help="index for PyTorch when no wheel is given")
+    build.add_argument("--ca-bundle", type=Path, default=None,
+                       help="CA bundle pip trusts inside the build (default: PIP_CERT, REQUESTS_CA_BUNDLE, "
+                            "SSL_CERT_FILE or the system bundle; for TLS-inspecting proxies)")
+    up = actions.add_parser("up", help="start SuperLink + N SuperNodes in containers and flwr run the app")
+    up.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
+    up.add_argument("--supernodes", type=int, default=4, help="clients, one SuperNode container each (default: 4)")
+    up.add_argument("--cpus-per-client", default="",
+                    help="CPU limits of the ClientApp containers, cycled over clients, e.g. '0.25,0.5,1'")
+    up.add_argument("--tls", type=Path, default=None,
+                    help="folder with ca.crt, server.pem, server.key (scripts/make-certs.sh) to serve over TLS")
+    up.add_argument("--supernode-auth", action="store_true",
+                    help="admit only SuperNodes whose keys were registered (a key pair each; needs --tls)")
+    up.add_argument("--name", default="asyncfl", help="deployment name (container prefix, label)")
+    up.add_argument("--workdir", type=Path, default=Path(".flwr-docker"),
+                    help="host folder for results (outputs/), logs and the flwr connection (default: .flwr-docker)")
+    up.add_argument("--detach", action="store_true", help="start the containers and leave them running; no run")
+    up.add_argument("--run-config", "-c", action="append", default=[],
+                    help="run-config overrides as key=value (clock='wall' and output-dir='/app/outputs' come first)")
+    down = actions.add_parser("down", help="remove the containers, networks and volumes `docker up` started")
+    down.add_argument("--name", default=None, help="one deployment (default: every asyncfl deployment)")
+    actions.add_parser("requirements", help="rewrite docker/requirements.txt from pyproject.toml")
+
+
+def _docker(parser: argparse.ArgumentParser, args) -> int:
+    import os
+
+    from asyncfl.deploy import images
+    from asyncfl.deploy.containers import DockerDeployment, docker_client, remove_deployment
+    from asyncfl.deploy.topology import cpu_tiers
+
+    root = Path(__file__).resolve().parents[1]
+    if args.action == "requirements":
+        path = root / "docker" / "requirements.txt"
+        path.write_text(images.requirements_text(root / "pyproject.toml"))
+        print(path)
+        return 0
+    if args.action == "up":
+        if args.supernodes < 1:
+            parser.error(f"--supernodes must be >= 1, got {args.supernodes}")
+        if not (args.app / "pyproject.toml").exists():
+            parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
+        if args.supernode_auth and args.tls is None:
+            parser.error("--supernode-auth needs --tls DIR: Flower's SuperLink authenticates SuperNodes only over TLS")
+        try:
+            tiers = cpu_tiers(args.cpus_per_client) if args.cpus_per_client else None
+            run_config = list(args.run_config)
+            if any(item.endswith(".toml") for item in run_config):
+                raise ValueError("asyncfl docker up takes key=value overrides only")
+            check_run_config(args.app, [f"clock='wall' output-dir='{args.workdir.resolve()}'"] + run_config)
+        except ValueError as exc:
+            parser.error(str(exc))
+    try:
+        client = docker_client()
+        if args.action == "base":
+            built = images.make_base_image(client, args.tag or images.BASE_IMAGE, mirror=args.mirror)
+            print(f"{built.tag}: {built.size_mb} MB in {built.seconds} s")
+            return 0
+        if args.action == "build":
+            folders = args.wheels or [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
+            wheels = images.torch_wheels(folders)
+            print(f"PyTorch: {wheels[0].name if wheels else 'from the package index'}", flush=True)
+            ca_bundle = args.ca_bundle or images.ca_bundle_from_env(dict(os.environ))
+            for built in images.build_images(client, root, args.base or images.BASE_IMAGE, wheels,
+                                             args.torch_index_url, ca_bundle):
+                print(f"{built.tag}: {built.size_mb} MB, built in {built.seconds} s")
+            return 0
+        if args.action == "down":
+            removed = remove_deployment(client, args.name)
+            print(", ".join(f"{count} {kind}" for kind, count in removed.items()) + " removed")
+            return 0
+        deployment = DockerDeployment(args.supernodes, args.name, args.workdir, tls_dir=args.tls,
+                                      cpus_per_client=tiers, supernode_auth=args.supernode_auth, client=client)
+        deployment.__enter__()
+    except (RuntimeError, ValueError, TimeoutError) as exc:
+        print(f"asyncfl docker {args.action}: {exc}", file=sys.stderr)
+        return 1
+    print(f"SuperLink on {deployment.address}; {args.supernodes} SuperNode containers; results in "
+          f"{deployment.outputs}; remove with `asyncfl docker down --name {args.name}`", flush=True)
+    if args.detach:
+        return 0
+    flwr = deployment.submit(args.app, run_config)
+    try:
+        for line in flwr.stdout:
+            print(line, end="", flush=True)
+        return flwr.wait()
+    finally:
+        if flwr.poll() is None:
+            flwr.terminate()
+            flwr.wait(timeout=30)
 
 
 if __name__ == "__main__":

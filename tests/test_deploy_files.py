@@ -15,6 +15,8 @@ import yaml
 from flwr.cli.build import build_fab_from_files
 
 from asyncfl.deploy.compose import FLOWER_VERSION, compose_spec
+from asyncfl.deploy.images import build_context, requirements_text
+from asyncfl.deploy.topology import Images, cpu_tiers, deployment_services
 from asyncfl.deploy.processes import flower_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,14 +97,42 @@ def test_tls_file_mounts_certificates_and_verifies_with_the_ca():
     assert _option(services["superexec-serverapp"]["command"], "--root-certificates") == "/app/certificates/ca.crt"
 
 
-def test_dockerfiles_build_on_the_pinned_superexec_and_install_asyncfl():
-    for name in ("superexec.Dockerfile", "superexec-cuda.Dockerfile"):
-        text = (ROOT / "docker" / name).read_text()
-        assert f"ARG FLWR_VERSION={flwr.__version__}" in text
-        assert "FROM flwr/superexec:${FLWR_VERSION}" in text
-        assert "COPY --chown=app:app asyncfl ./asyncfl" in text
-        assert 'ENTRYPOINT ["flower-superexec"]' in text
-        assert "torch==2.14.1" in text
+def test_every_dockerfile_copy_source_is_in_the_build_context(tmp_path):
+    # The context `asyncfl docker build` sends holds exactly what the Dockerfiles COPY (no .venv, no results).
+    wheel = tmp_path / "wheels" / "torch-0.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"")
+    context = build_context(ROOT, tmp_path / "context", [wheel], ca_bundle=wheel)
+    for name in ("flower.Dockerfile", "superexec.Dockerfile", "superexec-cuda.Dockerfile"):
+        for line in (ROOT / "docker" / name).read_text().splitlines():
+            if line.startswith("COPY "):
+                for source in line.split()[1:-1]:
+                    assert (context / source).exists(), f"{name}: COPY {source} is not in the build context"
+    assert (context / "docker" / "wheels" / wheel.name).exists()
+    assert (context / "docker" / "trust" / "ca-bundle.crt").exists()
+    assert not any(p.name == ".venv" or p.suffix == ".csv" for p in context.rglob("*"))
+
+
+def test_docker_requirements_follow_pyproject_and_versions_are_pinned():
+    text = (ROOT / "docker" / "requirements.txt").read_text()
+    assert text == requirements_text(ROOT / "pyproject.toml"), "rewrite it with `asyncfl docker requirements`"
+    assert not any(line.startswith(("flwr==", "flwr[", "torch")) for line in text.splitlines())
+    assert f"ARG FLWR_VERSION={flwr.__version__}" in (ROOT / "docker" / "flower.Dockerfile").read_text()
+    assert f"ARG FLOWER_IMAGE=asyncfl-flower:{flwr.__version__}" in (ROOT / "docker" / "superexec.Dockerfile").read_text()
+
+
+def test_cpu_tiers_cycle_over_the_clientapp_containers():
+    services = deployment_services(5, Images.local("f:1", "s:1"), cpus_per_client=cpu_tiers("0.25,1"),
+                                   entrypoints=True)
+    clientapps = [s for s in services if s.role == "clientapp"]
+    assert [s.cpus for s in clientapps] == [0.25, 1.0, 0.25, 1.0, 0.25]
+    assert all(s.cpus is None for s in services if s.role != "clientapp")
+    assert {s.entrypoint for s in services} == {"flower-superlink", "flower-superexec", "flower-supernode"}
+    assert [s.partition_id for s in services if s.role == "supernode"] == list(range(5))
+    with pytest.raises(ValueError, match="> 0"):
+        cpu_tiers("1,0")
+    with pytest.raises(ValueError, match="comma-separated"):
+        cpu_tiers("fast")
 
 
 def test_compose_command_writes_a_file_for_n_supernodes(tmp_path):
@@ -183,3 +213,16 @@ def test_the_fab_ships_the_package_only():
     fab, _ = build_fab_from_files(files)
     shipped = {name for name in zipfile.ZipFile(io.BytesIO(fab)).namelist() if not name.startswith(".info/")}
     assert shipped == {"pyproject.toml", "asyncfl/server_app/app.py", "asyncfl/data/partition.py"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["docker", "up", "--supernodes", "0"], "--supernodes must be >= 1"),
+    (["docker", "up", "--cpus-per-client", "1,fast"], "comma-separated CPU counts"),
+    (["docker", "up", "-c", "strategy='fedprox'"], "fedprox"),
+])
+def test_docker_up_refuses_bad_input_before_touching_docker(argv, message, capsys):
+    from asyncfl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(argv + ["--app", str(ROOT)])
+    assert message in capsys.readouterr().err

@@ -169,6 +169,10 @@ def test_staleness_is_versions_since_dispatch():
     engine.run()
     # Three jobs dispatched at version 0 finish together; each accepted update advances the version.
     assert seen == [0, 1, 2]
+    # per client: one arrival each, with the staleness it had (clients.csv's figures)
+    by_client = engine.stats.by_client
+    assert sorted((int(t[0]), int(t[1])) for t in by_client.values()) == [(1, 0), (1, 1), (1, 2)]
+    assert sum(t[0] for t in by_client.values()) == engine.stats.arrivals
 
 
 def test_synchronous_fedavg_waits_for_the_slowest_job():

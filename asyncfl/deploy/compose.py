@@ -1,15 +1,10 @@
-"""Docker Compose files for a deployment: SuperLink, ServerApp SuperExec, N SuperNodes + ClientApp SuperExecs.
+"""Docker Compose files of a deployment (:mod:`asyncfl.deploy.topology`), for users with Compose v2.
 
-The layout follows Flower's own compose files with ``--isolation process``:
-the SuperLink and every SuperNode run Flower's pinned images; a SuperExec
-container next to each (built from ``docker/superexec.Dockerfile``, which adds
-PyTorch and asyncfl) runs the ServerApp / ClientApps against their Runtime API.
-Each SuperNode gets its own ``partition-id``. ``flwr run`` is then submitted
-from the host to the SuperLink's published port.
-
-In Flower 1.41 the SuperLink serves Fleet, Control and Runtime APIs over HTTP
-on one ``--host/--port``; a SuperNode serves its Runtime API on its own
-``--host/--port``.
+The committed files use Flower's published ``flwr/superlink`` and ``flwr/supernode``
+images and build the SuperExec image (PyTorch + asyncfl) ``FROM flwr/superexec``:
+the route where an image registry is reachable. ``asyncfl docker up`` starts the
+same services through the Docker Engine API from images built on this machine.
+``flwr run`` is then submitted from the host to the SuperLink's published port.
 """
 
 from __future__ import annotations
@@ -19,78 +14,54 @@ from pathlib import Path
 
 import yaml
 
-FLOWER_VERSION = "1.41.0"
-SUPERLINK_PORT = 9093
-SUPERNODE_RUNTIME_PORT = 9094
-CERT_DIR = "/app/certificates"
+from asyncfl.deploy.topology import FLOWER_VERSION, NAMED_VOLUMES, Images, Service, deployment_services
+
+READ_ONLY = ("certificates", "keys/")
+
+
+def _compose_source(source: str) -> str:
+    """A volume source as the compose file (in docker/) names it: results next to it, the rest at the root."""
+    if source in NAMED_VOLUMES:
+        return source
+    return "./outputs" if source == "outputs" else f"../{source}"
+
+
+def _compose_service(service: Service) -> dict:
+    out: dict = {}
+    if service.build:
+        out["build"] = copy.deepcopy(service.build)
+    out["image"] = service.image
+    out["command"] = list(service.command)
+    if service.ports:
+        out["ports"] = [f"{port}:{port}" for port in service.ports]
+    volumes = [f"{_compose_source(source)}:{target}{':ro' if source.startswith(READ_ONLY) else ''}"
+               for source, target in service.volumes.items()]
+    if volumes:
+        out["volumes"] = volumes
+    if service.depends_on:
+        out["depends_on"] = list(service.depends_on)
+    if service.cpus is not None:
+        out["cpus"] = service.cpus
+    if service.gpu:
+        out["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
+    return out
 
 
 def compose_spec(num_supernodes: int, tls: bool = False, cuda: bool = False, flower_version: str = FLOWER_VERSION,
                  emulate_partitions: int | None = None) -> dict:
-    """The compose document as a dict.
-
-    Parameters
-    ----------
-    num_supernodes : int
-        SuperNodes (and ClientApp SuperExecs), partitions ``0..N-1``.
-    tls : bool
-        Serve the SuperLink over TLS with ``certificates/`` (``scripts/make-certs.sh``)
-        mounted read-only; SuperNodes and SuperExecs verify it with ``ca.crt``.
-    cuda : bool
-        Build ClientApp SuperExecs from the CUDA Dockerfile and reserve a GPU each.
-    emulate_partitions : int, optional
-        ``num-partitions`` if it should differ from ``num_supernodes`` (nodes may join later).
-    """
-    if num_supernodes < 1:
-        raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")
-    partitions = emulate_partitions or num_supernodes
-    if partitions < num_supernodes:
-        raise ValueError(f"num-partitions ({partitions}) must be >= the number of SuperNodes ({num_supernodes})")
-    certs = {"volumes": ["../certificates:" + CERT_DIR + ":ro"]} if tls else {}
-    link_security = ([f"--ssl-ca-certfile={CERT_DIR}/ca.crt", f"--ssl-certfile={CERT_DIR}/server.pem",
-                      f"--ssl-keyfile={CERT_DIR}/server.key"] if tls else ["--insecure"])
-    client_security = [f"--root-certificates={CERT_DIR}/ca.crt"] if tls else ["--insecure"]
-    superexec_build = {"context": "..", "dockerfile": "docker/superexec.Dockerfile",
-                       "args": {"FLWR_VERSION": flower_version}}
-    services: dict[str, dict] = {
-        "superlink": {
-            "image": f"flwr/superlink:{flower_version}",
-            "command": link_security + ["--isolation", "process", "--disable-runtime-dependency-installation",
-                                        "--host", "0.0.0.0", "--port", str(SUPERLINK_PORT),
-                                        "--database", "/app/state/superlink.db"],
-            "ports": [f"{SUPERLINK_PORT}:{SUPERLINK_PORT}"],
-            "volumes": ["superlink-state:/app/state"] + certs.get("volumes", []),
-        },
-        "superexec-serverapp": {
-            "build": superexec_build,
-            "image": "asyncfl-superexec:latest",
-            "command": ["--runtime-api-address", f"superlink:{SUPERLINK_PORT}"] + client_security,
-            "volumes": ["./outputs:/app/outputs"] + certs.get("volumes", []),
-            "depends_on": ["superlink"],
-        },
-    }
-    for i in range(num_supernodes):
-        node = f"supernode-{i}"
-        services[node] = {
-            "image": f"flwr/supernode:{flower_version}",
-            "command": ["--superlink", f"superlink:{SUPERLINK_PORT}"] + client_security + [
-                "--isolation", "process", "--host", "0.0.0.0", "--port", str(SUPERNODE_RUNTIME_PORT),
-                "--node-config", f"partition-id={i} num-partitions={partitions}"],
-            "depends_on": ["superlink"],
-            **certs,
-        }
-        clientapp = {
-            "build": {**superexec_build, "dockerfile": "docker/superexec-cuda.Dockerfile"} if cuda else superexec_build,
-            "image": "asyncfl-superexec-cuda:latest" if cuda else "asyncfl-superexec:latest",
-            "command": ["--runtime-api-address", f"{node}:{SUPERNODE_RUNTIME_PORT}", "--insecure"],
-            "depends_on": [node],
-        }
-        if cuda:
-            clientapp["deploy"] = {"resources": {"reservations": {"devices": [
-                {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
-        services[f"superexec-clientapp-{i}"] = clientapp
-    services = {name: copy.deepcopy(service) for name, service in services.items()}
-    return {"name": "asyncfl", "services": services, "volumes": {"superlink-state": {}}}
+    """The compose document as a dict (Flower's images; see :func:`deployment_services` for the parameters)."""
+    build = {"context": "..", "dockerfile": "docker/superexec.Dockerfile",
+             "args": {"FLOWER_IMAGE": f"flwr/superexec:{flower_version}"}}
+    services = deployment_services(num_supernodes, Images.official(flower_version), tls=tls,
+                                   num_partitions=emulate_partitions, build=build)
+    if cuda:
+        cuda_build = {**build, "dockerfile": "docker/superexec-cuda.Dockerfile"}
+        for service in services:
+            if service.role == "clientapp":
+                service.image, service.build, service.gpu = "asyncfl-superexec-cuda:latest", cuda_build, True
+    return {"name": "asyncfl", "services": {s.name: _compose_service(s) for s in services},
+            "volumes": {"superlink-state": {}}}
 
 
 def write_compose(path: Path, num_supernodes: int, **options) -> Path:

@@ -118,9 +118,15 @@ class EngineStats:
     reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
     clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
     unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
+    # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
+    by_client: dict[int, list[float]] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def tally(self, client: int) -> list[float]:
+        """The client's running figures (created at its first reply)."""
+        return self.by_client.setdefault(client, [0, 0, 0.0, 0])
 
     @property
     def rejected_total(self) -> int:
@@ -533,12 +539,18 @@ class AsyncEngine:
         pulled = self._pulled_at.pop(job.message_id, None)
         if pulled is not None:
             self.stats.round_trip_seconds.append(pulled - job.sent_wall)
+            tally = self.stats.tally(job.client)
+            tally[2] += pulled - job.sent_wall
+            tally[3] += 1
         if metrics is not None and "train-seconds" in metrics:
             self.stats.client_train_seconds.append(float(metrics["train-seconds"]))
 
     def _accepted(self, arrival: Arrival, new_model: np.ndarray | None) -> None:
         self.stats.arrivals += 1
         self.stats.staleness.append(arrival.staleness)
+        tally = self.stats.tally(arrival.client_index)
+        tally[0] += 1
+        tally[1] += arrival.staleness
         if new_model is not None:
             if not np.isfinite(new_model).all():
                 raise FloatingPointError(f"strategy produced a non-finite model after arrival {self.stats.arrivals}")

@@ -223,6 +223,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
     finally:
         if recorder is not None:
             recorder.write_summary(summary())
+            recorder.write_clients(engine.stats.by_client)
             recorder.plot()
     result = AsyncResult(
         arrays=codec.to_record(engine.global_model),

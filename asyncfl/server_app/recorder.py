@@ -97,6 +97,15 @@ class RunRecorder:
                  "#" * filled, "." * (30 - filled), 100 * min(fraction, 1.0), clock, arrivals, best,
                  time.monotonic() - self.wall_start)
 
+    def write_clients(self, by_client: dict[int, list[float]]) -> None:
+        """``clients.csv``: per client, accepted arrivals, mean staleness and mean round trip (wall seconds)."""
+        with open(self.folder / "clients.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["client", "arrivals", "staleness_mean", "round_trip_s_mean"])
+            for client, (arrivals, staleness, round_trip, trips) in sorted(by_client.items()):
+                writer.writerow([client, int(arrivals), round(staleness / arrivals, 4) if arrivals else "",
+                                 round(round_trip / trips, 4) if trips else ""])
+
     def write_summary(self, summary: dict) -> None:
         """Write ``summary.json`` (atomically, so a reader never sees half a file)."""
         tmp = self.folder / "summary.json.tmp"

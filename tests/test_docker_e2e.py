@@ -1,0 +1,126 @@
+"""Containers for real: images built here, SuperLink + SuperNodes + SuperExecs in containers, a FedBuff run.
+
+The images come from the offline route (a debootstrap base, PyTorch from a local
+wheel when PIP_FIND_LINKS has one), as ``asyncfl docker base`` and ``asyncfl docker
+build`` make them; the deployment is what ``asyncfl docker up`` starts.
+"""
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from asyncfl.deploy import images
+from asyncfl.deploy.containers import DockerDeployment
+from tests.docker_engine import DockerEngine
+from tests.test_deploy_e2e import SMALL, _collect, _finish, _wait_for_arrivals
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def docker_images():
+    """The engine (started here if need be) and the two images, built as ``asyncfl docker build`` does."""
+    engine = DockerEngine().start()
+    if engine.skip_reason:
+        pytest.skip(engine.skip_reason)
+    try:
+        client = engine.client
+        try:
+            client.images.get(images.BASE_IMAGE)
+        except Exception:
+            images.make_base_image(client, log=lambda _: None)
+        wheels = images.torch_wheels(Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p)
+        built = images.build_images(client, ROOT, images.BASE_IMAGE, wheels,
+                                    ca_bundle=images.ca_bundle_from_env(dict(os.environ)), log=lambda _: None)
+        print("images: " + ", ".join(f"{b.tag} {b.size_mb} MB in {b.seconds} s" for b in built))
+        yield client
+    finally:
+        engine.stop()
+
+
+def _received_since(deployment: DockerDeployment, service: str, since: float) -> list[str]:
+    text = deployment.client.api.logs(deployment.container_name(service), since=int(since)).decode(errors="replace")
+    return [line for line in text.splitlines() if "Receiving: train message" in line]
+
+
+def _runs(deployment: DockerDeployment) -> list[dict]:
+    """``flwr ls`` of the deployment's SuperLink (the runs and their status)."""
+    listing = subprocess.run([str(Path(os.sys.executable).parent / "flwr"), "ls", "asyncfl-docker", "--format", "json"],
+                             env={**os.environ, "FLWR_HOME": str(deployment.workdir / "flwr-home")},
+                             capture_output=True, text=True)
+    try:
+        return json.loads(listing.stdout)["runs"] or [{"status": "none"}]
+    except (ValueError, KeyError):
+        return [{"status": f"unreadable: {listing.stdout[-300:]}"}]
+
+
+def test_fedbuff_in_containers_survives_a_killed_supernode_that_rejoins(docker_images, tmp_path):
+    # Prepare: 3 clients (a SuperNode + a ClientApp SuperExec container each), all busy; jobs last 3 s
+    # (emulated) and count as lost after 20 s without a reply.
+    run_config = (f"{SMALL} strategy='fedbuff' concurrency=3 max-arrivals=18 job-timeout=20.0 "
+                  "delay-model='uniform-speed' emulate-delay-scale=3.0 run-name='docker'")
+    name = f"asyncfl-e2e-{uuid.uuid4().hex[:6]}"
+    with DockerDeployment(3, name=name, workdir=tmp_path / "docker", cpus_per_client=[1.0, 0.5, 1.0],
+                          client=docker_images) as deployment:
+        assert all(deployment.running().values())
+        flwr = deployment.submit(ROOT, [run_config])
+        lines: list[str] = []
+        _collect(flwr, lines)
+        # Act: once the run is under way, `docker kill` client 1's SuperNode, then start the same container.
+        run = deployment.outputs / "docker"
+        deadline = _wait_for_arrivals(run, 3, flwr, 400)
+        deployment.kill("supernode-1")
+        time.sleep(3.0)
+        restarted = time.time()
+        deployment.start("supernode-1")
+        _finish(flwr, lines, timeout=max(120.0, deadline - time.monotonic() + 300))
+        rejoined_work = _received_since(deployment, "supernode-1", restarted)
+    # Assert: the run completed, the killed node's job was counted, the restarted node got work again.
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["arrivals"] == 18
+    reasons = summary["rejected-by-reason"]
+    assert reasons.get("node-offline", 0) + reasons.get("lost", 0) + reasons.get("error-reply", 0) >= 1
+    assert rejoined_work, "the restarted SuperNode container received no train message"
+    assert json.loads((run / "config.json").read_text())["engine"]["clock"] == "wall"
+    # every container ran as the images' non-root user on a read-only root filesystem (the results are theirs)
+    assert (run / "metrics.csv").stat().st_uid == 49999
+    assert not docker_images.containers.list(all=True, filters={"label": f"asyncfl.deployment={name}"})
+
+
+
+def test_tls_and_supernode_auth_in_containers_and_a_superlink_restart_mid_run(docker_images, tmp_path):
+    # Prepare: TLS certificates (the project's script), 2 clients whose keys are registered before they start.
+    certificates = tmp_path / "certificates"
+    subprocess.run(["bash", str(ROOT / "scripts" / "make-certs.sh"), str(certificates)], check=True,
+                   stdout=subprocess.DEVNULL)
+    run_config = (f"{SMALL} strategy='fedbuff' concurrency=2 max-arrivals=12 job-timeout=30.0 "
+                  "delay-model='uniform-speed' emulate-delay-scale=2.0 run-name='restart'")
+    name = f"asyncfl-e2e-{uuid.uuid4().hex[:6]}"
+    with DockerDeployment(2, name=name, workdir=tmp_path / "docker", tls_dir=certificates, supernode_auth=True,
+                          client=docker_images) as deployment:
+        superlink_command = docker_images.api.inspect_container(deployment.container_name("superlink"))["Args"]
+        flwr = deployment.submit(ROOT, [run_config])
+        lines: list[str] = []
+        _collect(flwr, lines)
+        run = deployment.outputs / "restart"
+        _wait_for_arrivals(run, 3, flwr, 400)
+        # Act: kill the SuperLink container and start it again on its state volume, mid-run.
+        deployment.restart_superlink()
+        # `flwr run --stream` loses its log stream with the SuperLink; the run itself goes on (below).
+        deadline = time.monotonic() + 400
+        while not _runs(deployment)[0]["status"].startswith("finished") and time.monotonic() < deadline:
+            time.sleep(3.0)
+        runs = _runs(deployment)
+    # Assert: the ServerApp (in its own container) kept its state and finished the run over TLS, with the
+    # SuperNodes the restarted SuperLink still knew (their registrations are in the state volume).
+    assert "--enable-supernode-auth" in superlink_command and not any(a == "--insecure" for a in superlink_command)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["arrivals"] == 12 and summary["clients"] == 2
+    assert len(runs) == 1 and runs[0]["status"] == "finished:completed", runs
