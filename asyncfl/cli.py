@@ -51,8 +51,9 @@ class LocalSuperLink:
     Its log stays next to the homes, ``superlink-<port>.log``.
     """
 
-    def __init__(self, workdir: Path, base: Path) -> None:
+    def __init__(self, workdir: Path, base: Path, extra_env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.extra_env = dict(extra_env or {})
         self.port = free_port()
         self.flwr_home = base / f"link-{self.port}"
         self.log_path = base / f"superlink-{self.port}.log"
@@ -70,7 +71,7 @@ class LocalSuperLink:
         return self
 
     def env(self) -> dict[str, str]:
-        return flower_env(self.flwr_home)
+        return {**flower_env(self.flwr_home), **self.extra_env}
 
     def __exit__(self, *exc) -> None:
         if self.process is not None:
@@ -78,10 +79,16 @@ class LocalSuperLink:
         shutil.rmtree(self.flwr_home, ignore_errors=True)
 
 
-def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: int, extra_env=None) -> int:
-    """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code."""
+def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: float, extra_env=None,
+            ray_address: str | None = None) -> int:
+    """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code.
+
+    With ``ray_address`` the simulation attaches to that Ray cluster (``RAY_ADDRESS`` in the
+    SuperLink's environment, which its simulation process inherits) instead of starting Ray here.
+    """
     app_dir = app_dir.resolve()
-    with LocalSuperLink(app_dir, app_dir / ".flwr") as link:
+    ray_env = {"RAY_ADDRESS": ray_address} if ray_address else {}
+    with LocalSuperLink(app_dir, app_dir / ".flwr", ray_env) as link:
         command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                    "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
         for item in run_config:
@@ -149,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("run", help="run the Flower app as a local Ray simulation (default: FedBuff on mnist5k)")
     run.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
     run.add_argument("--num-supernodes", type=int, default=50, help="simulated clients (default: 50)")
-    run.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per ClientApp (default: 1)")
+    run.add_argument("--cpus-per-client", type=float, default=1, help="Ray CPUs per ClientApp (default: 1)")
+    run.add_argument("--ray-address", default=None,
+                     help="attach the simulation to a running Ray cluster (HEAD:6379, as for `ray start "
+                          "--address`) instead of starting Ray on this machine")
     run.add_argument("--run-config", "-c", action="append", default=[],
                      help="run-config overrides, as for flwr run (repeatable), or a TOML file such as conf/x.toml")
     deploy = commands.add_parser("deploy", help="run the app on a real SuperLink + N SuperNode processes (wall clock)")
@@ -184,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             check_run_config(args.app, run_config)
         except ValueError as exc:
             parser.error(f"invalid run-config: {exc}")
-        return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client)
+        if args.cpus_per_client <= 0:
+            parser.error(f"--cpus-per-client must be > 0, got {args.cpus_per_client}")
+        return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client,
+                       ray_address=args.ray_address)
     if args.command == "deploy":
         return _deploy(parser, args)
     if args.command == "docker":

@@ -64,6 +64,7 @@ class DataConfig:
     model: str
     batchnorm: bool
     server_holdout: float = 0.0
+    samples_per_client: int = 32  # partitioning "sampled": rows each client draws with replacement
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         model=_choice("model", str(cfg["model"]), MODELS),
         batchnorm=bool(cfg["model.batchnorm"]),
         server_holdout=float(cfg["server-holdout"]),
+        samples_per_client=_at_least_one("samples-per-client", int(cfg.get("samples-per-client", 32))),
     )
     if not 0.0 <= data.server_holdout < 1.0:
         raise ConfigError(f"server-holdout={data.server_holdout} must be in [0, 1)")

@@ -139,3 +139,13 @@ def test_node_data_is_cached_on_disk_for_fresh_clientapp_processes(tmp_path, mon
     assert np.array_equal(first.x_train, again.x_train) and np.array_equal(first.y_test, again.y_test)
     assert again.input_shape == (1, 28, 28) and again.num_classes == 10
     task.node_data.cache_clear()
+
+
+def test_sampled_partitions_allow_more_clients_than_examples_and_are_seeded():
+    labels = np.arange(50) % 10
+    first = partition_indices(labels, 9_999, 10_000, "sampled", seed=3, samples_per_client=8)
+    assert len(first) == 8 and first.min() >= 0 and first.max() < 50
+    assert np.array_equal(first, partition_indices(labels, 9_999, 10_000, "sampled", seed=3, samples_per_client=8))
+    assert not np.array_equal(first, partition_indices(labels, 9_998, 10_000, "sampled", seed=3, samples_per_client=8))
+    with pytest.raises(ValueError, match="cannot split"):
+        partition_indices(labels, 0, 51, "iid")

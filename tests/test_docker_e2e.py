@@ -24,9 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
 
+def _asyncfl(*args: str, **popen) -> subprocess.Popen:
+    """The ``asyncfl`` command of this environment, as the README gives it."""
+    return subprocess.Popen([str(Path(os.sys.executable).parent / "asyncfl"), *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def _check(process: subprocess.Popen, timeout: float) -> str:
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
 @pytest.fixture(scope="module")
 def docker_images():
-    """The engine (started here if need be) and the two images, built as ``asyncfl docker build`` does."""
+    """The engine (started here if need be) and the images, made with the README's commands."""
     engine = DockerEngine().start()
     if engine.skip_reason:
         pytest.skip(engine.skip_reason)
@@ -35,19 +47,11 @@ def docker_images():
         try:
             client.images.get(images.BASE_IMAGE)
         except Exception:
-            images.make_base_image(client, log=lambda _: None)
-        wheels = images.torch_wheels(Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p)
-        built = images.build_images(client, ROOT, images.BASE_IMAGE, wheels,
-                                    ca_bundle=images.ca_bundle_from_env(dict(os.environ)), log=lambda _: None)
-        print("images: " + ", ".join(f"{b.tag} {b.size_mb} MB in {b.seconds} s" for b in built))
+            print(_check(_asyncfl("docker", "base"), 900).strip().splitlines()[-1])
+        print(_check(_asyncfl("docker", "build"), 1800).strip().splitlines()[-2:])
         yield client
     finally:
         engine.stop()
-
-
-def _received_since(deployment: DockerDeployment, service: str, since: float) -> list[str]:
-    text = deployment.client.api.logs(deployment.container_name(service), since=int(since)).decode(errors="replace")
-    return [line for line in text.splitlines() if "Receiving: train message" in line]
 
 
 def _runs(deployment: DockerDeployment) -> list[dict]:
@@ -62,37 +66,44 @@ def _runs(deployment: DockerDeployment) -> list[dict]:
 
 
 def test_fedbuff_in_containers_survives_a_killed_supernode_that_rejoins(docker_images, tmp_path):
-    # Prepare: 3 clients (a SuperNode + a ClientApp SuperExec container each), all busy; jobs last 3 s
-    # (emulated) and count as lost after 20 s without a reply.
+    # Prepare: `asyncfl docker up` with 3 clients (a SuperNode + a ClientApp SuperExec container each, CPU limits
+    # 1, 0.5, 1), all busy; jobs last 3 s (emulated) and count as lost after 20 s without a reply.
+    name = f"asyncfl-e2e-{uuid.uuid4().hex[:6]}"
+    workdir = tmp_path / "docker"
     run_config = (f"{SMALL} strategy='fedbuff' concurrency=3 max-arrivals=18 job-timeout=20.0 "
                   "delay-model='uniform-speed' emulate-delay-scale=3.0 run-name='docker'")
-    name = f"asyncfl-e2e-{uuid.uuid4().hex[:6]}"
-    with DockerDeployment(3, name=name, workdir=tmp_path / "docker", cpus_per_client=[1.0, 0.5, 1.0],
-                          client=docker_images) as deployment:
-        assert all(deployment.running().values())
-        flwr = deployment.submit(ROOT, [run_config])
-        lines: list[str] = []
-        _collect(flwr, lines)
+    up = _asyncfl("docker", "up", "--supernodes", "3", "--cpus-per-client", "1,0.5,1", "--name", name,
+                  "--workdir", str(workdir), "-c", run_config, start_new_session=True)
+    lines: list[str] = []
+    _collect(up, lines)
+    node = f"{name}-supernode-1"
+    try:
         # Act: once the run is under way, `docker kill` client 1's SuperNode, then start the same container.
-        run = deployment.outputs / "docker"
-        deadline = _wait_for_arrivals(run, 3, flwr, 400)
-        deployment.kill("supernode-1")
+        run = workdir / "outputs" / "docker"
+        deadline = _wait_for_arrivals(run, 3, up, 600)
+        limits = {c.name: c.attrs["HostConfig"]["NanoCpus"]
+                  for c in docker_images.containers.list(filters={"label": f"asyncfl.deployment={name}"})}
+        docker_images.api.kill(node)
         time.sleep(3.0)
         restarted = time.time()
-        deployment.start("supernode-1")
-        _finish(flwr, lines, timeout=max(120.0, deadline - time.monotonic() + 300))
-        rejoined_work = _received_since(deployment, "supernode-1", restarted)
+        docker_images.api.start(node)
+        _finish(up, lines, timeout=max(120.0, deadline - time.monotonic() + 300))
+        rejoined = [line for line in docker_images.api.logs(node, since=int(restarted)).decode().splitlines()
+                    if "Receiving: train message" in line]
+    finally:
+        _check(_asyncfl("docker", "down", "--name", name), 120)
     # Assert: the run completed, the killed node's job was counted, the restarted node got work again.
     summary = json.loads((run / "summary.json").read_text())
     assert summary["arrivals"] == 18
     reasons = summary["rejected-by-reason"]
     assert reasons.get("node-offline", 0) + reasons.get("lost", 0) + reasons.get("error-reply", 0) >= 1
-    assert rejoined_work, "the restarted SuperNode container received no train message"
+    assert rejoined, "the restarted SuperNode container received no train message"
     assert json.loads((run / "config.json").read_text())["engine"]["clock"] == "wall"
-    # every container ran as the images' non-root user on a read-only root filesystem (the results are theirs)
+    assert limits[f"{name}-superexec-clientapp-1"] == 500_000_000 and limits[node] == 0
+    # every container ran as the images' non-root user (the results are theirs); `down` removed them all
     assert (run / "metrics.csv").stat().st_uid == 49999
+    assert (run / "clients.csv").exists()
     assert not docker_images.containers.list(all=True, filters={"label": f"asyncfl.deployment={name}"})
-
 
 
 def test_tls_and_supernode_auth_in_containers_and_a_superlink_restart_mid_run(docker_images, tmp_path):

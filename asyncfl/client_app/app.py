@@ -16,7 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration
+from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration, worker_record
 from asyncfl.client_app.extras import node_ids as _node_ids
 from asyncfl.client_app.gossip import gossip_event
 from asyncfl.client_app.task import node_data, node_model
@@ -86,6 +86,7 @@ def train(msg: Message, context: Context) -> Message:
             "arrays": arrays,
             "metrics": MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
                                      "train-seconds": train_seconds}),
+            **worker_record(),
         }
     )
     # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it.

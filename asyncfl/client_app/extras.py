@@ -20,6 +20,7 @@ so asynchrony shows on uniform hardware::
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
@@ -29,6 +30,25 @@ from flwr.clientapp import ClientApp
 #: The request key under which the engine asks for label counts (only label-tied delay models do).
 LABEL_COUNTS_KEY = "asyncfl-label-counts"
 EMULATE_SECONDS_KEY = "emulate-seconds"
+#: Reply record that says where a simulated ClientApp ran (its Ray node), for runs on a Ray cluster.
+WORKER_RECORD = "asyncfl-worker"
+
+
+def ray_node_id() -> str | None:
+    """The id of the Ray node this process runs on, when it is a Ray worker (a simulated ClientApp); else None.
+
+    Ray is only asked when a Ray worker has already imported it: a deployed ClientApp does not load it.
+    """
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def worker_record() -> dict[str, RecordDict]:
+    """``{"asyncfl-worker": ConfigRecord({"ray-node": id})}`` in a Ray worker, else nothing."""
+    node = ray_node_id()
+    return {WORKER_RECORD: ConfigRecord({"ray-node": node})} if node else {}
 
 
 def node_ids(context: Context) -> tuple[int, int]:

@@ -54,7 +54,7 @@ def _compute(data: DataConfig, partition_id: int, num_partitions: int, seed: int
     pool = client_pool(splits.y_train, data.server_holdout, seed)
     rows = pool[partition_indices(
         splits.y_train[pool], partition_id, num_partitions, data.partitioning, data.dirichlet_alpha,
-        data.shards_per_client, seed,
+        data.shards_per_client, seed, data.samples_per_client,
     )]
     test_rows = np.array_split(np.random.default_rng(seed).permutation(len(splits.y_test)), num_partitions)[partition_id]
     return NodeData(splits.x_train[rows], splits.y_train[rows], splits.x_test[test_rows], splits.y_test[test_rows],
@@ -68,7 +68,8 @@ def node_data(data: DataConfig, partition_id: int, num_partitions: int, seed: in
 
     Rows the server holds out (``server-holdout``) are never partitioned.
     """
-    path = _cache_file(data, partition_id, num_partitions, seed)
+    # "sampled" rows cost less to draw than a cache file to read (and 10,000 clients would mean 10,000 files)
+    path = None if data.partitioning == "sampled" else _cache_file(data, partition_id, num_partitions, seed)
     if path is not None and path.exists():
         try:
             with np.load(path) as stored:

@@ -2,6 +2,9 @@
 
 flwr-datasets' partitioners work offline on an in-memory ``datasets.Dataset``;
 we give them only the labels and read back each partition's row indices.
+``sampled`` is ours: each client draws its rows with replacement, seeded by its
+partition id, so there can be more clients than examples (scale tests) and a
+client's rows cost O(its own size) to compute, whatever the number of clients.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-PARTITIONINGS = ("dirichlet", "iid", "shards")
+PARTITIONINGS = ("dirichlet", "iid", "shards", "sampled")
 
 
 def _label_dataset(labels: np.ndarray):
@@ -56,14 +59,18 @@ def partition_indices(
     alpha: float = 0.5,
     shards_per_client: int = 2,
     seed: int = 42,
+    samples_per_client: int = 32,
 ) -> np.ndarray:
     """Row indices of partition ``partition_id`` out of ``num_partitions``.
 
     The partitioner is built once per process and cached, so every client in a
-    simulation worker shares one seeded partitioning.
+    simulation worker shares one seeded partitioning. ``sampled``: ``samples_per_client``
+    rows drawn uniformly with replacement from a generator seeded by ``(seed, partition_id)``.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    if kind == "sampled":
+        return np.random.default_rng([seed, 19, partition_id]).integers(0, len(labels), size=samples_per_client)
     partitioner = _partitioner(
         np.ascontiguousarray(labels, dtype=np.int64).tobytes(), kind, num_partitions, alpha, shards_per_client, seed
     )

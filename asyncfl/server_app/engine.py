@@ -33,6 +33,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
 
+from asyncfl.client_app.extras import WORKER_RECORD
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import query_identities
@@ -120,6 +121,7 @@ class EngineStats:
     unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
     # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
     by_client: dict[int, list[float]] = field(default_factory=dict)
+    by_worker: dict[str, int] = field(default_factory=dict)  # accepted replies per Ray node (simulation on a cluster)
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -519,6 +521,10 @@ class AsyncEngine:
         train_loss = float(metrics.get("train-loss", metrics.get("train_loss", float("nan")))) \
             if metrics is not None else float("nan")
         self._record_transport(job, content, metrics)
+        worker = content.config_records.get(WORKER_RECORD)
+        if worker is not None and "ray-node" in worker:
+            node = str(worker["ray-node"])
+            self.stats.by_worker[node] = self.stats.by_worker.get(node, 0) + 1
         if self.train_metrics is not None and metrics is not None:
             self.train_metrics.add(RecordDict({"metrics": metrics}))
         return Arrival(

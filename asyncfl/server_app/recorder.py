@@ -198,6 +198,8 @@ def transport_summary(stats) -> dict:
         out["clamped-bn-variances"] = stats.clamped_variances
     if getattr(stats, "unidentified_nodes", 0):
         out["unidentified-nodes"] = stats.unidentified_nodes
+    if getattr(stats, "by_worker", None):  # simulated ClientApps on a Ray cluster: accepted replies per Ray node
+        out["arrivals-by-ray-node"] = dict(sorted(stats.by_worker.items()))
     if stats.reply_bytes:
         out["reply-mb-mean"] = round(float(np.mean(stats.reply_bytes)) / 2**20, 4)
     if stats.round_trip_seconds:
