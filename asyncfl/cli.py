@@ -84,10 +84,12 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
     """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code.
 
     With ``ray_address`` the simulation attaches to that Ray cluster (``RAY_ADDRESS`` in the
-    SuperLink's environment, which its simulation process inherits) instead of starting Ray here.
+    SuperLink's environment, which its simulation process inherits); without it, it starts a
+    Ray of its own (``RAY_ADDRESS=local``) even where ``ray start`` left a cluster running,
+    which Ray would otherwise attach to.
     """
     app_dir = app_dir.resolve()
-    ray_env = {"RAY_ADDRESS": ray_address} if ray_address else {}
+    ray_env = {"RAY_ADDRESS": ray_address or "local"}
     with LocalSuperLink(app_dir, app_dir / ".flwr", ray_env) as link:
         command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                    "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]

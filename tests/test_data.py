@@ -149,3 +149,12 @@ def test_sampled_partitions_allow_more_clients_than_examples_and_are_seeded():
     assert not np.array_equal(first, partition_indices(labels, 9_998, 10_000, "sampled", seed=3, samples_per_client=8))
     with pytest.raises(ValueError, match="cannot split"):
         partition_indices(labels, 0, 51, "iid")
+
+
+@pytest.mark.parametrize("length, parts", [(10, 3), (1000, 10_000), (7, 7), (0, 4)])
+def test_split_slice_is_array_splits_piece(length, parts):
+    from asyncfl.client_app.task import split_slice
+
+    pieces = np.array_split(np.arange(length), parts)
+    for index in {0, parts // 2, parts - 1}:
+        assert np.array_equal(np.arange(length)[split_slice(length, parts, index)], pieces[index])

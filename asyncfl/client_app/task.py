@@ -56,9 +56,18 @@ def _compute(data: DataConfig, partition_id: int, num_partitions: int, seed: int
         splits.y_train[pool], partition_id, num_partitions, data.partitioning, data.dirichlet_alpha,
         data.shards_per_client, seed, data.samples_per_client,
     )]
-    test_rows = np.array_split(np.random.default_rng(seed).permutation(len(splits.y_test)), num_partitions)[partition_id]
+    test_rows = np.random.default_rng(seed).permutation(len(splits.y_test))[split_slice(len(splits.y_test),
+                                                                                          num_partitions, partition_id)]
     return NodeData(splits.x_train[rows], splits.y_train[rows], splits.x_test[test_rows], splits.y_test[test_rows],
                     splits.input_shape, splits.num_classes)
+
+
+def split_slice(length: int, parts: int, index: int) -> slice:
+    """Part ``index`` of ``np.array_split(range(length), parts)``, without making the other parts (O(1) in
+    ``parts``: with 10,000 clients every node used to build all 10,000 pieces to take its own)."""
+    size, extra = divmod(length, parts)
+    start = index * size + min(index, extra)
+    return slice(start, start + size + (1 if index < extra else 0))
 
 
 @lru_cache(maxsize=64)

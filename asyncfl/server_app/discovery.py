@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
 
+from asyncfl.server_app.pacing import PollPacer
+
 log = logging.getLogger("asyncfl.discovery")
 
 IDENTIFY_KEY = "asyncfl-identify"
@@ -53,12 +55,16 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     found = Identities()
     started = time.monotonic()
     deadline, next_note = started + deadline_s, started + 10.0
+    pacer = PollPacer(first=0.01, longest=0.5)
     while pending and time.monotonic() < deadline:
         if time.monotonic() >= next_note:
             log.info("waiting for %d of %d node(s) to answer the identity query (up to %.0fs)", len(pending),
                      len(nodes), deadline_s)
             next_note += 10.0
-        for reply in grid.pull_messages(list(pending)):
+        pull_started = time.perf_counter()
+        replies = list(grid.pull_messages(list(pending)))
+        pull_seconds = time.perf_counter() - pull_started
+        for reply in replies:
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error() or "config" not in reply.content.config_records:
                 continue
@@ -71,6 +77,6 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
             if isinstance(counts, list):
                 found.labels_of[node] = [int(c) for c in counts]
         if pending:
-            time.sleep(0.01)
+            pacer.wait(pull_seconds, len(replies))
     found.unanswered = sorted(node_of[m] for m in pending if m in node_of)
     return found

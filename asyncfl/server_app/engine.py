@@ -37,6 +37,7 @@ from asyncfl.client_app.extras import WORKER_RECORD
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
@@ -213,7 +214,7 @@ class AsyncEngine:
         self._last_eval: tuple | None = None
         self._evaluated_remotely = -1  # the last version sent out for federated evaluation
         self._seq = 0
-        self._poll_sleep = 0.001
+        self._pacer = PollPacer()
         self._failures_in_a_row = 0
         self._online: set[int] = set()
         self._online_checked = float("-inf")
@@ -429,16 +430,16 @@ class AsyncEngine:
     def _next_completion(self) -> tuple[Job, Message | None]:
         """Block until the next job to accept is known; ``None`` reply = lost."""
         while True:
+            started = time.perf_counter()
             got = self._pull()
+            pull_seconds = time.perf_counter() - started
             if self.federated_eval is not None:
                 self.federated_eval.poll()
             picked = self._pick_ready()
             if picked is not None:
-                self._poll_sleep = 0.001
+                self._pacer.progress()
                 return picked
-            if not got:
-                time.sleep(self._poll_sleep)
-                self._poll_sleep = min(self._poll_sleep * 2, 0.05)
+            self._pacer.wait(pull_seconds, got)
 
     def _pick_ready(self) -> tuple[Job, Message | None] | None:
         now_wall = time.monotonic()
