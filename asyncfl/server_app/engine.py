@@ -37,6 +37,7 @@ from asyncfl.client_app.extras import WORKER_RECORD
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.eligible import EligibleClients
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
@@ -207,6 +208,8 @@ class AsyncEngine:
         # died with its SuperNode cannot stall every other reply (see asyncfl.server_app.puller).
         self._puller = ThreadedPuller(grid, workers=max(8, config.concurrency)) if config.clock == "wall" else None
         self._busy: Counter[int] = Counter()  # client -> jobs in flight (> 1 only with pipelined late jobs)
+        self._eligible = EligibleClients()  # clients a new job may go to (idle, with data, online)
+        self._index_of: dict[int, int] = {}  # node id -> client index
         self._round_start = 0.0
         self._now = 0.0
         self._wall_start = time.monotonic()
@@ -241,6 +244,7 @@ class AsyncEngine:
         # a node's first answer may wait for its worker to start: allow it as long as a job (job-timeout)
         self._add_clients(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
         self._online, self._online_checked = set(nodes), time.monotonic()
+        self._update_eligible(range(len(self._clients)))
         return self._clients
 
     def _add_clients(self, nodes: list[int], deadline_s: float) -> None:
@@ -255,6 +259,8 @@ class AsyncEngine:
         elif unknown:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
         self._clients += found.ordered(nodes)
+        self._index_of = {node: i for i, node in enumerate(self._clients)}
+        self._eligible.grow(len(self._clients))
         self._size_of.update(found.size_of)
         self._labels_of.update(found.labels_of)
         # Nodes that do not report their sample count count as median-sized for size-tied delays.
@@ -269,13 +275,26 @@ class AsyncEngine:
             self.delays.bind_clients(self.client_sizes, [self._labels_of.get(node) for node in self._clients])
         else:
             self.delays.bind_clients(self.client_sizes)
+        self._update_eligible(range(len(self._clients)))
+
+    def _update_eligible(self, clients) -> None:
+        """Re-evaluate whether each of ``clients`` may get a new job: idle (or pipelined late clients, who may
+        train while a late job is out), with training data, and online (wall clock)."""
+        pipelined = self.config.pipeline_late_clients and self.strategy.synchronous
+        wall = self.config.clock == "wall"
+        for i in clients:
+            self._eligible.set(i, (pipelined or not self._busy[i]) and i not in self._no_data
+                               and (not wall or self._clients[i] in self._online))
 
     def _refresh_nodes(self) -> None:
         """Wall clock only: track which nodes are online and take in nodes that joined."""
         if self.config.clock != "wall" or time.monotonic() - self._online_checked < NODE_REFRESH_SECONDS:
             return
-        self._online = set(self.grid.get_node_ids())
+        online = set(self.grid.get_node_ids())
+        changed = (online ^ self._online) & self._index_of.keys()
+        self._online = online
         self._online_checked = time.monotonic()
+        self._update_eligible(self._index_of[node] for node in changed)
         joined = sorted(self._online - set(self._clients))
         if joined:
             self._add_clients(joined, deadline_s=10.0)
@@ -364,13 +383,11 @@ class AsyncEngine:
         want = self.config.concurrency - len(self._in_flight) + late
         # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
         # every round; at this point every job still in flight is late, the round having closed)
-        pipelined = self.config.pipeline_late_clients and self.strategy.synchronous
-        idle = [i for i in range(len(self._clients)) if (pipelined or not self._busy[i]) and i not in self._no_data]
-        if self.config.clock == "wall":
-            idle = [i for i in idle if self._clients[i] in self._online]
+        idle = len(self._eligible)
         if want <= 0 or not idle:
             return
-        chosen = self._pick_rng.choice(idle, size=min(want, len(idle)), replace=False)
+        # positions among the eligible clients in index order: the same draws as from the list of them
+        chosen = [self._eligible.kth(int(p)) for p in self._pick_rng.choice(idle, size=min(want, idle), replace=False)]
         start = self._clock()
         self._round_start = start
         messages, jobs = [], []
@@ -407,6 +424,7 @@ class AsyncEngine:
             job.message_id, job.sent_wall = message_id, sent
             self._in_flight[message_id] = job
             self._busy[job.client] += 1
+            self._update_eligible((job.client,))
         for job in jobs[len(message_ids) :]:  # refused by the SuperLink
             self.versions.release(job.version)
             self.stats.reject("push-refused")
@@ -472,6 +490,7 @@ class AsyncEngine:
         started = time.perf_counter()
         del self._in_flight[job.message_id]
         self._busy[job.client] -= 1
+        self._update_eligible((job.client,))
         if self._puller is not None:
             self._puller.forget(job.message_id)
         try:
