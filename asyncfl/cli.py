@@ -252,15 +252,20 @@ def _deploy(parser: argparse.ArgumentParser, args) -> int:
         auth = f"; SuperNode keys registered, in {deployment.workdir / 'keys'}" if args.supernode_auth else ""
         print(f"SuperLink on {deployment.address} (pid {deployment.superlink.pid}); "
               f"{args.supernodes} SuperNodes; logs in {deployment.workdir}{auth}", flush=True)
-        flwr = deployment.submit(run_config)
-        try:
-            for line in flwr.stdout:
-                print(line, end="", flush=True)
-            return flwr.wait()
-        finally:
-            if flwr.poll() is None:
-                flwr.terminate()
-                flwr.wait(timeout=30)
+        return stream_to_end(deployment.submit(run_config))
+
+
+def stream_to_end(flwr: subprocess.Popen) -> int:
+    """Print a ``flwr run --stream`` process's output as it comes; return its exit code (stopping it if we
+    are interrupted)."""
+    try:
+        for line in flwr.stdout:
+            print(line, end="", flush=True)
+        return flwr.wait()
+    finally:
+        if flwr.poll() is None:
+            flwr.terminate()
+            flwr.wait(timeout=30)
 
 
 def _docker_parser(commands) -> None:
@@ -356,15 +361,7 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
           f"{deployment.outputs}; remove with `asyncfl docker down --name {args.name}`", flush=True)
     if args.detach:
         return 0
-    flwr = deployment.submit(args.app, run_config)
-    try:
-        for line in flwr.stdout:
-            print(line, end="", flush=True)
-        return flwr.wait()
-    finally:
-        if flwr.poll() is None:
-            flwr.terminate()
-            flwr.wait(timeout=30)
+    return stream_to_end(deployment.submit(args.app, run_config))
 
 
 if __name__ == "__main__":

@@ -31,26 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "scale"
+sys.path.insert(0, str(ROOT))
 
-
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    children, found, stack = _children(), [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
+from asyncfl.deploy.processes import descendants  # noqa: E402
 
 
 def _pss_mb(pid: int) -> float:
@@ -82,7 +65,7 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             server = ray = 0.0
-            for pid in _descendants(self.root_pid):
+            for pid in descendants(self.root_pid):
                 command = _cmdline(pid)
                 if "flwr-simulation" in command:
                     server += _pss_mb(pid)

@@ -9,17 +9,16 @@ checks that SuperNode authentication keeps out a node whose key is not registere
 import csv
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from asyncfl.deploy.local import LocalDeployment
 from asyncfl.deploy.processes import TlsFiles
+from tests.netns import namespace_pair, netns_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ("dataset='digits' model='mlp' local-steps=10 lr=0.01 eval-every=2.0 progress=false clock='wall' "
@@ -97,43 +96,14 @@ def test_loopback_deployment_survives_nan_a_crash_and_a_late_joiner(tmp_path):
     assert config["engine"]["clock"] == "wall"
 
 
-def _netns_available() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "the ip tool (iproute2) is not installed"
-    probe = f"asyncfl-probe-{uuid.uuid4().hex[:6]}"
-    made = subprocess.call(["ip", "netns", "add", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if made != 0:
-        return "this machine does not allow creating network namespaces"
-    subprocess.call(["ip", "netns", "del", probe])
-    return None
-
-
 @pytest.fixture
 def two_hosts():
     """Namespaces 'link' (10.77.0.1) and 'nodes' (10.77.0.2) joined by a veth pair; removed afterwards."""
-    reason = _netns_available()
+    reason = netns_available()
     if reason:
         pytest.skip(reason)
-    tag = uuid.uuid4().hex[:6]
-    link, nodes = f"asyncfl-{tag}-link", f"asyncfl-{tag}-nodes"
-    commands = [
-        ["ip", "netns", "add", link], ["ip", "netns", "add", nodes],
-        ["ip", "link", "add", f"afl{tag}a", "type", "veth", "peer", "name", f"afl{tag}b"],
-        ["ip", "link", "set", f"afl{tag}a", "netns", link], ["ip", "link", "set", f"afl{tag}b", "netns", nodes],
-        ["ip", "-n", link, "addr", "add", "10.77.0.1/24", "dev", f"afl{tag}a"],
-        ["ip", "-n", nodes, "addr", "add", "10.77.0.2/24", "dev", f"afl{tag}b"],
-        ["ip", "-n", link, "link", "set", f"afl{tag}a", "up"], ["ip", "-n", nodes, "link", "set", f"afl{tag}b", "up"],
-        ["ip", "-n", link, "link", "set", "lo", "up"], ["ip", "-n", nodes, "link", "set", "lo", "up"],
-    ]
-    try:
-        for command in commands:
-            subprocess.run(command, check=True, capture_output=True)
+    with namespace_pair(("link", "nodes"), ("10.77.0.1", "10.77.0.2")) as (link, nodes):
         yield link, nodes
-    finally:
-        for namespace in (link, nodes):
-            subprocess.call(["ip", "netns", "del", namespace], stderr=subprocess.DEVNULL)
 
 
 def test_superlink_and_supernodes_on_separate_hosts_over_tls(tmp_path, two_hosts):

@@ -12,12 +12,11 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_e2e import _netns_available
+from tests.netns import namespace_pair, netns_available
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -40,40 +39,26 @@ def _kill_namespace(namespace: str) -> None:
 @pytest.fixture
 def ray_cluster():
     """A Ray head (1 CPU) and a Ray worker node (1 CPU) in two namespaces; yields them and the address."""
-    reason = _netns_available()
+    reason = netns_available()
     if reason:
         pytest.skip(reason)
-    tag = uuid.uuid4().hex[:6]
-    head, worker = f"asyncfl-{tag}-rayhead", f"asyncfl-{tag}-raywk"
     env = {"RAY_DISABLE_USAGE_STATS": "1", "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"}
-    setup = [
-        ["ip", "netns", "add", head], ["ip", "netns", "add", worker],
-        ["ip", "link", "add", f"afr{tag}h", "type", "veth", "peer", "name", f"afr{tag}w"],
-        ["ip", "link", "set", f"afr{tag}h", "netns", head], ["ip", "link", "set", f"afr{tag}w", "netns", worker],
-        ["ip", "-n", head, "addr", "add", f"{HEAD_IP}/24", "dev", f"afr{tag}h"],
-        ["ip", "-n", worker, "addr", "add", f"{WORKER_IP}/24", "dev", f"afr{tag}w"],
-        ["ip", "-n", head, "link", "set", f"afr{tag}h", "up"], ["ip", "-n", worker, "link", "set", f"afr{tag}w", "up"],
-        ["ip", "-n", head, "link", "set", "lo", "up"], ["ip", "-n", worker, "link", "set", "lo", "up"],
-    ]
-    try:
-        for command in setup:
-            subprocess.run(command, check=True, capture_output=True)
-        _in(head, str(BIN / "ray"), "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(PORT),
-            "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats", check=True, capture_output=True,
-            env=env)
-        _in(worker, str(BIN / "ray"), "start", "--address", f"{HEAD_IP}:{PORT}", "--node-ip-address", WORKER_IP,
-            "--num-cpus", "1", "--disable-usage-stats", check=True, capture_output=True, env=env)
-        yield head, worker, f"{HEAD_IP}:{PORT}"
-    finally:
-        for namespace in (worker, head):
-            _kill_namespace(namespace)
-        time.sleep(1.0)
-        for namespace in (worker, head):
-            subprocess.call(["ip", "netns", "del", namespace], stderr=subprocess.DEVNULL)
-        # `ray start --head` points Ray's current-cluster file at this cluster; leave no pointer to a dead one
-        current = Path("/tmp/ray/ray_current_cluster")
-        if current.exists() and current.read_text().strip() == f"{HEAD_IP}:{PORT}":
-            current.unlink()
+    with namespace_pair(("rayhead", "raywk"), (HEAD_IP, WORKER_IP)) as (head, worker):
+        try:
+            _in(head, str(BIN / "ray"), "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(PORT),
+                "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats", check=True,
+                capture_output=True, env=env)
+            _in(worker, str(BIN / "ray"), "start", "--address", f"{HEAD_IP}:{PORT}", "--node-ip-address", WORKER_IP,
+                "--num-cpus", "1", "--disable-usage-stats", check=True, capture_output=True, env=env)
+            yield head, worker, f"{HEAD_IP}:{PORT}"
+        finally:
+            for namespace in (worker, head):
+                _kill_namespace(namespace)
+            time.sleep(1.0)
+            # `ray start --head` points Ray's current-cluster file at this cluster; leave no pointer to a dead one
+            current = Path("/tmp/ray/ray_current_cluster")
+            if current.exists() and current.read_text().strip() == f"{HEAD_IP}:{PORT}":
+                current.unlink()
 
 
 def _asyncfl_run(overrides: str, namespace: str | None = None, ray_address: str | None = None,
