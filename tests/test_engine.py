@@ -276,9 +276,18 @@ def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
         return Message(Error(code=1, reason="Traceback ...\nRuntimeError: broken model"), reply_to=message)
 
     engine = make_engine(FakeGrid(3, broken), Recording(), max_arrivals=5)
-    with pytest.raises(RuntimeError, match="all failed"):
+    with pytest.raises(RuntimeError, match="all failed") as error:
         engine.run()
     assert engine.stats.rejected["error-reply"] == 5 * 3 + 10
+    assert "job-timeout" not in str(error.value)  # broken, not slow: no hint to wait longer
+
+
+def test_jobs_that_never_reply_abort_with_a_hint_to_raise_job_timeout():
+    engine = make_engine(FakeGrid(2, lambda node, message: None), Recording(), max_arrivals=5, job_timeout=0.01)
+    with pytest.raises(RuntimeError, match="raise job-timeout") as error:
+        engine.run()
+    assert "job-timeout = 0.01 s" in str(error.value)
+    assert engine.stats.rejected["lost"] == 5 * engine.config.concurrency + 10
 
 
 def test_codec_round_trip_keeps_dtypes_and_values():

@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
+from flwr.common.constant import ErrorCode
 
 from asyncfl.client_app.extras import WORKER_RECORD
 from asyncfl.config import EngineConfig
@@ -219,6 +220,7 @@ class AsyncEngine:
         self._seq = 0
         self._pacer = PollPacer()
         self._failures_in_a_row = 0
+        self._expired_jobs = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
         self._online: set[int] = set()
         self._online_checked = float("-inf")
 
@@ -343,9 +345,14 @@ class AsyncEngine:
         """Abort when every one of many consecutive jobs failed: a broken ClientApp, not bad luck."""
         limit = 5 * self.config.concurrency + 10
         if self._failures_in_a_row >= limit:
+            rejected = dict(self.stats.rejected)
+            hint = (f"; most of them ran out of time (no reply, or Flower dropped a reply older than its message's "
+                    f"TTL = job-timeout = {self.config.job_timeout:g} s): if the ClientApps are slow rather than "
+                    "broken, raise job-timeout"
+                    if self._expired_jobs * 2 >= sum(rejected.values()) else "")
             raise RuntimeError(
-                f"the last {limit} jobs all failed (rejected: {dict(self.stats.rejected)}); "
-                "check the ClientApp logs: the run cannot make progress"
+                f"the last {limit} jobs all failed (rejected: {rejected}); "
+                f"check the ClientApp logs: the run cannot make progress{hint}"
             )
 
     def _last_arrival(self) -> bool:
@@ -518,12 +525,15 @@ class AsyncEngine:
                 log.warning("job %s lost: client %d's node went offline", job.seq, job.client)
             else:
                 log.warning("job %s to client %d lost (no reply in %.0fs)", job.seq, job.client, self.config.job_timeout)
+                self._expired_jobs += 1
             self.stats.reject(job.lost_reason)
             return None
         if reply.has_error():
             reason = (reply.error.reason or "").strip().splitlines()
             log.warning("client %d replied with error: %s", job.client, reason[-1][:300] if reason else "?")
             self.stats.reject("error-reply")
+            if reply.error.code in (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
+                self._expired_jobs += 1
             return None
         content = reply.content
         if self.keys.arrays not in content.array_records:
