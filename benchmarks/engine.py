@@ -43,6 +43,7 @@ from asyncfl.server_app.evaluation import state_as_numpy  # noqa: E402
 from asyncfl.simulation.presets import DELAY_PRESETS  # noqa: E402
 from asyncfl.strategies.registry import strategy_class  # noqa: E402
 from asyncfl.strategies.resources import StrategyResources  # noqa: E402
+from benchmarks.cpu_usage import TreeCpu  # noqa: E402
 
 
 def _train_jobs(jobs: int) -> float:
@@ -77,7 +78,10 @@ def flower_run(tag: str, supernodes: int, overrides: str, out: Path) -> dict:
     command = [sys.executable, "-m", "asyncfl.cli", "run", "--app", str(ROOT), "--num-supernodes", str(supernodes),
                "-c", f"{overrides} output-dir='{out}' run-name='{tag}' progress=false"]
     started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1200)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with TreeCpu({"run": process.pid}, period=0.5) as cpu:
+        if process.wait(timeout=1200) != 0:
+            raise subprocess.CalledProcessError(process.returncode, command)
     total = time.perf_counter() - started
     summary = json.loads((out / tag / "summary.json").read_text())
     with open(out / tag / "timing.csv") as handle:
@@ -86,7 +90,8 @@ def flower_run(tag: str, supernodes: int, overrides: str, out: Path) -> dict:
     total_arrivals = timing[-1][0]
     first = next(t for t in timing if t[0] >= 0.1 * total_arrivals)
     steady = (total_arrivals - first[0]) / max(timing[-1][1] - first[1], 1e-9)
-    return {"summary": summary, "steady-arrivals-per-s": steady, "process-seconds": total}
+    return {"summary": summary, "steady-arrivals-per-s": steady, "process-seconds": total,
+            "cpu-seconds": {"machine": cpu.seconds()["machine"], **cpu.seconds_by_command("run")}}
 
 
 class InstantGrid:
@@ -174,18 +179,29 @@ def main() -> None:
         results["c-ratio-to-one-local-job"] = {n: ms / job_ms for n, ms in results["c-server-ms-per-arrival"].items()}
         for name, ms in results["c-server-ms-per-arrival"].items():
             print(f"(c) {name:<9} {ms:.3f} ms per arrival (CNN, 421k parameters) = {ms / job_ms:.4f} of a local job")
-    if "b" not in args.parts and "d" not in args.parts:
-        (ROOT / "benchmarks" / f"results-{args.parts}.json").write_text(json.dumps(results, indent=2))
-        return
+    if "b" in args.parts:
+        flower_simulation_ratio(results, arrivals, ideal, workers)
+    if "d" in args.parts:
+        many_clients(results, arrivals)
+    name = "results.json" if set(args.parts) == set("abcd") else f"results-{args.parts}.json"
+    (ROOT / "benchmarks" / name).write_text(json.dumps(results, indent=2))
 
+
+def flower_simulation_ratio(results: dict, arrivals: int, ideal: float, workers: int) -> None:
+    """(b) steady arrivals/s through ``flwr run`` against the ideal of (a), and where the CPU went."""
     with tempfile.TemporaryDirectory() as tmp:
         run = flower_run("bench-cnn", 50, f"max-arrivals={arrivals} concurrency=10 eval-every=5.0", Path(tmp))
     ratio = run["steady-arrivals-per-s"] / (ideal * workers)
     results["b-flower-arrivals-per-s"] = run["steady-arrivals-per-s"]
     results["b-ratio"] = ratio
     results["b-process-seconds"] = run["process-seconds"]
+    results["b-cpu-seconds"] = run["cpu-seconds"]  # per command name over the whole run, and the machine's
     print(f"(b) flower simulation: {run['steady-arrivals-per-s']:.2f} arrivals/s steady; ratio b/(a*workers) = {ratio:.3f}")
+    print(f"(b) CPU seconds: {run['cpu-seconds']}")
 
+
+def many_clients(results: dict, arrivals: int) -> None:
+    """(d) 1000 clients, 100 in flight: arrivals/s, server memory, stored versions."""
     with tempfile.TemporaryDirectory() as tmp:
         large = flower_run("bench-1000", 1000, f"max-arrivals={arrivals * 2} concurrency=100 partitioning='iid' "
                                                 "local-steps=1 eval-every=1.0", Path(tmp))
@@ -199,7 +215,6 @@ def main() -> None:
     print(f"(d) 1000 clients, 100 in flight: {large['steady-arrivals-per-s']:.2f} arrivals/s, server peak RSS "
           f"{results['d-1000-clients']['server-peak-rss-mb']} MB, peak stored versions "
           f"{results['d-1000-clients']['peak-stored-versions']}")
-    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

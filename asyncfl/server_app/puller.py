@@ -9,9 +9,20 @@ other reply with it; measured on loopback: a killed SuperNode stalled the
 engine for ~3 minutes.
 
 So in wall-clock runs each in-flight message is pulled on its own, by a small
-pool of daemon threads, at most every ``min_interval`` seconds per message. A
-stuck pull occupies one worker; the others keep delivering. Daemon threads
-let the ServerApp exit without waiting for a stuck pull.
+pool of daemon threads. A stuck pull occupies one worker; the others keep
+delivering. Daemon threads let the ServerApp exit without waiting for a stuck
+pull.
+
+How often: a message is pulled again after ``age / 8`` seconds, kept between
+``min_interval`` and ``max_interval``: young jobs (sub-second ones in tests and
+simulations of fast clients) are seen quickly, and a reply waits at most about
+an eighth of its own round trip (capped at 1 s) to be noticed. Every pull is an
+HTTP request that costs the SuperLink and the ServerApp CPU the ClientApps on
+the same cores then lack: pulling every message every 0.2 s cost 48 CPU
+seconds more than Flower's own loop over a 60-job loopback run
+(``benchmarks/deploy``). The later notice costs the next job nothing as long
+as it stays under Flower 1.41's SuperNode idle sleep (3 s between pulls when it
+has no message), which it is.
 """
 
 from __future__ import annotations
@@ -32,21 +43,33 @@ class ThreadedPuller:
         Anything with ``pull_messages(message_ids)``.
     workers : int
         Concurrent pulls.
-    min_interval : float
-        Seconds between two pull attempts of the same message.
+    min_interval, max_interval : float
+        Bounds in seconds on the wait between two pull attempts of the same message.
+    age_fraction : float
+        That wait is this fraction of the time since the message was first polled.
+    clock : callable
+        Seconds, monotonic (a fake one in tests).
     """
 
-    def __init__(self, grid, workers: int = 8, min_interval: float = 0.2) -> None:
+    def __init__(self, grid, workers: int = 8, min_interval: float = 0.2, max_interval: float = 1.0,
+                 age_fraction: float = 0.125, clock=time.monotonic) -> None:
         self.grid = grid
-        self.min_interval = min_interval
+        self.min_interval, self.max_interval, self.age_fraction = min_interval, max_interval, age_fraction
+        self.clock = clock
         self._requests: queue.Queue[str] = queue.Queue()
         self._replies: queue.Queue[Message] = queue.Queue()
         self._pending: set[str] = set()  # queued or being pulled
         self._last_try: dict[str, float] = {}
+        self._first_seen: dict[str, float] = {}
         self._lock = threading.Lock()
         self.errors = 0
+        self.pulls = 0
         for _ in range(workers):
             threading.Thread(target=self._work, daemon=True).start()
+
+    def interval(self, age: float) -> float:
+        """Seconds between two pulls of a message first polled ``age`` seconds ago."""
+        return min(self.max_interval, max(self.min_interval, self.age_fraction * age))
 
     def _work(self) -> None:
         while True:
@@ -59,14 +82,19 @@ class ThreadedPuller:
             finally:
                 with self._lock:
                     self._pending.discard(message_id)
-                    self._last_try[message_id] = time.monotonic()
+                    self._last_try[message_id] = self.clock()
+                    self.pulls += 1
 
     def poll(self, waiting: list[str]) -> list[Message]:
         """Ask for ``waiting`` messages not asked for recently; return the replies pulled so far."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             for message_id in waiting:
-                if message_id in self._pending or now - self._last_try.get(message_id, -1e9) < self.min_interval:
+                first = self._first_seen.setdefault(message_id, now)
+                if message_id in self._pending:
+                    continue
+                last = self._last_try.get(message_id)
+                if last is not None and now - last < self.interval(now - first):
                     continue
                 self._pending.add(message_id)
                 self._requests.put(message_id)
@@ -81,3 +109,4 @@ class ThreadedPuller:
         """Drop bookkeeping of a message that no longer matters (accepted, lost or abandoned)."""
         with self._lock:
             self._last_try.pop(message_id, None)
+            self._first_seen.pop(message_id, None)

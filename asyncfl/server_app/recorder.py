@@ -192,6 +192,9 @@ def transport_summary(stats) -> dict:
 
     ``dispatch-overhead-s-mean`` = mean round trip - mean client compute: the
     time a job spends in transport, queues and process start-up.
+    ``training-wall-s`` spans the first train push to the last accepted reply
+    (no start-up, no discovery, no final evaluation), and
+    ``accepted-per-training-s`` is the steady rate over it.
     """
     out: dict = {}
     if stats.clamped_variances:
@@ -200,6 +203,10 @@ def transport_summary(stats) -> dict:
         out["unidentified-nodes"] = stats.unidentified_nodes
     if getattr(stats, "by_worker", None):  # simulated ClientApps on a Ray cluster: accepted replies per Ray node
         out["arrivals-by-ray-node"] = dict(sorted(stats.by_worker.items()))
+    first, last = getattr(stats, "first_push_wall", None), getattr(stats, "last_arrival_wall", None)
+    if first is not None and last is not None and last > first:
+        out["training-wall-s"] = round(last - first, 3)
+        out["accepted-per-training-s"] = round(stats.arrivals / (last - first), 4)
     if stats.reply_bytes:
         out["reply-mb-mean"] = round(float(np.mean(stats.reply_bytes)) / 2**20, 4)
     if stats.round_trip_seconds:

@@ -1,0 +1,74 @@
+"""ThreadedPuller: how often each in-flight message is pulled (fake clock, counting grid)."""
+
+import threading
+import time
+
+from asyncfl.server_app.puller import ThreadedPuller
+
+
+class CountingGrid:
+    """Never has a reply; counts the pulls of each message id."""
+
+    def __init__(self) -> None:
+        self.pulls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def pull_messages(self, message_ids):
+        with self._lock:
+            for message_id in message_ids:
+                self.pulls[message_id] = self.pulls.get(message_id, 0) + 1
+        return []
+
+
+def _settle(puller: ThreadedPuller, expected: int) -> None:
+    deadline = time.monotonic() + 5.0
+    while puller.pulls < expected and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_the_wait_between_pulls_grows_with_the_message_age_within_bounds():
+    puller = ThreadedPuller(CountingGrid(), workers=1, min_interval=0.2, max_interval=1.0, age_fraction=0.125)
+    assert puller.interval(0.0) == 0.2  # young: the floor
+    assert puller.interval(4.0) == 0.5  # an eighth of its age
+    assert puller.interval(60.0) == 1.0  # old: the cap
+
+
+def test_a_message_is_pulled_again_only_after_its_interval():
+    now = [0.0]
+    grid = CountingGrid()
+    puller = ThreadedPuller(grid, workers=1, clock=lambda: now[0])
+    puller.poll(["m"])  # first sight: pulled at once
+    _settle(puller, 1)
+    for t in (0.1, 0.19):  # within the 0.2 s floor: not again
+        now[0] = t
+        puller.poll(["m"])
+    now[0] = 0.25
+    puller.poll(["m"])
+    _settle(puller, 2)
+    assert grid.pulls == {"m": 2}
+    # At age 8 s the wait is 1 s: a poll 0.9 s after the last pull does not pull, one 1.05 s after does.
+    now[0] = 8.0
+    puller.poll(["m"])
+    _settle(puller, 3)
+    now[0] = 8.9
+    puller.poll(["m"])
+    now[0] = 9.05
+    puller.poll(["m"])
+    _settle(puller, 4)
+    assert grid.pulls == {"m": 4}
+
+
+def test_forgotten_messages_start_young_again():
+    now = [0.0]
+    grid = CountingGrid()
+    puller = ThreadedPuller(grid, workers=1, clock=lambda: now[0])
+    puller.poll(["m"])
+    _settle(puller, 1)
+    now[0] = 50.0
+    puller.forget("m")
+    puller.poll(["m"])  # a fresh message under a reused id: pulled at once, then at the floor again
+    _settle(puller, 2)
+    now[0] = 50.25
+    puller.poll(["m"])
+    _settle(puller, 3)
+    assert grid.pulls == {"m": 3}
