@@ -116,6 +116,7 @@ class EngineConfig:
     pipeline_late_clients: bool = False
     max_versions: int = 0  # stop once the server model reaches this version (0 = no cap); Flower's num_rounds
     eval_every_versions: int = 0  # also evaluate every this many server versions (0 = by clock only)
+    jobs_per_client: int = 1  # wall clock: jobs a client may have out at once (> 1 queues its next job)
 
     def __post_init__(self) -> None:
         """Settings that exclude or need each other (checked for the run-config and for ``start()`` alike)."""
@@ -131,6 +132,14 @@ class EngineConfig:
             raise ConfigError("overlap-server-compute (overlap_server_compute) hides server time from clients; set "
                               "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
                               "time to the virtual clock")
+        if isinstance(self.jobs_per_client, bool) or not isinstance(self.jobs_per_client, int) \
+                or self.jobs_per_client < 1:
+            raise ConfigError(f"jobs-per-client (jobs_per_client) = {self.jobs_per_client!r}: it must be an integer "
+                              ">= 1 (1 = one job per client at a time)")
+        if self.jobs_per_client > 1 and self.clock != "wall":
+            raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
+                              "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
+                              "draws every job's duration from its dispatch)")
         if self.max_arrivals == 0 and self.max_virtual_time == 0 and self.max_versions == 0:
             raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
         if self.eval_every <= 0 and self.eval_every_versions <= 0:
@@ -272,6 +281,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         server_time_scale=_positive("server-time-scale", float(cfg["server-time-scale"]), allow_zero=True),
         round_deadline=_positive("round-deadline", float(cfg["round-deadline"]), allow_zero=True),
         pipeline_late_clients=bool(cfg["pipeline-late-clients"]),
+        jobs_per_client=int(cfg["jobs-per-client"]),
     )
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
     gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Error, Message
 
-from asyncfl.config import EngineConfig
+from asyncfl.config import ConfigError, EngineConfig
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.simulation.delays import ComponentDelay, DelayModel
@@ -399,6 +399,9 @@ def test_transport_figures_are_recorded_per_accepted_reply():
     summary = transport_summary(stats)
     assert summary["client-train-s-mean"] == 0.25
     assert summary["dispatch-overhead-s-mean"] == pytest.approx(summary["job-round-trip-s-mean"] - 0.25)
+    # the steady rate spans the first train push to the last accepted reply, start-up excluded
+    assert stats.first_push_wall <= stats.last_arrival_wall
+    assert summary["accepted-per-training-s"] == pytest.approx(4 / (stats.last_arrival_wall - stats.first_push_wall), rel=1e-3)
 
 
 def test_negative_batchnorm_variances_are_clamped_without_touching_the_strategys_array():
@@ -551,3 +554,48 @@ def test_nodes_that_never_answer_are_counted_and_follow_by_node_id(caplog):
     engine.run()
     assert engine._clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 1
     assert "may not repeat exactly" in caplog.text
+
+
+@pytest.mark.parametrize("jobs_per_client, first_wave", [(1, 2), (2, 4)])
+def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_client, first_wave):
+    # Prepare: 2 nodes, 4 slots; the grid answers identity queries at once but keeps train replies back until
+    # 4 train messages were pushed (forever with one job per client, where the engine can only have 2 out).
+    def release(waiting):
+        queries = {m.metadata.message_id for m in grid.pushed if m.metadata.message_type == "query"}
+        trains = len(grid.pushed) - len(queries)
+        return waiting if trains >= 4 else [mid for mid in waiting if mid in queries]
+
+    grid = FakeGrid(2, plus_one, release=release)
+    engine = make_engine(grid, Recording(), clock="wall", concurrency=4, max_arrivals=6, job_timeout=3600.0,
+                         jobs_per_client=jobs_per_client)
+    if jobs_per_client == 1:
+        engine.discover_clients()
+        engine._top_up()
+        trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
+        assert len(trains) == first_wave and sorted(m.metadata.dst_node_id for m in trains) == [101, 102]
+        return
+    engine.run()
+    trains = [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"]
+    assert sorted(trains[:first_wave]) == [101, 101, 102, 102]  # each node has its next job waiting
+    assert engine.stats.arrivals == 6
+    assert max(engine._busy.values(), default=0) <= 2
+
+
+def test_jobs_per_client_above_one_needs_the_wall_clock():
+    with pytest.raises(ConfigError, match="jobs-per-client.*clock = 'wall'"):
+        engine_config(clock="virtual", jobs_per_client=2)
+    with pytest.raises(ConfigError, match="jobs-per-client.*integer >= 1"):
+        engine_config(clock="wall", jobs_per_client=0)
+
+
+def test_jobs_per_client_waits_only_for_the_nodes_that_fill_the_slots(caplog):
+    # 2 nodes with 2 jobs each fill a concurrency of 4: nothing to wait for (the wait used to run out its 60 s)
+    caplog.set_level("INFO")
+    engine = make_engine(FakeGrid(2, plus_one), Recording(), clock="wall", concurrency=4, jobs_per_client=2,
+                         wait_for_nodes=60.0)
+    engine.discover_clients()
+    assert "waiting up to" not in caplog.text
+    lonely = make_engine(FakeGrid(1, plus_one), Recording(), clock="wall", concurrency=4, jobs_per_client=2,
+                         wait_for_nodes=0.2)
+    lonely.discover_clients()
+    assert "1 node(s) connected, 2 fill the concurrency of 4" in caplog.text

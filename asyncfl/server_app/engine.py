@@ -125,6 +125,8 @@ class EngineStats:
     # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
     by_client: dict[int, list[float]] = field(default_factory=dict)
     by_worker: dict[str, int] = field(default_factory=dict)  # accepted replies per Ray node (simulation on a cluster)
+    first_push_wall: float | None = None  # time.monotonic() when the first train job was pushed
+    last_arrival_wall: float | None = None  # time.monotonic() when the last accepted reply was taken in
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -234,10 +236,11 @@ class AsyncEngine:
         """
         deadline = time.monotonic() + self.config.wait_for_nodes
         nodes = sorted(self.grid.get_node_ids())
-        if len(nodes) < self.config.concurrency and self.config.wait_for_nodes > 0:
-            log.info("%d node(s) connected, concurrency is %d: waiting up to %.0fs (wait-for-nodes) for more",
-                     len(nodes), self.config.concurrency, self.config.wait_for_nodes)
-        while len(nodes) < self.config.concurrency and time.monotonic() < deadline:
+        wanted = -(-self.config.concurrency // self.config.jobs_per_client)  # nodes that fill every slot
+        if len(nodes) < wanted and self.config.wait_for_nodes > 0:
+            log.info("%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) "
+                     "for more", len(nodes), wanted, self.config.concurrency, self.config.wait_for_nodes)
+        while len(nodes) < wanted and time.monotonic() < deadline:
             time.sleep(0.2)
             nodes = sorted(self.grid.get_node_ids())
         if not nodes:
@@ -284,8 +287,9 @@ class AsyncEngine:
         train while a late job is out), with training data, and online (wall clock)."""
         pipelined = self.config.pipeline_late_clients and self.strategy.synchronous
         wall = self.config.clock == "wall"
+        slots = self.config.jobs_per_client
         for i in clients:
-            self._eligible.set(i, (pipelined or not self._busy[i]) and i not in self._no_data
+            self._eligible.set(i, (pipelined or self._busy[i] < slots) and i not in self._no_data
                                and (not wall or self._clients[i] in self._online))
 
     def _refresh_nodes(self) -> None:
@@ -383,8 +387,16 @@ class AsyncEngine:
         return any(job.finish <= due for job in self._in_flight.values())
 
     def _top_up(self) -> None:
+        """Fill free slots; with ``jobs-per-client`` > 1 a client picked once may be picked again in a next
+        draw (one draw picks each client at most once), until the slots are full or no client has room."""
+        while self._dispatch_batch() and self.config.jobs_per_client > 1:
+            pass
+
+    def _dispatch_batch(self) -> int:
+        """Draw up to the free slots among the eligible clients, without replacement, and push their jobs;
+        returns how many were pushed."""
         if self.strategy.synchronous and self._round_open():
-            return
+            return 0
         self._refresh_nodes()
         late = len(self._in_flight) if self.strategy.synchronous else 0  # late jobs belong to earlier rounds
         want = self.config.concurrency - len(self._in_flight) + late
@@ -392,7 +404,7 @@ class AsyncEngine:
         # every round; at this point every job still in flight is late, the round having closed)
         idle = len(self._eligible)
         if want <= 0 or not idle:
-            return
+            return 0
         # positions among the eligible clients in index order: the same draws as from the list of them
         chosen = [self._eligible.kth(int(p)) for p in self._pick_rng.choice(idle, size=min(want, idle), replace=False)]
         start = self._clock()
@@ -425,8 +437,11 @@ class AsyncEngine:
             )
             jobs.append(Job("", self._clients[client], client, version, start, start + duration, seq, 0.0,
                             sent_model=custom))
+        pushing = time.monotonic()
         message_ids = list(self.grid.push_messages(messages))
         sent = time.monotonic()
+        if message_ids and self.stats.first_push_wall is None:
+            self.stats.first_push_wall = pushing
         for job, message_id in zip(jobs, message_ids):
             job.message_id, job.sent_wall = message_id, sent
             self._in_flight[message_id] = job
@@ -436,6 +451,7 @@ class AsyncEngine:
             self.versions.release(job.version)
             self.stats.reject("push-refused")
         self.stats.dispatched += len(message_ids)
+        return len(message_ids)
 
     # -------------------------------------------------------------- receive
     def _pull(self) -> int:
@@ -583,6 +599,7 @@ class AsyncEngine:
 
     def _accepted(self, arrival: Arrival, new_model: np.ndarray | None) -> None:
         self.stats.arrivals += 1
+        self.stats.last_arrival_wall = time.monotonic()
         self.stats.staleness.append(arrival.staleness)
         tally = self.stats.tally(arrival.client_index)
         tally[0] += 1

@@ -159,7 +159,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
                    output_dir: str | None, run_name: str, emulate_delay_scale: float = 0.0,
                    evaluate_every_time: float = 0.0, target_accuracy: tuple[float, ...] = (), progress: bool = False,
                    overlap_server_compute: bool = False, server_time_scale: float = 0.0, round_deadline: float = 0.0,
-                   pipeline_late_clients: bool = False, wait_for_nodes_s: float | None = None,
+                   pipeline_late_clients: bool = False, jobs_per_client: int = 1,
+                   wait_for_nodes_s: float | None = None,
                    run_config: dict | None = None) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); every argument is
     checked before the first message is sent."""
@@ -177,6 +178,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
         progress=progress, emulate_delay_scale=emulate_delay_scale, overlap=overlap_server_compute,
         server_time_scale=server_time_scale, round_deadline=round_deadline,
         pipeline_late_clients=pipeline_late_clients, max_versions=num_rounds, eval_every_versions=evaluate_every,
+        jobs_per_client=jobs_per_client,
     )
     codec, initial = codec_and_model(initial_arrays)
     options = strategy.flower

@@ -173,6 +173,7 @@ class Strategy(ABC):
         server_time_scale: float = 0.0,
         round_deadline: float = 0.0,
         pipeline_late_clients: bool = False,
+        jobs_per_client: int = 1,
         wait_for_nodes: float | None = None,
         run_config: dict | None = None,
     ) -> "AsyncResult":
@@ -233,6 +234,12 @@ class Strategy(ABC):
             stale in a later round (the gradient-inversion paper's semi-asynchronous setting; 0 = off).
         pipeline_late_clients : bool
             With ``round_deadline``: a late client may train again while its late job is out.
+        jobs_per_client : int
+            Wall clock: jobs one client may have out at once (default 1). With 2, a client's next job
+            waits at the SuperLink while it trains, so a Flower SuperNode takes it the moment it has
+            pushed its reply instead of after its idle poll (3 s in Flower 1.41); the queued job
+            carries the model of its dispatch time, so it is staler. Set ``concurrency`` up to
+            ``nodes * jobs_per_client`` to use it.
         wait_for_nodes : float, optional
             Seconds to wait for ``concurrency`` nodes to connect (default ``min(timeout, 60)``).
         run_config : dict, optional
@@ -254,5 +261,6 @@ class Strategy(ABC):
             emulate_delay_scale=emulate_delay_scale, evaluate_every_time=evaluate_every_time,
             target_accuracy=target_accuracy, progress=progress, overlap_server_compute=overlap_server_compute,
             server_time_scale=server_time_scale, round_deadline=round_deadline,
-            pipeline_late_clients=pipeline_late_clients, wait_for_nodes_s=wait_for_nodes, run_config=run_config,
+            pipeline_late_clients=pipeline_late_clients, jobs_per_client=jobs_per_client,
+            wait_for_nodes_s=wait_for_nodes, run_config=run_config,
         )
