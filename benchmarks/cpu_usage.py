@@ -53,6 +53,7 @@ class TreeCpu:
         self._baseline: dict[str, dict[tuple[int, str], float]] = {}
         self._names: dict[tuple[int, str], str] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the sampler writes _seen while a caller may read it mid-run
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _sample(self) -> dict[str, dict[tuple[int, str], float]]:
@@ -70,8 +71,10 @@ class TreeCpu:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            for name, tree in self._sample().items():
-                self._seen[name].update(tree)
+            sample = self._sample()
+            with self._lock:
+                for name, tree in sample.items():
+                    self._seen[name].update(tree)
             self._stop.wait(self.period)
 
     def __enter__(self) -> Self:
@@ -95,10 +98,15 @@ class TreeCpu:
         return out
 
     def seconds_by_command(self, tree: str) -> dict[str, float]:
-        """CPU seconds of one tree during the run, per command name (``/proc/<pid>/comm``), largest first."""
+        """CPU seconds of one tree so far, per command name (``/proc/<pid>/comm``), largest first.
+
+        May be called while the run goes on (as of the last sample) to split a window of it.
+        """
         base = self._baseline.get(tree, {})
         totals: dict[str, float] = {}
-        for key, cpu in self._seen[tree].items():
+        with self._lock:
+            seen = dict(self._seen[tree])
+        for key, cpu in seen.items():
             name = self._names.get(key, "?")
             totals[name] = totals.get(name, 0.0) + cpu - base.get(key, 0.0)
         return {name: round(value, 1) for name, value in sorted(totals.items(), key=lambda kv: -kv[1]) if value >= 0.05}

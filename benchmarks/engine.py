@@ -19,8 +19,8 @@ Usage: ``.venv/bin/python benchmarks/engine.py [--quick]``; writes
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -43,7 +43,7 @@ from asyncfl.server_app.evaluation import state_as_numpy  # noqa: E402
 from asyncfl.simulation.presets import DELAY_PRESETS  # noqa: E402
 from asyncfl.strategies.registry import strategy_class  # noqa: E402
 from asyncfl.strategies.resources import StrategyResources  # noqa: E402
-from benchmarks.cpu_usage import TreeCpu  # noqa: E402
+from benchmarks.cpu_usage import TreeCpu, machine_busy_seconds  # noqa: E402
 
 
 def _train_jobs(jobs: int) -> float:
@@ -74,24 +74,73 @@ def ideal_jobs_per_second(jobs: int, workers: int) -> float:
 
 
 def flower_run(tag: str, supernodes: int, overrides: str, out: Path) -> dict:
-    """Run ``asyncfl run`` and return its summary plus steady-state arrivals/s from timing.csv."""
+    """Run ``asyncfl run`` and return its summary, steady-state arrivals/s from timing.csv, and where the CPU went.
+
+    CPU is split per command over the whole command and over the steady window: each
+    new timing.csv row (an evaluation point) is paired with the CPU seconds every
+    process had spent when the row was seen, so the window's CPU is the difference
+    between its first and last rows' snapshots.
+    """
     command = [sys.executable, "-m", "asyncfl.cli", "run", "--app", str(ROOT), "--num-supernodes", str(supernodes),
                "-c", f"{overrides} output-dir='{out}' run-name='{tag}' progress=false"]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    timing_path = out / tag / "timing.csv"
+    rows_seen, snapshots = 0, []  # (arrivals, timing row's wall seconds, CPU by command, machine busy seconds)
     with TreeCpu({"run": process.pid}, period=0.5) as cpu:
-        if process.wait(timeout=1200) != 0:
+        while process.poll() is None:
+            if time.perf_counter() - started > 1200:
+                process.kill()
+                raise TimeoutError(f"{tag}: flwr run took over 1200 s")
+            rows = _timing_rows(timing_path)
+            if len(rows) > rows_seen:
+                busy = machine_busy_seconds()
+                snapshots.append((*rows[-1], cpu.seconds_by_command("run"), busy))
+                rows_seen = len(rows)
+            time.sleep(0.5)
+        if process.returncode != 0:
             raise subprocess.CalledProcessError(process.returncode, command)
     total = time.perf_counter() - started
     summary = json.loads((out / tag / "summary.json").read_text())
-    with open(out / tag / "timing.csv") as handle:
-        timing = [(int(r["arrivals"]), float(r["wall_seconds"])) for r in csv.DictReader(handle)]
+    timing = _timing_rows(timing_path)
     # Steady state: from the first evaluation with arrivals > 10% of the total to the last one.
     total_arrivals = timing[-1][0]
     first = next(t for t in timing if t[0] >= 0.1 * total_arrivals)
     steady = (total_arrivals - first[0]) / max(timing[-1][1] - first[1], 1e-9)
     return {"summary": summary, "steady-arrivals-per-s": steady, "process-seconds": total,
-            "cpu-seconds": {"machine": cpu.seconds()["machine"], **cpu.seconds_by_command("run")}}
+            "cpu-seconds": {"machine": cpu.seconds()["machine"], **cpu.seconds_by_command("run")},
+            "steady-cpu-share": _steady_cpu_share(snapshots, 0.1 * total_arrivals)}
+
+
+def _timing_rows(path: Path) -> list[tuple[int, float]]:
+    """``(arrivals, wall seconds)`` of each complete timing.csv row written so far."""
+    try:
+        lines = path.read_text().splitlines()[1:]
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        fields = line.split(",")
+        if len(fields) == 3:
+            rows.append((int(fields[1]), float(fields[2])))
+    return rows
+
+
+def _steady_cpu_share(snapshots: list, first_arrivals: float) -> dict:
+    """CPU of the steady window: each command's share of all cores' time (and the idle share), per arrival."""
+    steady = [s for s in snapshots if s[0] >= first_arrivals]
+    if len(steady) < 2:
+        return {}
+    (arrivals0, wall0, cpu0, busy0), (arrivals1, wall1, cpu1, busy1) = steady[0], steady[-1]
+    capacity = (wall1 - wall0) * (os.cpu_count() or 1)
+    used = {name: seconds - cpu0.get(name, 0.0) for name, seconds in cpu1.items()}
+    shares = {name: round(u / capacity, 3) for name, u in sorted(used.items(), key=lambda kv: -kv[1])
+              if u / capacity >= 0.001}
+    shares["idle"] = round(1.0 - (busy1 - busy0) / capacity, 3)
+    arrivals = arrivals1 - arrivals0
+    return {"seconds": round(wall1 - wall0, 2), "arrivals": arrivals, "share-of-cores": shares,
+            "cpu-s-per-arrival": {name: round(u / max(arrivals, 1), 4) for name, u in used.items()
+                                  if u / capacity >= 0.01}}
 
 
 class InstantGrid:
@@ -197,7 +246,23 @@ def flower_simulation_ratio(results: dict, arrivals: int, ideal: float, workers:
     results["b-process-seconds"] = run["process-seconds"]
     results["b-cpu-seconds"] = run["cpu-seconds"]  # per command name over the whole run, and the machine's
     print(f"(b) flower simulation: {run['steady-arrivals-per-s']:.2f} arrivals/s steady; ratio b/(a*workers) = {ratio:.3f}")
+    window = run["steady-cpu-share"]
+    results["b-steady-window"] = window  # share of all cores per command, CPU s per arrival
     print(f"(b) CPU seconds: {run['cpu-seconds']}")
+    if window:
+        # ratio = (the actors' share of the cores) x (the ideal's CPU per job / an actor's CPU per job)
+        actor_share = window["share-of-cores"].get("ray::ClientAppA", 0.0)
+        actor_job_s = window["cpu-s-per-arrival"].get("ray::ClientAppA", float("nan"))
+        handler_s = run["summary"].get("client-train-s-mean", float("nan"))
+        results["b-explained"] = {
+            "actors-share-of-cores": actor_share,
+            "ideal-cpu-s-per-job": round(1.0 / ideal, 4),
+            "actor-cpu-s-per-job": actor_job_s,
+            "clientapp-handler-s-per-job": handler_s,
+            "predicted-ratio": round(actor_share * (1.0 / ideal) / actor_job_s, 3),
+        }
+        print(f"(b) steady window: {window}")
+        print(f"(b) explained: {results['b-explained']}")
 
 
 def many_clients(results: dict, arrivals: int) -> None:
