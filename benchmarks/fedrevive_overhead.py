@@ -53,6 +53,33 @@ def _state_bytes(strategy: FedRevive) -> int:
     return int(total)
 
 
+def _kd_passes_ms(strategy: FedRevive, current: np.ndarray, repeats: int = 3) -> float:
+    """The network passes one KD update is made of, alone: per step, every teacher's minibatch through its
+    teacher (inference mode) and all of them through the student in one batched forward + backward; no Adam,
+    no pool sampling, no loss.
+
+    The KD update's time over this is what the implementation adds to the passes its math needs (Step 4 of
+    the paper's KD-Revive: ``K_KD`` steps of ``c`` teacher minibatches).
+    """
+    teachers = [net for _, net in strategy._buffer]
+    proportions = [strategy._proportions(c) for c, _ in strategy._buffer]
+    rng = np.random.default_rng(0)
+    batches = [strategy.pool.sample(p, strategy.config.kd_batch_size, rng) for p in proportions]
+    stacked = torch.cat(batches)
+    student = strategy.make_model().eval()
+    load_flat(student, current)
+    seconds = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        for _ in range(strategy.config.kd_steps):
+            with torch.inference_mode():
+                for teacher, batch in zip(teachers, batches):
+                    teacher(batch)
+            student(stacked).sum().backward()
+        seconds.append(time.perf_counter() - started)
+    return 1000.0 * float(np.median(seconds[1:]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a Ray client actor uses 1)")
@@ -105,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     synthesis_ms = 1000.0 * strategy.seconds["synthesis"] / max(rounds, 1)
     kd_ms = 1000.0 * strategy.seconds["distillation"] / max(kd, 1)
     steady_ms = kd_ms + synthesis_ms / strategy.config.synthesis_every
+    passes_ms = _kd_passes_ms(strategy, current)
 
     memory = {}
     for clients in (200, 2000):  # the proxies grow with clients; everything else is fixed
@@ -125,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "ratio-steady-to-local-job": round(steady_ms / job_ms, 2),
         "ratio-kd-to-local-job": round(kd_ms / job_ms, 2),
         "ratio-synthesis-round-to-local-job": round(synthesis_ms / job_ms, 2),
+        "kd-passes-alone-ms-per-update": round(passes_ms, 1),
+        "ratio-kd-to-its-passes-alone": round(kd_ms / passes_ms, 3),
         "kd-batch-size": args.kd_batch_size,
         "timed": {"arrivals": len(uploads) - 8, "synthesis-rounds": rounds, "kd-updates": kd, "probes": probes},
         "state-bytes-by-clients": memory,
