@@ -44,6 +44,7 @@ from asyncfl.simulation.presets import DELAY_PRESETS  # noqa: E402
 from asyncfl.strategies.registry import strategy_class  # noqa: E402
 from asyncfl.strategies.resources import StrategyResources  # noqa: E402
 from benchmarks.cpu_usage import TreeCpu, machine_busy_seconds  # noqa: E402
+from benchmarks.run_timing import steady_arrivals_per_s, timing_rows  # noqa: E402
 
 
 def _train_jobs(jobs: int) -> float:
@@ -92,7 +93,7 @@ def flower_run(tag: str, supernodes: int, overrides: str, out: Path) -> dict:
             if time.perf_counter() - started > 1200:
                 process.kill()
                 raise TimeoutError(f"{tag}: flwr run took over 1200 s")
-            rows = _timing_rows(timing_path)
+            rows = timing_rows(timing_path)
             if len(rows) > rows_seen:
                 busy = machine_busy_seconds()
                 snapshots.append((*rows[-1], cpu.seconds_by_command("run"), busy))
@@ -102,28 +103,12 @@ def flower_run(tag: str, supernodes: int, overrides: str, out: Path) -> dict:
             raise subprocess.CalledProcessError(process.returncode, command)
     total = time.perf_counter() - started
     summary = json.loads((out / tag / "summary.json").read_text())
-    timing = _timing_rows(timing_path)
-    # Steady state: from the first evaluation with arrivals > 10% of the total to the last one.
+    timing = timing_rows(timing_path)
     total_arrivals = timing[-1][0]
-    first = next(t for t in timing if t[0] >= 0.1 * total_arrivals)
-    steady = (total_arrivals - first[0]) / max(timing[-1][1] - first[1], 1e-9)
+    steady = steady_arrivals_per_s(timing, 0.1)
     return {"summary": summary, "steady-arrivals-per-s": steady, "process-seconds": total,
             "cpu-seconds": {"machine": cpu.seconds()["machine"], **cpu.seconds_by_command("run")},
             "steady-cpu-share": _steady_cpu_share(snapshots, 0.1 * total_arrivals)}
-
-
-def _timing_rows(path: Path) -> list[tuple[int, float]]:
-    """``(arrivals, wall seconds)`` of each complete timing.csv row written so far."""
-    try:
-        lines = path.read_text().splitlines()[1:]
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        fields = line.split(",")
-        if len(fields) == 3:
-            rows.append((int(fields[1]), float(fields[2])))
-    return rows
 
 
 def _steady_cpu_share(snapshots: list, first_arrivals: float) -> dict:

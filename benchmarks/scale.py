@@ -20,7 +20,6 @@ Usage: ``.venv/bin/python benchmarks/scale.py [--clients 1000,5000,10000] [--arr
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -34,6 +33,7 @@ OUT = ROOT / "benchmarks" / "scale"
 sys.path.insert(0, str(ROOT))
 
 from asyncfl.deploy.processes import descendants  # noqa: E402
+from benchmarks.run_timing import steady_arrivals_per_s, timing_rows  # noqa: E402
 
 
 def _pss_mb(pid: int) -> float:
@@ -96,10 +96,8 @@ def run_scale(clients: int, arrivals: int, out: Path, in_flight: int | None = No
         raise SystemExit(f"{tag} failed: see {out / (tag + '.log')}")
     wall = time.monotonic() - started
     summary = json.loads((out / tag / "summary.json").read_text())
-    with open(out / tag / "timing.csv") as handle:
-        timing = [(int(r["arrivals"]), float(r["wall_seconds"])) for r in csv.DictReader(handle)]
-    first = next(t for t in timing if t[0] >= 0.2 * timing[-1][0])
-    steady = (timing[-1][0] - first[0]) / max(timing[-1][1] - first[1], 1e-9)
+    timing = timing_rows(out / tag / "timing.csv")
+    steady = steady_arrivals_per_s(timing, 0.2)
     return {
         "clients": clients, "in-flight": in_flight, "arrivals": summary["arrivals"],
         "steady-arrivals-per-s": round(steady, 2),
