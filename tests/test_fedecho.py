@@ -156,3 +156,15 @@ def test_bad_fedecho_settings_are_refused_with_the_valid_choices(overrides, mess
 
     with pytest.raises(ConfigError, match=message):
         parse_run_config({**defaults(), "strategy": "fedecho", **overrides})
+
+
+def test_client_logits_are_the_client_models_outputs_on_all_of_u():
+    make = lambda: build_model("cnn", (1, 28, 28), 10, batchnorm=True)  # noqa: E731
+    unlabeled = np.random.default_rng(0).standard_normal((200, 1, 28, 28)).astype(np.float32)
+    echo = FedEcho(make, unlabeled)
+    client = build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=5).eval()
+    with torch.no_grad():
+        expected = client(torch.from_numpy(unlabeled)).numpy()
+    logits = echo.client_logits(model_to_flat(client))
+    assert logits.shape == (200, 10)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)

@@ -111,3 +111,29 @@ def test_load_flat_clamps_negative_batchnorm_variances():
     assert model.running_var.tolist() == [0.5, 0.0]
     assert int(model.num_batches_tracked) == 3
     assert torch.isfinite(model.eval()(torch.ones(4, 2))).all()
+
+
+@pytest.mark.parametrize("name", ["cnn", "lenet5"])
+def test_chunked_forward_matches_one_pass(name):
+    from asyncfl.models.inference import chunked_forward
+
+    model = build_model(name, (1, 28, 28), 10, batchnorm=name == "cnn", seed=0).eval()
+    inputs = torch.randn(150, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = model(inputs)
+    for size in (1, 64, 150, 1000):
+        chunked = chunked_forward(model, inputs, size)
+        assert chunked.shape == (150, 10) and not chunked.requires_grad
+        torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
+    assert not model.training  # the caller's mode is kept
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        chunked_forward(model, inputs, 0)
+
+
+def test_evaluation_does_not_depend_on_batch_size():
+    model = build_model("cnn", (1, 28, 28), 10, seed=0)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((130, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 130)
+    loss_a, acc_a = evaluate(model, x, y, batch_size=500)
+    loss_b, acc_b = evaluate(model, x, y)  # the cache-friendly default
+    assert acc_a == acc_b and loss_a == pytest.approx(loss_b, rel=1e-6)

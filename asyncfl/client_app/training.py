@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from asyncfl.models.inference import CACHE_FRIENDLY_BATCH
+
 
 def pick_device() -> torch.device:
     """CUDA when available, else CPU."""
@@ -71,7 +73,7 @@ def train_local(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 500,
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = CACHE_FRIENDLY_BATCH,
              device: torch.device | None = None) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on ``(x, y)``."""
     loss, accuracy, _ = evaluate_per_class(model, x, y, 0, batch_size, device)
@@ -79,7 +81,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 5
 
 
 @torch.no_grad()
-def evaluate_per_class(model: nn.Module, x: np.ndarray, y: np.ndarray, num_classes: int, batch_size: int = 500,
+def evaluate_per_class(model: nn.Module, x: np.ndarray, y: np.ndarray, num_classes: int, batch_size: int = CACHE_FRIENDLY_BATCH,
                        device: torch.device | None = None) -> tuple[float, float, list[float]]:
     """Mean cross-entropy, accuracy, and the accuracy on each of ``num_classes`` classes (NaN where absent)."""
     if len(x) == 0:

@@ -34,12 +34,11 @@ from torch.nn import functional as F
 
 from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillation_inputs
 from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.models.inference import chunked_forward
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.resources import StrategyResources
 from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, input_array
-
-_INFERENCE_BATCH = 500
 
 
 def normalised_batch_entropy(teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -196,13 +195,9 @@ class FedEcho(Strategy):
         strategy.distill_source = config.distill_set
         return strategy
 
-    @torch.no_grad()
     def client_logits(self, weights: np.ndarray) -> np.ndarray:
-        """Logits of the client model ``weights`` on all of ``U``."""
-        load_flat(self.client_net, weights).eval()
-        chunks = [self.client_net(self.unlabeled[s : s + _INFERENCE_BATCH])
-                  for s in range(0, len(self.unlabeled), _INFERENCE_BATCH)]
-        return torch.cat(chunks).numpy()
+        """Logits of the client model ``weights`` on all of ``U`` (in cache-sized chunks: the same bits, faster)."""
+        return chunked_forward(load_flat(self.client_net, weights).eval(), self.unlabeled).numpy()
 
     def distill(self, model: np.ndarray) -> np.ndarray:
         """``Q`` clipped Adam steps of the global model towards the averaged client logits."""

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from asyncfl.models.inference import chunked_forward
+
 
 class ClassProportionProxies:
     """Online proxies ``pi_hat_i``; ``true_proportions`` (ablation only) replaces them with the real histograms."""
@@ -31,7 +33,7 @@ class ClassProportionProxies:
         """Probe one upload of ``client`` (only its first ``T_est`` count)."""
         if self.true_proportions is not None or self._count.get(client, 0) >= self.t_est:
             return
-        probs = torch.softmax(model.eval()(self.probe) / self.t_probe, dim=1).mean(dim=0).double().numpy()
+        probs = torch.softmax(chunked_forward(model.eval(), self.probe) / self.t_probe, dim=1).mean(dim=0).double().numpy()
         self._sum[client] = self._sum.get(client, 0.0) + probs
         self._count[client] = self._count.get(client, 0) + 1
 
