@@ -173,3 +173,55 @@ def test_gi_strategy_skips_stale_updates_that_look_like_the_unstale_ones():
     deltas, _ = strategy.round_updates(rounds[1] + [stale], base)
     assert strategy.inversions == 0 and strategy.not_unique == 1
     np.testing.assert_array_equal(deltas[-1], stale.delta)
+
+
+def _lenet_gi_strategy(**kwargs):
+    make = lambda: build_model("lenet5", (1, 28, 28), 10)  # noqa: E731
+    program = LocalProgram(epochs=1, steps=0, batch_size=8, lr=0.05, momentum=0.5)
+    return GICompensation(make, (1, 28, 28), 10, program, inversion_iterations=4, warm_iterations=2,
+                          max_reconstruction=12, uniqueness=False, switch_window=0.5, **kwargs)
+
+
+def _rounds_of_stale_updates(strategy):
+    """Four rounds with three fresh and three stale arrivals each; client 9 always sends the same update (so
+    its estimate loses to the raw one and the switch fires); client 8 arrives twice in round 2."""
+    rng = np.random.default_rng(4)
+    models = [model_to_flat(build_model("lenet5", (1, 28, 28), 10, seed=0))]
+    fixed = 0.01 * rng.standard_normal(models[0].size)
+    out = []
+    for v in range(4):
+        current, old = models[-1], models[max(0, v - 2)]
+
+        def arrival(client, base_version, base):
+            delta = fixed if client == 9 else 0.01 * rng.standard_normal(base.size)
+            return _arrival(client, base_version, v - base_version, base, base + delta, n=24)
+
+        arrivals = [arrival(c, v, current) for c in range(3)]
+        arrivals += [arrival(8, max(0, v - 2), old), arrival(9, max(0, v - 2), old), arrival(5, max(0, v - 1), models[max(0, v - 1)])]
+        if v == 2:
+            arrivals.insert(1, arrival(8, 1, models[1]))
+        deltas, _ = strategy.round_updates(arrivals, current)
+        out += deltas
+        models.append((current + np.mean(deltas, axis=0)).astype(np.float32))
+    return out
+
+
+def test_concurrent_inversions_give_the_same_bits_as_one_at_a_time_on_one_thread():
+    threads = torch.get_num_threads()
+    one = _lenet_gi_strategy()
+    torch.set_num_threads(1)
+    try:
+        expected = _rounds_of_stale_updates(one)
+    finally:
+        torch.set_num_threads(threads)
+    counts = ("gi-inversions", "gi-warm-starts", "gi-after-switch", "gi-switch-version", "gi-error-comparisons")
+    for workers in (2, 3):
+        many = _lenet_gi_strategy(inversion_workers=workers)
+        got = _rounds_of_stale_updates(many)  # at the process's own torch threads
+        assert len(got) == len(expected) == 25
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+        assert {k: many.summary()[k] for k in counts} == {k: one.summary()[k] for k in counts}
+        assert many.summary()["gi-inversion-workers"] == workers and len(many._replicas) == workers
+        assert torch.get_num_threads() == threads  # restored after each round's inversions
+    assert one.summary()["gi-switch-version"] is not None and one.inversions >= 6
