@@ -258,8 +258,19 @@ class GICompensation(FedAvg):
             finally:
                 free.put(model)
 
+        # Longest first, so that no worker is left with a long inversion at the end (results are recorded
+        # in arrival order regardless).
         with ThreadPoolExecutor(workers, thread_name_prefix="gi-inversion") as pool:
-            list(pool.map(invert_on_a_free_replica, jobs))
+            list(pool.map(invert_on_a_free_replica, sorted(jobs, key=self._inversion_cost, reverse=True)))
+
+    def _inversion_cost(self, job: _Inversion) -> float:
+        """Samples passed through the network in one inversion, up to a constant: iterations x replayed steps
+        x the recovered batch size."""
+        n = job.arrival.num_examples
+        size = self.inversion.rec_size(n)
+        warm = job.warm is not None and len(job.warm) == size
+        iterations = self.inversion.warm_iterations if warm else self.inversion.iterations
+        return iterations * self.program.total_steps(n) * size / min(size, self.program.batches_per_epoch(n))
 
     def _invert(self, job: _Inversion, model: torch.nn.Module, params: Tensors, buffers: Tensors) -> None:
         """``D_rec`` from ``w^{t-tau}``, then ``LocalUpdate(w^t; D_rec) - w^t`` (Fig. 2), into ``job``."""
