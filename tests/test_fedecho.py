@@ -168,3 +168,41 @@ def test_client_logits_are_the_client_models_outputs_on_all_of_u():
     logits = echo.client_logits(model_to_flat(client))
     assert logits.shape == (200, 10)
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_logits_on_a_background_thread_give_the_same_models_and_bank():
+    make = lambda: build_model("cnn", (1, 28, 28), 10)  # noqa: E731
+    unlabeled = np.random.default_rng(1).standard_normal((100, 1, 28, 28)).astype(np.float32)
+    base = model_to_flat(build_model("cnn", (1, 28, 28), 10, seed=0))
+    rng = np.random.default_rng(2)
+    uploads = [(i % 4, (base + 0.01 * rng.standard_normal(base.size)).astype(np.float32)) for i in range(9)]
+    runs = []
+    for overlap in (False, True):
+        echo = FedEcho(make, unlabeled, buffer_size=3, distill_steps=4, distill_batch_size=16, distill_lr=1e-3,
+                       overlap_logits=overlap, seed=5)
+        current, models = base, []
+        for client, weights in uploads:
+            new = echo.on_arrival(_arrival(client, weights, base), current)
+            if new is not None:
+                current = new
+                models.append(new)
+        runs.append((models, echo.bank.mean(), echo.summary()))
+    (models_a, bank_a, summary_a), (models_b, bank_b, summary_b) = runs
+    assert len(models_a) == len(models_b) == 3
+    for a, b in zip(models_a, models_b):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(bank_a, bank_b)
+    assert summary_a == summary_b and summary_a["logit-clients"] == 4
+
+
+def test_a_failed_background_logit_pass_is_raised_at_the_next_aggregation():
+    make, unlabeled, base, clients = _mlp_setup()
+    echo = FedEcho(make, unlabeled, buffer_size=2, distill_steps=1)
+
+    def failing_pass(weights):
+        raise RuntimeError("logit pass failed")
+
+    echo.client_logits = failing_pass
+    assert echo.on_arrival(_arrival(0, clients[0], base), base) is None  # returns before the pass has run
+    with pytest.raises(RuntimeError, match="logit pass failed"):
+        echo.on_arrival(_arrival(1, clients[1], base), base)

@@ -24,6 +24,7 @@ clients computed on their own data rather than drifting to ``U``'s.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -114,6 +115,10 @@ class FedEchoConfig(StrategyConfig):
         ``|B|``, ``eta_d`` (Adam) and ``nu`` (gradient-norm clip).
     alpha_min, alpha_max : float
         Range of the uncertainty weight (equal values: a fixed ``alpha``).
+    overlap_logits : bool
+        Compute each arriving model's logits on ``U`` on a background thread, so the server
+        answers the arrivals between aggregations without waiting for that pass (ours; the
+        logits are waited for before each distillation, stored in arrival order: the same bits).
     distill_set, distill_size : str, int
         Built-in app only: which unlabeled set ``U`` is (``digits``, ``cifar10``, ``cifar100`` or the
         server's ``holdout`` rows) and how many of its inputs. A library user passes ``distill_inputs``.
@@ -130,6 +135,7 @@ class FedEchoConfig(StrategyConfig):
     alpha_min: float = knob(0.2, minimum=0, maximum=1)
     alpha_max: float = knob(0.8, minimum=0, maximum=1)
     clip: float = knob(5.0, above=0)
+    overlap_logits: bool = knob(True)
     distill_set: str = knob("digits", choices=DISTILL_SETS, builtin=True)
     distill_size: int = knob(1000, minimum=1, builtin=True)
 
@@ -154,7 +160,7 @@ class FedEcho(Strategy):
     distill_inputs : array, tensor or Dataset
         The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
         are ignored).
-    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip
+    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip, overlap_logits
         See :class:`FedEchoConfig`.
     seed : int
         Seeds the distillation minibatches.
@@ -165,10 +171,10 @@ class FedEcho(Strategy):
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 5,
                  server_lr: float = 1.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-4, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
-                 seed: int = 0, **flower_options: Any) -> None:
+                 overlap_logits: bool = True, seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
-                                    alpha_min, alpha_max, clip)
+                                    alpha_min, alpha_max, clip, overlap_logits)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
         self.unlabeled = torch.from_numpy(unlabeled)
@@ -176,6 +182,8 @@ class FedEcho(Strategy):
         self.optimizer = torch.optim.Adam(self.student.parameters(), lr=distill_lr, betas=(0.9, 0.999), eps=1e-8)
         self.distill_source = "user inputs"
         self.bank = ClientLogitBank()
+        self._logit_thread = ThreadPoolExecutor(1, thread_name_prefix="fedecho-logits") if overlap_logits else None
+        self._logit_jobs: list[Future] = []
         self._generator = torch.Generator().manual_seed(seed)
         self._sum: np.ndarray | None = None
         self._count = 0
@@ -217,8 +225,21 @@ class FedEcho(Strategy):
             self.optimizer.step()
         return model_to_flat(self.student)
 
+    def record_logits(self, client: int, weights: np.ndarray) -> None:
+        """Replace ``client``'s logits in the bank with those of ``weights``."""
+        self.bank.store(client, self.client_logits(weights))
+
+    def wait_for_logits(self) -> None:
+        """Block until every arrival so far is in the bank (re-raising a failure of the background pass)."""
+        jobs, self._logit_jobs = self._logit_jobs, []
+        for job in jobs:
+            job.result()
+
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        self.bank.store(arrival.client_index, self.client_logits(arrival.weights))
+        if self._logit_thread is None:
+            self.record_logits(arrival.client_index, arrival.weights)
+        else:  # one worker thread: the bank is filled in arrival order
+            self._logit_jobs.append(self._logit_thread.submit(self.record_logits, arrival.client_index, arrival.weights))
         if self._sum is None:
             self._sum = np.zeros_like(arrival.delta)
         self._sum += arrival.delta
@@ -230,9 +251,11 @@ class FedEcho(Strategy):
         self._sum[:] = 0.0
         self._count = 0
         self.aggregations += 1
+        self.wait_for_logits()
         return self.distill(candidate) if cfg.distill_steps else candidate
 
     def summary(self) -> dict[str, float | int | str]:
+        self.wait_for_logits()
         return {
             "aggregations": self.aggregations,
             "distill-set": self.distill_source,
