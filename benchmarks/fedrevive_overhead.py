@@ -53,31 +53,58 @@ def _state_bytes(strategy: FedRevive) -> int:
     return int(total)
 
 
-def _kd_passes_ms(strategy: FedRevive, current: np.ndarray, repeats: int = 3) -> float:
-    """The network passes one KD update is made of, alone: per step, every teacher's minibatch through its
-    teacher (inference mode) and all of them through the student in one batched forward + backward; no Adam,
-    no pool sampling, no loss.
+def _kd_passes_ms(strategy: FedRevive, current: np.ndarray, repeats: int = 3) -> dict[str, float]:
+    """The network passes one KD update is made of, each kind alone (median ms of ``repeats``): every
+    teacher's minibatch through its teacher without gradients, and every minibatch through the student
+    with one backward, as the strategy computes them; no Adam, no pool sampling, no loss.
 
-    The KD update's time over this is what the implementation adds to the passes its math needs (Step 4 of
-    the paper's KD-Revive: ``K_KD`` steps of ``c`` teacher minibatches).
+    In line a KD update costs at least their sum; with the teachers on the background thread and a
+    core for it, at least the larger of the two (Step 4 of the paper's KD-Revive: ``K_KD`` steps of
+    ``c`` teacher minibatches).
     """
     teachers = [net for _, net in strategy._buffer]
     proportions = [strategy._proportions(c) for c, _ in strategy._buffer]
     rng = np.random.default_rng(0)
     batches = [strategy.pool.sample(p, strategy.config.kd_batch_size, rng) for p in proportions]
-    stacked = torch.cat(batches)
     student = strategy.make_model().eval()
     load_flat(student, current)
-    seconds = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
+
+    def teacher_passes() -> None:
         for _ in range(strategy.config.kd_steps):
-            with torch.inference_mode():
+            with torch.no_grad():
                 for teacher, batch in zip(teachers, batches):
                     teacher(batch)
-            student(stacked).sum().backward()
-        seconds.append(time.perf_counter() - started)
-    return 1000.0 * float(np.median(seconds[1:]))
+
+    def student_passes() -> None:
+        for _ in range(strategy.config.kd_steps):
+            torch.stack([student(batch).sum() for batch in batches]).sum().backward()
+
+    seconds: dict[str, list[float]] = {"teachers": [], "student": []}
+    for _ in range(repeats + 1):
+        for name, passes in (("teachers", teacher_passes), ("student", student_passes)):
+            started = time.perf_counter()
+            passes()
+            seconds[name].append(time.perf_counter() - started)
+    return {name: 1000.0 * float(np.median(values[1:])) for name, values in seconds.items()}
+
+
+def _kd_update_ms_by_teacher_placement(strategy: FedRevive, current: np.ndarray, repeats: int = 3) -> dict[str, float]:
+    """One KD update (``strategy.distil``) with the teachers' passes in line and on the background thread
+    (``overlap_teachers``), interleaved, median ms of ``repeats`` each; checks both give the same bits."""
+    thread = strategy._teacher_thread
+    seconds: dict[str, list[float]] = {"in-line": [], "background-thread": []}
+    results = {}
+    for _ in range(repeats + 1):
+        for placement, worker in (("in-line", None), ("background-thread", thread)):
+            strategy._teacher_thread = worker
+            strategy._np_rng = np.random.default_rng([0, 9])  # the same minibatches for both placements
+            started = time.perf_counter()
+            results[placement] = strategy.distil(current)
+            seconds[placement].append(time.perf_counter() - started)
+    strategy._teacher_thread = thread
+    if not np.array_equal(results["in-line"], results["background-thread"]):
+        raise AssertionError("teacher passes on the background thread changed the KD update")
+    return {k: 1000.0 * float(np.median(v[1:])) for k, v in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     kd_ms = 1000.0 * strategy.seconds["distillation"] / max(kd, 1)
     steady_ms = kd_ms + synthesis_ms / strategy.config.synthesis_every
     passes_ms = _kd_passes_ms(strategy, current)
+    placement_ms = _kd_update_ms_by_teacher_placement(strategy, current)
 
     memory = {}
     for clients in (200, 2000):  # the proxies grow with clients; everything else is fixed
@@ -153,8 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         "ratio-steady-to-local-job": round(steady_ms / job_ms, 2),
         "ratio-kd-to-local-job": round(kd_ms / job_ms, 2),
         "ratio-synthesis-round-to-local-job": round(synthesis_ms / job_ms, 2),
-        "kd-passes-alone-ms-per-update": round(passes_ms, 1),
-        "ratio-kd-to-its-passes-alone": round(kd_ms / passes_ms, 3),
+        "kd-teacher-passes-alone-ms-per-update": round(passes_ms["teachers"], 1),
+        "kd-student-passes-alone-ms-per-update": round(passes_ms["student"], 1),
+        "ratio-kd-to-its-passes-in-line": round(kd_ms / (passes_ms["teachers"] + passes_ms["student"]), 3),
+        "ratio-kd-to-its-student-passes": round(kd_ms / passes_ms["student"], 3),
+        "kd-ms-per-update-teachers-in-line": round(placement_ms["in-line"], 1),
+        "kd-ms-per-update-teachers-on-background-thread": round(placement_ms["background-thread"], 1),
+        "ratio-kd-to-local-job-teachers-in-line": round(placement_ms["in-line"] / job_ms, 2),
+        "ratio-kd-to-local-job-teachers-on-background-thread": round(placement_ms["background-thread"] / job_ms, 2),
         "kd-batch-size": args.kd_batch_size,
         "timed": {"arrivals": len(uploads) - 8, "synthesis-rounds": rounds, "kd-updates": kd, "probes": probes},
         "state-bytes-by-clients": memory,

@@ -291,3 +291,36 @@ def test_kd_surrogate_has_the_gradient_of_the_kl_and_none_at_equal_logits():
     equal = [t.clone().requires_grad_(True) for t in teachers]
     multi_teacher_kd_surrogate(equal, teachers, 1.0).backward()
     assert all(torch.count_nonzero(s.grad) == 0 for s in equal)
+
+
+def _bn_cnn():
+    return build_model("cnn", (1, 28, 28), 10, batchnorm=True)
+
+
+def test_teacher_passes_on_a_background_thread_give_the_same_models():
+    base = model_to_flat(build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=1))
+    rng = np.random.default_rng(3)
+    clients = [(base + 0.02 * rng.standard_normal(base.size)).astype(np.float32) for _ in range(5)]
+    knobs = dict(synthesis_start=0, kd_start=2, synthesis_every=2, kd_steps=3, kd_batch_size=8, latent_dim=8,
+                 synthesis_batch_size=16, teacher_buffer_size=3, seed=2)
+    runs = []
+    for overlap in (False, True):
+        revive = FedRevive(_bn_cnn, 10, (1, 28, 28), overlap_teachers=overlap, **knobs)
+        model, models = base, []
+        for i, weights in enumerate(clients):
+            model = revive.on_arrival(_arrival(i, weights, base, 20), model)
+            models.append(model)
+        runs.append(models)
+        assert revive.kd_updates == 3
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kd_update_is_exactly_zero_when_every_teacher_is_the_student_with_background_teachers():
+    current = model_to_flat(build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=1))
+    x = np.random.default_rng(0).normal(size=(40, 1, 28, 28)).astype(np.float32)
+    revive = DDFedRevive(_bn_cnn, 10, (1, 28, 28), (x, np.arange(40) % 10), lambda client, n: np.ones(10),
+                         kd_steps=3, kd_batch_size=8, teacher_buffer_size=3, overlap_teachers=True)
+    for i in range(3):
+        revive._buffer_teacher(i, current)
+    assert np.abs(revive.distil(current)).max() == 0.0

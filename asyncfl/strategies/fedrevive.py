@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -85,6 +86,10 @@ class FedReviveConfig(StrategyConfig):
         The update KD starts at, ``K_KD`` Adam steps, per-teacher minibatch, learning rate, ``T``.
     pool_capacity : int
         Synthetic samples the KD pool keeps (FIFO).
+    overlap_teachers : bool
+        Run the teachers' passes of a KD update on a background thread while the student trains on
+        the same minibatches (ours; the teachers' outputs do not depend on the student, and the
+        minibatches are drawn as before: the same bits). Uses a second core when the server has one.
     latent_dim : int
         The generator's latent size.
     proportions : {"proxy", "true"}
@@ -119,6 +124,7 @@ class FedReviveConfig(StrategyConfig):
     alpha_feature: float = knob(0.3, minimum=0)
     alpha_adversarial: float = knob(0.1, minimum=0)
     reptile_step: float = knob(0.5, above=0, maximum=1)
+    overlap_teachers: bool = knob(True)
     proportions: str = knob("proxy", choices=REVIVE_PROPORTIONS, builtin=True)
 
     @property
@@ -194,7 +200,7 @@ class FedRevive(Strategy):
                  temperature: float = 1.0, pool_capacity: int = 2048, latent_dim: int = 100,
                  synthesis_batch_size: int = 64, synthesis_steps: int = 2, generator_lr: float = 0.01,
                  latent_lr: float = 0.003, alpha_target: float = 1.0, alpha_feature: float = 0.3,
-                 alpha_adversarial: float = 0.1, reptile_step: float = 0.5, seed: int = 0,
+                 alpha_adversarial: float = 0.1, reptile_step: float = 0.5, overlap_teachers: bool = True, seed: int = 0,
                  true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         config = self.config_class(
@@ -204,7 +210,7 @@ class FedRevive(Strategy):
             kd_batch_size=kd_batch_size, kd_lr=kd_lr, temperature=temperature, pool_capacity=pool_capacity,
             latent_dim=latent_dim, synthesis_batch_size=synthesis_batch_size, synthesis_steps=synthesis_steps,
             generator_lr=generator_lr, latent_lr=latent_lr, alpha_target=alpha_target, alpha_feature=alpha_feature,
-            alpha_adversarial=alpha_adversarial, reptile_step=reptile_step)
+            alpha_adversarial=alpha_adversarial, reptile_step=reptile_step, overlap_teachers=overlap_teachers)
         self.config = config
         self.num_classes = num_classes
         make_model = checked_model_fn(model_fn, "FedRevive")
@@ -225,6 +231,8 @@ class FedRevive(Strategy):
             torch.manual_seed(seed)
             self.generator = Generator(config.latent_dim, num_classes, input_shape)
         self.pool = KDPool(config.pool_capacity)
+        self._teacher_thread = ThreadPoolExecutor(1, thread_name_prefix="fedrevive-teachers") \
+            if config.overlap_teachers else None
         self.data_driven = False
         self._torch_rng = torch.Generator().manual_seed(seed)
         self._np_rng = np.random.default_rng([seed, 9])
@@ -284,18 +292,31 @@ class FedRevive(Strategy):
         optimizer = torch.optim.Adam(self.student.parameters(), lr=self.config.kd_lr)
         teachers = [net for _, net in self._buffer]
         proportions = [self._proportions(c) for c, _ in self._buffer]
-        for _ in range(self.config.kd_steps):
-            batches = [self.pool.sample(p, self.config.kd_batch_size, self._np_rng) for p in proportions]
+        # Every step's minibatches drawn up front, in the order the steps would draw them.
+        steps = [[self.pool.sample(p, self.config.kd_batch_size, self._np_rng) for p in proportions]
+                 for _ in range(self.config.kd_steps)]
+
+        def teacher_passes(batches: list[torch.Tensor]) -> list[torch.Tensor]:
             with torch.no_grad():
-                teacher_logits = [t(b) for t, b in zip(teachers, batches)]
-            # One student pass per teacher minibatch, computed exactly as the teacher's: a teacher equal to
-            # the student then gives exactly zero gradient. (One batched pass differs in the last float bits,
-            # and Adam scales such noise up to lr-sized steps.)
-            student_logits = [self.student(b) for b in batches]
-            loss = multi_teacher_kd_surrogate(student_logits, teacher_logits, self.config.temperature)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+                return [t(b) for t, b in zip(teachers, batches)]
+
+        ahead: list[Future] = [] if self._teacher_thread is None else \
+            [self._teacher_thread.submit(teacher_passes, batches) for batches in steps]
+        try:
+            for step, batches in enumerate(steps):
+                teacher_logits = ahead[step].result() if ahead else teacher_passes(batches)
+                # One student pass per teacher minibatch, computed exactly as the teacher's: a teacher equal to
+                # the student then gives exactly zero gradient. (One batched pass differs in the last float
+                # bits, and Adam scales such noise up to lr-sized steps.)
+                student_logits = [self.student(b) for b in batches]
+                loss = multi_teacher_kd_surrogate(student_logits, teacher_logits, self.config.temperature)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+        finally:  # the teachers are reloaded by later arrivals: no pass may outlive this update
+            for future in ahead:
+                future.cancel()
+            wait(ahead)
         return model_to_flat(self.student) - current
 
     # ---------------------------------------------------------------- arrival
