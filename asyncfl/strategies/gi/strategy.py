@@ -178,19 +178,27 @@ class GICompensation(FedAvg):
         threshold = adaptive_threshold(fresh)
         if threshold is not None:
             self._thresholds[version] = threshold
-        current_params, current_buffers = self.layout.split(current)
+        current_state: list[Tensors] = []  # w^t as (params, buffers), split once a round needs it
+
+        def run(jobs: list[_Inversion]) -> None:
+            if not jobs:
+                return
+            if not current_state:
+                current_state.extend(self.layout.split(current))
+            self._run_inversions(jobs, *current_state)
+
         updates: list[np.ndarray | _Inversion] = []
         queued: list[_Inversion] = []
         for arrival in arrivals:
             if any(job.arrival.client_index == arrival.client_index for job in queued):
-                self._run_inversions(queued, current_params, current_buffers)
+                run(queued)
                 queued = []
             self._compare_with_estimate(arrival, version)
             job = None if arrival.staleness == 0 else self._plan(arrival, version, fresh)
             if job is not None:
                 queued.append(job)
             updates.append(arrival.delta if job is None else job)
-        self._run_inversions(queued, current_params, current_buffers)
+        run(queued)
         deltas = [u if isinstance(u, np.ndarray) else u.compensated(self.layout.param_index) for u in updates]
         return deltas, [float(a.num_examples) for a in arrivals]
 
@@ -216,9 +224,8 @@ class GICompensation(FedAvg):
         return job
 
     def _run_inversions(self, jobs: list[_Inversion], params: Tensors, buffers: Tensors) -> None:
-        """Invert each job's stale update and replay its ``D_rec`` from the current model; then record them in order."""
-        if not jobs:
-            return
+        """Invert each job's stale update and replay its ``D_rec`` from ``w^t`` (``params``, ``buffers``); then
+        record them in arrival order."""
         started = time.perf_counter()
         if self.config.inversion_workers == 1:
             for job in jobs:
