@@ -114,8 +114,11 @@ class EngineConfig:
     server_time_scale: float = 0.0
     round_deadline: float = 0.0
     pipeline_late_clients: bool = False
-    max_versions: int = 0  # stop once the server model reaches this version (0 = no cap); Flower's num_rounds
-    eval_every_versions: int = 0  # also evaluate every this many server versions (0 = by clock only)
+    max_rounds: int = 0  # stop after this many rounds (0 = no cap); Flower's num_rounds
+    eval_every_rounds: int = 0  # also evaluate every this many rounds (0 = by clock only)
+    # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
+    # FedAvg would train); 0: a round is a server version (synchronous strategies, the built-in app)
+    round_arrivals: int = 0
     jobs_per_client: int = 1  # wall clock: jobs a client may have out at once (> 1 queues its next job)
 
     def __post_init__(self) -> None:
@@ -140,10 +143,13 @@ class EngineConfig:
             raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
                               "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
                               "draws every job's duration from its dispatch)")
-        if self.max_arrivals == 0 and self.max_virtual_time == 0 and self.max_versions == 0:
+        if self.max_arrivals == 0 and self.max_virtual_time == 0 and self.max_rounds == 0:
             raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
-        if self.eval_every <= 0 and self.eval_every_versions <= 0:
-            raise ConfigError("set eval-every > 0 (clock units) or evaluate every so many versions")
+        if self.eval_every <= 0 and self.eval_every_rounds <= 0:
+            raise ConfigError("set eval-every > 0 (clock units) or evaluate every so many rounds")
+        if isinstance(self.round_arrivals, bool) or not isinstance(self.round_arrivals, int) or self.round_arrivals < 0:
+            raise ConfigError(f"round_arrivals={self.round_arrivals!r} must be an integer >= 0 "
+                              "(0: a round is a server version)")
 
 
 @dataclass(frozen=True)

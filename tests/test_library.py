@@ -62,33 +62,57 @@ def test_public_names_are_importable_from_asyncfl():
         asyncfl.NoSuchStrategy
 
 
-def test_fedbuff_start_returns_flowers_result_keyed_by_version():
-    # Prepare: 4 nodes, FedBuff B=2 with every job taking 1 time unit; 3 versions requested.
+def test_fedbuff_start_returns_flowers_result_keyed_by_round():
+    # Prepare: 4 nodes, FedBuff B=2 with 2 jobs in flight, every job taking 1 time unit; 3 rounds requested.
     grid = FakeGrid(4, client)
     strategy = FedBuff(buffer_size=2, fraction_evaluate=0.5, min_evaluate_nodes=1)
     # Execute
     result = strategy.start(grid=grid, initial_arrays=initial_record(), num_rounds=3, clock="virtual",
                             delays=FIXED, concurrency=2, train_config=ConfigRecord({"lr": 0.1}),
                             evaluate_fn=server_evaluate, seed=1)
-    # Assert: a Flower Result, the final model = 3 versions of "+1" (each version averages 2 "+1" deltas)
+    # Assert: a Flower Result; 3 rounds = 3 x 4 updates (FedAvg's cohort on 4 nodes with fraction_train=1),
+    # i.e. 6 FedBuff versions, each averaging two "+1" deltas
     assert isinstance(result, Result)
+    assert result.summary["arrivals"] == 12 and result.summary["server-versions"] == 6
+    assert result.summary["rounds"] == 3 and result.summary["updates-per-round"] == 4
     final = result.arrays.to_torch_state_dict()
-    assert torch.allclose(final["fc.weight"], torch.full((2, 2), 3.0))
+    assert torch.allclose(final["fc.weight"], torch.full((2, 2), 6.0))
     assert final["bn.num_batches_tracked"].dtype == torch.int64
-    assert int(final["bn.num_batches_tracked"]) == 3
+    assert int(final["bn.num_batches_tracked"]) == 6
+    # every dict is keyed by round, as Flower's; round 2 ended at version 4
     assert sorted(result.evaluate_metrics_serverapp) == [0, 1, 2, 3]
-    assert result.evaluate_metrics_serverapp[2]["accuracy"] == pytest.approx(2.0)
+    assert result.evaluate_metrics_serverapp[2]["accuracy"] == pytest.approx(4.0)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
     assert "train_loss" in result.train_metrics_clientapp[1]
-    # federated evaluation: 2 of 4 nodes at each version, their metrics averaged by num-examples
+    # federated evaluation: 2 of 4 nodes at the end of each round, their metrics averaged by num-examples
     assert sorted(result.evaluate_metrics_clientapp) == [0, 1, 2, 3]
-    assert result.evaluate_metrics_clientapp[3]["eval-acc"] == pytest.approx(0.3)
+    assert result.evaluate_metrics_clientapp[3]["eval-acc"] == pytest.approx(0.6)
     evaluate_requests = [m for m in grid.pushed if m.metadata.message_type == "evaluate"]
     assert len(evaluate_requests) == 8
-    assert result.summary["arrivals"] == 6 and result.summary["server-versions"] == 3
-    # the train request carries the user's train_config plus the version keys
-    train_config = next(m for m in grid.pushed if m.metadata.message_type == "train").content["config"]
-    assert train_config["lr"] == 0.1 and train_config["model-version"] == 0 and train_config["server-round"] == 1
+    assert [m.content["config"]["server-round"] for m in evaluate_requests[-2:]] == [3, 3]
+    assert evaluate_requests[-1].content["config"]["model-version"] == 6
+    # the train request carries the user's train_config plus the version keys; server-round is the round
+    # in progress when the job was sent
+    train_configs = [m.content["config"] for m in grid.pushed if m.metadata.message_type == "train"]
+    assert train_configs[0]["lr"] == 0.1 and train_configs[0]["model-version"] == 0
+    assert train_configs[0]["server-round"] == 1 and train_configs[-1]["server-round"] == 3
+
+
+def test_num_rounds_buys_the_same_client_updates_for_every_strategy():
+    # Prepare: 10 nodes, fraction_train=0.3: Flower's FedAvg trains 3 nodes a round
+    updates = {}
+    for strategy in (FedAvg(fraction_train=0.3, fraction_evaluate=0.0),
+                     FedBuff(buffer_size=2, fraction_train=0.3, fraction_evaluate=0.0),
+                     asyncfl.FedAsync(fraction_train=0.3, fraction_evaluate=0.0)):
+        # Execute: 4 rounds, 5 jobs in flight for the asynchronous ones
+        grid = FakeGrid(10, client)
+        result = strategy.start(grid, initial_record(), num_rounds=4, clock="virtual", delays=FIXED,
+                                concurrency=None if strategy.synchronous else 5, evaluate_fn=server_evaluate)
+        updates[type(strategy).__name__] = (result.summary["arrivals"], result.summary["server-versions"],
+                                            sorted(result.evaluate_metrics_serverapp))
+    # Assert: 4 x 3 accepted updates each, however many versions they became; same round keys
+    assert updates == {"FedAvg": (12, 4, [0, 1, 2, 3, 4]), "FedBuff": (12, 6, [0, 1, 2, 3, 4]),
+                       "FedAsync": (12, 12, [0, 1, 2, 3, 4])}
 
 
 def test_same_seed_same_result_and_virtual_order():
@@ -128,7 +152,7 @@ def test_bad_replies_are_rejected_and_counted_run_goes_on():
 
     result = FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
         FakeGrid(4, flaky), initial_record(), num_rounds=4, clock="virtual", delays=FIXED, concurrency=4)
-    assert result.summary["server-versions"] == 4
+    assert result.summary["arrivals"] == 16 and result.summary["server-versions"] == 16  # 4 rounds of 4 accepted
     assert result.summary["rejected-by-reason"]["error-reply"] >= 1
     assert result.summary["rejected-by-reason"]["wrong-layout"] >= 1
 
@@ -149,8 +173,9 @@ def test_custom_keys_and_metric_aggregation():
     result = FedBuff(buffer_size=2, fraction_evaluate=0.0, arrayrecord_key="weights", configrecord_key="cfg",
                      weighted_by_key="n", train_metrics_aggr_fn=count_replies).start(
         FakeGrid(3, keyed), initial_record(), num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
-    assert result.train_metrics_clientapp == {1: MetricRecord({"replies": 2}), 2: MetricRecord({"replies": 2})}
-    assert seen == [(2, "n"), (2, "n")]
+    # a round is the 3 updates FedAvg would train on 3 nodes: the user's aggregation sees each round's replies
+    assert result.train_metrics_clientapp == {1: MetricRecord({"replies": 3}), 2: MetricRecord({"replies": 3})}
+    assert seen == [(3, "n"), (3, "n")]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -223,7 +248,8 @@ def test_fedecho_distils_into_a_user_model():
     torch.manual_seed(0)
     initial = ArrayRecord(UserNet().state_dict())
     inputs = torch.randn(16, 2)
-    strategy = FedEcho(model_fn=UserNet, distill_inputs=inputs, buffer_size=2, distill_steps=2, fraction_evaluate=0.0)
+    strategy = FedEcho(model_fn=UserNet, distill_inputs=inputs, buffer_size=2, distill_steps=2, fraction_evaluate=0.0,
+                       fraction_train=0.5)  # a round = max(min_train_nodes=2, int(0.5 * 3)) = 2 updates
     # Execute
     result = strategy.start(FakeGrid(3, shift), initial, num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
     # Assert: the user's layout comes back, distillation ran on every version, logits from every client kept

@@ -1,9 +1,10 @@
-"""The ClientApps' train metrics, aggregated per server version as Flower aggregates them per round.
+"""The ClientApps' train metrics, aggregated per round as Flower aggregates them.
 
 Flower's ``Result.train_metrics_clientapp[r]`` is the weighted average of round ``r``'s
-train replies. Asynchronously, the replies that shaped version ``v`` are those accepted
-since version ``v - 1`` was made; they are aggregated with the strategy's
-``train_metrics_aggr_fn`` (default Flower's ``aggregate_metricrecords``) when ``v`` appears.
+train replies. Asynchronously, round ``r``'s replies are those accepted since round ``r - 1``
+closed (a round is ``cohort`` accepted updates, or one server version for synchronous
+strategies; see :meth:`asyncfl.strategies.base.Strategy.start`); they are aggregated with the
+strategy's ``train_metrics_aggr_fn`` (default Flower's ``aggregate_metricrecords``) when ``r`` closes.
 Only the metric records are kept, never the arrays: memory is one buffer's worth of scalars.
 """
 
@@ -43,21 +44,21 @@ def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: Met
 
 
 class TrainMetrics:
-    """Collects accepted train replies' metrics and aggregates them into ``by_version`` at each new version."""
+    """Collects accepted train replies' metrics and aggregates them into ``by_round`` as each round closes."""
 
     def __init__(self, weight_key: str = "num-examples", aggregate: MetricsAggregation | None = None) -> None:
         self.weight_key = weight_key
         self.aggregate = aggregate
-        self.by_version: dict[int, MetricRecord] = {}
+        self.by_round: dict[int, MetricRecord] = {}
         self._pending: list[RecordDict] = []
 
     def add(self, content: RecordDict) -> None:
         """One accepted reply's metrics (a RecordDict holding its MetricRecord)."""
         self._pending.append(content)
 
-    def on_version(self, version: int) -> None:
-        """Version ``version`` was made from the replies added since the previous one."""
+    def on_round(self, round_: int) -> None:
+        """Round ``round_`` closed with the replies added since the previous one."""
         record = aggregate_replies(self._pending, self.weight_key, self.aggregate, "train")
         if record is not None:
-            self.by_version[version] = record
+            self.by_round[round_] = record
         self._pending = []

@@ -74,17 +74,17 @@ class Recorder(Protocol):
 
 
 class TrainMetricsSink(Protocol):
-    """Collects the ClientApps' train metrics per server version (see :mod:`asyncfl.server_app.client_metrics`)."""
+    """Collects the ClientApps' train metrics per round (see :mod:`asyncfl.server_app.client_metrics`)."""
 
     def add(self, content: RecordDict) -> None: ...
 
-    def on_version(self, version: int) -> None: ...
+    def on_round(self, round_: int) -> None: ...
 
 
 class FederatedEvaluator(Protocol):
     """Sends the model to a sample of nodes for evaluation (see :mod:`asyncfl.server_app.federated_eval`)."""
 
-    def dispatch(self, version: int, record, nodes: list[int]) -> None: ...
+    def dispatch(self, round_: int, version: int, record, nodes: list[int]) -> None: ...
 
     def poll(self) -> None: ...
 
@@ -164,7 +164,7 @@ class AsyncEngine:
     keys : MessageKeys, optional
         Record keys of requests and replies (Flower's ``"arrays"``, ``"config"``, ``"num-examples"``).
     train_metrics : TrainMetricsSink, optional
-        Receives each accepted reply's content and every new server version.
+        Receives each accepted reply's content and the end of every round.
     federated_eval : FederatedEvaluator, optional
         Evaluates the model on a sample of nodes at every evaluation point.
     """
@@ -218,7 +218,7 @@ class AsyncEngine:
         self._wall_start = time.monotonic()
         self._next_eval = 0.0
         self._last_eval: tuple | None = None
-        self._evaluated_remotely = -1  # the last version sent out for federated evaluation
+        self._evaluated_remotely = -1  # the last round whose model was sent out for federated evaluation
         self._seq = 0
         self._pacer = PollPacer()
         self._failures_in_a_row = 0
@@ -363,9 +363,17 @@ class AsyncEngine:
         return bool(self.config.max_arrivals) and self.stats.arrivals + 1 >= self.config.max_arrivals
 
     def _should_stop(self) -> bool:
-        max_arrivals, max_versions = self.config.max_arrivals, self.config.max_versions
+        max_arrivals, max_rounds = self.config.max_arrivals, self.config.max_rounds
         return ((bool(max_arrivals) and self.stats.arrivals >= max_arrivals)
-                or (bool(max_versions) and self.versions.version >= max_versions))
+                or (bool(max_rounds) and self.round >= max_rounds))
+
+    @property
+    def round(self) -> int:
+        """Rounds completed: accepted updates // ``round-arrivals`` (Flower's ``num_rounds`` under an
+        asynchronous strategy), or server versions when ``round-arrivals`` is 0 (synchronous strategies)."""
+        if self.config.round_arrivals:
+            return self.stats.arrivals // self.config.round_arrivals
+        return self.versions.version
 
     def _clock(self) -> float:
         if self.config.clock == "virtual":
@@ -417,7 +425,8 @@ class AsyncEngine:
             duration = self.delays.job_duration(client) if self.config.clock == "virtual" else 0.0
             config = dict(self.train_config)
             config["model-version"] = version
-            config["server-round"] = version + 1  # Flower's key: the earliest version this update can shape
+            config["server-round"] = self.round + 1  # Flower's key: the round in progress (a schedule on it
+            # advances with client work, as under FedAvg)
             config["job-seed"] = int(np.random.SeedSequence([self.config.seed, 4, seq]).generate_state(1)[0] >> 1)
             config["dispatch-time"] = float(start)  # the clock the job starts at (variant data drifts with it)
             if self.config.clock == "wall" and self.config.emulate_delay_scale > 0:
@@ -610,14 +619,22 @@ class AsyncEngine:
             new_model, clamped = self.codec.clamp_variances(new_model)
             self.stats.clamped_variances += clamped
             self._advance(new_model)
+        per_round = self.config.round_arrivals
+        if per_round and self.stats.arrivals % per_round == 0:
+            self._round_done()
 
     def _advance(self, new_model: np.ndarray) -> None:
-        """Make ``new_model`` the next server version; evaluate it when the version schedule says so."""
-        version = self.versions.advance(new_model)
+        """Make ``new_model`` the next server version (a round, when rounds are versions)."""
+        self.versions.advance(new_model)
+        if not self.config.round_arrivals:
+            self._round_done()
+
+    def _round_done(self) -> None:
+        """Close round :attr:`round`: aggregate its train metrics; evaluate when the round schedule says so."""
         if self.train_metrics is not None:
-            self.train_metrics.on_version(version)
-        every = self.config.eval_every_versions
-        if every and version % every == 0:
+            self.train_metrics.on_round(self.round)
+        every = self.config.eval_every_rounds
+        if every and self.round % every == 0:
             self._record_evaluation(self._now)
 
     # ------------------------------------------------------------- evaluate
@@ -629,18 +646,18 @@ class AsyncEngine:
 
     def _final_evaluation(self) -> None:
         last = self.stats.evaluations[-1] if self.stats.evaluations else None
-        new_version = bool(self.config.eval_every_versions) and last is not None \
-            and last["server_version"] != self.versions.version
-        if last is None or last["time"] < self._now or new_version:
+        new_round = bool(self.config.eval_every_rounds) and last is not None \
+            and (last["round"], last["server_version"]) != (self.round, self.versions.version)
+        if last is None or last["time"] < self._now or new_round:
             self._record_evaluation(self._now)
 
     def _record_evaluation(self, at: float) -> None:
-        version = self.versions.version
-        if self.federated_eval is not None and self._evaluated_remotely != version:
-            self._evaluated_remotely = version
-            self.federated_eval.dispatch(version, self.versions.record(version), self._clients)
+        version, round_ = self.versions.version, self.round
+        if self.federated_eval is not None and self._evaluated_remotely != round_:
+            self._evaluated_remotely = round_
+            self.federated_eval.dispatch(round_, version, self.versions.record(version), self._clients)
         if self.evaluate_fn is None:
-            self.stats.evaluations.append({"time": round(at, 6), "server_version": version})
+            self.stats.evaluations.append({"time": round(at, 6), "server_version": version, "round": round_})
             return
         # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
         key = (version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
@@ -656,6 +673,7 @@ class AsyncEngine:
             "rejected": self.stats.rejected_total,
             "accuracy": round(accuracy, 6),
             "loss": round(loss, 6),
+            "round": round_,
         }
         if per_class is not None:
             row["class_accuracy"] = per_class

@@ -2,10 +2,10 @@
 
 Flower's synchronous loop sends an ``evaluate`` message to ``fraction_evaluate`` of
 the nodes after every round and waits. Here the engine calls :meth:`dispatch` at each
-evaluation point: the model of that version goes to a seeded sample of the nodes, the
-replies are collected while training goes on (:meth:`poll`), and once every reply of a
-version is in (or lost after ``timeout``) they are aggregated into ``by_version[v]``
-with ``evaluate_metrics_aggr_fn``. Which nodes evaluate which version depends only on
+evaluation point (the end of a round): the model in effect goes to a seeded sample of the
+nodes, the replies are collected while training goes on (:meth:`poll`), and once every reply
+of a point is in (or lost after ``timeout``) they are aggregated into ``by_round[r]`` with
+``evaluate_metrics_aggr_fn``. Which nodes evaluate at which point depends only on
 the seed and the client order, so a seeded simulation gives the same metrics every time.
 """
 
@@ -36,7 +36,7 @@ class _Point:
 
 
 class FederatedEvaluation:
-    """Sends the current model to a sample of nodes and aggregates their ``evaluate`` replies per version.
+    """Sends the current model to a sample of nodes and aggregates their ``evaluate`` replies per round.
 
     Parameters
     ----------
@@ -59,82 +59,83 @@ class FederatedEvaluation:
         self.timeout = timeout
         self._rng = np.random.default_rng([seed, 11])
         self._points: dict[int, _Point] = {}
-        self._version_of: dict[str, int] = {}
+        self._round_of: dict[str, int] = {}
         self._last_poll = 0.0
-        self.by_version: dict[int, MetricRecord] = {}
+        self.by_round: dict[int, MetricRecord] = {}
         self.rejected: dict[str, int] = {}
 
-    def dispatch(self, version: int, record: ArrayRecord, nodes: list[int]) -> None:
-        """Send ``version``'s model to a seeded sample of ``nodes`` (in the engine's client order)."""
+    def dispatch(self, round_: int, version: int, record: ArrayRecord, nodes: list[int]) -> None:
+        """Send the model of server version ``version`` (in effect at the end of round ``round_``) to a seeded
+        sample of ``nodes`` (in the engine's client order)."""
         count = self.options.evaluate_nodes(len(nodes))
-        if count == 0 or version in self._points:
+        if count == 0 or round_ in self._points:
             return
         chosen = sorted(self._rng.choice(len(nodes), size=count, replace=False))
-        config = ConfigRecord({**self.evaluate_config, "server-round": version, "model-version": version})
+        config = ConfigRecord({**self.evaluate_config, "server-round": round_, "model-version": version})
         content = RecordDict({self.options.arrayrecord_key: record, self.options.configrecord_key: config})
         messages = [Message(content, dst_node_id=nodes[i], message_type=MessageType.EVALUATE, ttl=self.timeout)
                     for i in chosen]
         ids = list(self.grid.push_messages(messages))
-        self._points[version] = _Point(time.monotonic(), set(ids))
-        self._version_of.update((message_id, version) for message_id in ids)
+        self._points[round_] = _Point(time.monotonic(), set(ids))
+        self._round_of.update((message_id, round_) for message_id in ids)
         self._count("push-refused", len(messages) - len(ids))
         self._close_finished()
 
     def poll(self) -> None:
         """Take in replies that arrived (at most every 50 ms) and close points that are complete or timed out."""
-        if not self._version_of or time.monotonic() - self._last_poll < POLL_EVERY_S:
+        if not self._round_of or time.monotonic() - self._last_poll < POLL_EVERY_S:
             return
         self._last_poll = time.monotonic()
-        for reply in self.grid.pull_messages(list(self._version_of)):
+        for reply in self.grid.pull_messages(list(self._round_of)):
             self._take(reply)
         self._close_finished()
 
     def finish(self) -> None:
         """At the end of a run: wait (up to ``timeout``) for the replies still out, then close every point."""
         deadline = time.monotonic() + self.timeout
-        while self._version_of and time.monotonic() < deadline:
+        while self._round_of and time.monotonic() < deadline:
             self._last_poll = 0.0
             self.poll()
             time.sleep(POLL_EVERY_S)
         for point in self._points.values():
             self._count("lost", len(point.pending))
             point.pending.clear()
-        self._version_of.clear()
+        self._round_of.clear()
         self._close_finished(force=True)
 
     @property
     def outstanding(self) -> int:
         """Evaluate requests still waiting for a reply."""
-        return len(self._version_of)
+        return len(self._round_of)
 
     def _take(self, reply: Message) -> None:
-        version = self._version_of.pop(reply.metadata.reply_to_message_id, None)
-        if version is None:
+        round_ = self._round_of.pop(reply.metadata.reply_to_message_id, None)
+        if round_ is None:
             return
-        self._points[version].pending.discard(reply.metadata.reply_to_message_id)
+        self._points[round_].pending.discard(reply.metadata.reply_to_message_id)
         if reply.has_error():
             self._count("error-reply")
         elif not reply.content.metric_records:
             self._count("no-metrics")
         else:
             metrics = self.options.keys.metrics_of(reply.content)
-            self._points[version].replies.append(RecordDict({"metrics": metrics}))
+            self._points[round_].replies.append(RecordDict({"metrics": metrics}))
 
     def _close_finished(self, force: bool = False) -> None:
         now = time.monotonic()
-        for version, point in list(self._points.items()):
+        for round_, point in list(self._points.items()):
             if point.pending and not force and now - point.sent <= self.timeout:
                 continue
             for message_id in point.pending:  # timed out
-                self._version_of.pop(message_id, None)
+                self._round_of.pop(message_id, None)
             self._count("lost", len(point.pending))
             record = aggregate_replies(point.replies, self.options.weighted_by_key,
                                        self.options.evaluate_metrics_aggr_fn, "evaluate")
             if record is not None:
-                self.by_version[version] = record
-                flwr_log(logging.INFO, "federated evaluation of version %d on %d node(s): %s", version,
+                self.by_round[round_] = record
+                flwr_log(logging.INFO, "federated evaluation of round %d on %d node(s): %s", round_,
                          len(point.replies), dict(record))
-            del self._points[version]
+            del self._points[round_]
 
     def _count(self, reason: str, n: int = 1) -> None:
         if n:

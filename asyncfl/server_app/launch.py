@@ -51,9 +51,9 @@ class AsyncResult(Result):
 
 
 class ServerEvaluation:
-    """Adapts a Flower ``evaluate_fn(version, ArrayRecord) -> MetricRecord | None`` to the engine's evaluator.
+    """Adapts a Flower ``evaluate_fn(server_round, ArrayRecord) -> MetricRecord | None`` to the engine's evaluator.
 
-    Every MetricRecord it returns is kept in ``by_version``; its accuracy and loss entries
+    Every MetricRecord it returns is kept in ``by_round``; its accuracy and loss entries
     (first of :data:`ACCURACY_KEYS` / :data:`LOSS_KEYS`; NaN when absent) become the run's curves,
     and a ``class-accuracy`` list, if present, the per-class columns. An ``evaluate_fn`` whose test
     data changes over time (variant data) may have a ``select(clock) -> key`` method: it is told
@@ -63,18 +63,20 @@ class ServerEvaluation:
     def __init__(self, evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None], codec: ModelCodec) -> None:
         self.evaluate_fn = evaluate_fn
         self.codec = codec
-        self.version: Callable[[], int] = lambda: 0  # set once the engine exists
-        self.by_version: dict[int, MetricRecord] = {}
+        self.round: Callable[[], int] = lambda: 0  # set once the engine exists
+        self.version: Callable[[], int] = lambda: 0
+        self.by_round: dict[int, MetricRecord] = {}
         if hasattr(evaluate_fn, "select"):
             self.select = evaluate_fn.select
 
     def __call__(self, flat: np.ndarray) -> tuple:
-        version = self.version()
-        metrics = self.evaluate_fn(version, self.codec.to_record(flat))
+        round_ = self.round()
+        metrics = self.evaluate_fn(round_, self.codec.to_record(flat))
         if metrics is None:
             return math.nan, math.nan
-        self.by_version[version] = metrics
-        flwr_log(logging.INFO, "server-side evaluation of version %d: %s", version, dict(metrics))
+        self.by_round[round_] = metrics
+        flwr_log(logging.INFO, "server-side evaluation of round %d (server version %d): %s", round_, self.version(),
+                 dict(metrics))
         scores = (_first_number(metrics, LOSS_KEYS), _first_number(metrics, ACCURACY_KEYS))
         per_class = metrics.get(CLASS_ACCURACY_KEY)
         return (*scores, list(per_class)) if isinstance(per_class, list) else scores
@@ -170,6 +172,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
         raise ValueError(f"emulate_delay_scale={emulate_delay_scale} needs clock='wall', a delays= model to draw "
                          "durations from, and a value >= 0")
     node_wait = min(timeout, NODE_WAIT_CAP_S) if wait_for_nodes_s is None else wait_for_nodes_s
+    asynchronous = not strategy.synchronous
     # built (and so validated) before anything waits or sends; the concurrency is fixed once nodes are known
     config = EngineConfig(
         clock=clock, concurrency=concurrency or 1, max_arrivals=max_arrivals, max_virtual_time=max_time,
@@ -177,14 +180,17 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
         wait_for_nodes=node_wait, seed=seed, delay_preset=delay_preset, delays=delay_model, eval_batch_size=1,
         progress=progress, emulate_delay_scale=emulate_delay_scale, overlap=overlap_server_compute,
         server_time_scale=server_time_scale, round_deadline=round_deadline,
-        pipeline_late_clients=pipeline_late_clients, max_versions=num_rounds, eval_every_versions=evaluate_every,
+        pipeline_late_clients=pipeline_late_clients, max_rounds=num_rounds, eval_every_rounds=evaluate_every,
+        round_arrivals=1 if asynchronous else 0,  # the cohort, once the nodes are known
         jobs_per_client=jobs_per_client,
     )
     codec, initial = codec_and_model(initial_arrays)
     options = strategy.flower
     name = strategy.name
     nodes = wait_for_nodes(grid, options.min_available_nodes, node_wait)
-    config = replace(config, concurrency=concurrency if concurrency is not None else options.train_nodes(len(nodes)))
+    cohort = options.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
+    config = replace(config, concurrency=concurrency if concurrency is not None else cohort,
+                     round_arrivals=cohort if asynchronous else 0)
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(options.weighted_by_key, options.train_metrics_aggr_fn)
     federated = (FederatedEvaluation(grid, options, dict(evaluate_config or {}), seed, timeout)
@@ -197,9 +203,10 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                          keys=options.keys, train_metrics=train_metrics, federated_eval=federated)
     if server_eval is not None:
-        server_eval.version = lambda: engine.versions.version
+        server_eval.round, server_eval.version = (lambda: engine.round), (lambda: engine.versions.version)
     flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
-             clock, config.concurrency, len(nodes), _stops_text(num_rounds, max_arrivals, max_time))
+             clock, config.concurrency, len(nodes), _stops_text(num_rounds, max_arrivals, max_time,
+                                                              config.round_arrivals, options.fraction_train))
     started = time.monotonic()
 
     affected = getattr(delay_model, "affected_class", None)  # the intertwined scenario's late class
@@ -209,6 +216,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
         extra = {**strategy.summary(), **(affected_class_summary(rows, affected) if affected is not None else {})}
         out = run_summary(name, engine.stats, engine.versions.version, extra, engine.now, rows,
                           config.target_accuracy, started)
+        out["rounds"] = engine.round
+        out["updates-per-round"] = config.round_arrivals or None  # None: a round is a server version
         out["peak-stored-versions"] = engine.versions.peak_versions
         out["clients"] = len(engine.clients)
         if hasattr(engine.delays, "counts"):
@@ -229,21 +238,29 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
             recorder.plot()
     result = AsyncResult(
         arrays=codec.to_record(engine.global_model),
-        train_metrics_clientapp=train_metrics.by_version,
-        evaluate_metrics_clientapp=federated.by_version if federated is not None else {},
-        evaluate_metrics_serverapp=server_eval.by_version if server_eval is not None else {},
+        train_metrics_clientapp=train_metrics.by_round,
+        evaluate_metrics_clientapp=federated.by_round if federated is not None else {},
+        evaluate_metrics_serverapp=server_eval.by_round if server_eval is not None else {},
         summary=summary(),
     )
     s = result.summary
-    flwr_log(logging.INFO, "%s finished in %.1fs: %d arrivals, %d server versions, %d rejected, mean staleness %.2f",
-             name, s["wall-seconds"], s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"])
-    for line in str(result).splitlines():  # Flower's closing report, keyed by server version
+    flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds, %d arrivals, %d server versions, %d rejected, "
+             "mean staleness %.2f", name, s["wall-seconds"], s["rounds"], s["arrivals"], s["server-versions"],
+             s["rejected-updates"], s["staleness-mean"])
+    for line in str(result).splitlines():  # Flower's closing report, keyed by round
         flwr_log(logging.INFO, "\t%s", line)
     return result
 
 
-def _stops_text(num_rounds: int, max_arrivals: int, max_time: float) -> str:
-    parts = [f"{num_rounds} server versions" if num_rounds else "",
+def _stops_text(num_rounds: int, max_arrivals: int, max_time: float, round_arrivals: int,
+               fraction_train: float) -> str:
+    if round_arrivals:
+        rounds = (f"{num_rounds} rounds = {num_rounds * round_arrivals} accepted updates (a round is {round_arrivals} "
+                  f"updates, the cohort FedAvg trains with fraction_train={fraction_train:g}; server versions are "
+                  "counted apart)")
+    else:
+        rounds = f"{num_rounds} rounds (server versions)"
+    parts = [rounds if num_rounds else "",
              f"{max_arrivals} arrivals" if max_arrivals else "", f"time {max_time:g}" if max_time else ""]
     return " or ".join(p for p in parts if p)
 

@@ -186,15 +186,22 @@ class Strategy(ABC):
         initial_arrays : ArrayRecord
             The initial global model: any layout and dtypes (integer buffers included).
         num_rounds : int
-            Server model versions to produce (a version = one global update); 0 = no cap.
+            Rounds of client work, as in Flower (0 = no cap). A round is what Flower's ``FedAvg``
+            trains with the same arguments: ``cohort = max(min_train_nodes, int(fraction_train *
+            nodes))`` client updates. An asynchronous strategy stops after ``num_rounds * cohort``
+            accepted updates, whatever number of server versions it makes of them (FedBuff one per
+            ``buffer_size`` updates, FedAsync one per update), so swapping Flower's ``FedAvg`` for it
+            keeps the client-compute budget. A synchronous strategy (:class:`FedAvg`) runs
+            ``num_rounds`` rounds, one server version each. Server versions are reported apart
+            (``summary["server-versions"]``, ``metrics.csv``'s ``server_version``).
         timeout : float
             Seconds a job may take before it counts as lost; also the longest wait for nodes.
         train_config, evaluate_config : ConfigRecord, optional
             Sent with every train / evaluate request (``model-version`` and ``server-round`` are added).
         evaluate_fn : callable, optional
-            ``(server version, ArrayRecord) -> MetricRecord | None``, called on version 0 and
-            every ``evaluate_every`` versions; its ``accuracy``/``loss`` entries (if any) feed the
-            run folder's curves.
+            ``(server_round, ArrayRecord) -> MetricRecord | None``, called on the initial model
+            (round 0) and at the end of every ``evaluate_every`` rounds with the model in effect
+            then; its ``accuracy``/``loss`` entries (if any) feed the run folder's curves.
         max_arrivals, max_time : int, float
             Further stop conditions: accepted replies, clock time (0 = off).
         concurrency : int, optional
@@ -208,7 +215,7 @@ class Strategy(ABC):
         seed : int
             Seeds client sampling, job seeds and the delay draws.
         evaluate_every : int
-            Evaluate (server side and federated) every this many server versions.
+            Evaluate (server side and federated) every this many rounds.
         output_dir, run_name : str, optional
             When ``output_dir`` is given, the run folder (``metrics.csv``, ``summary.json``,
             ``accuracy.png``) is written there as the run goes.
@@ -249,7 +256,9 @@ class Strategy(ABC):
         -------
         AsyncResult
             Flower's ``Result`` (final arrays; train, federated-evaluate and server-evaluate
-            metrics keyed by server version) plus ``summary``: staleness, rejections, timing.
+            metrics keyed by round, as Flower's are, so a plot of ``FedAvg``'s result and of this
+            one share their x axis: equal keys, equal client work) plus ``summary``: rounds,
+            server versions, staleness, rejections, timing.
         """
         from asyncfl.server_app.launch import start_strategy
 

@@ -8,8 +8,8 @@ The only change from the synchronous app is the strategy:
     +    strategy = FedBuff(fraction_evaluate=fraction_evaluate)
 
 ``start()`` keeps Flower's signature and returns Flower's ``Result``; ``num_rounds``
-now counts server model versions (FedBuff makes one from every 5 client updates,
-with the clients training without waiting for each other).
+buys the same client work as under FedAvg (``num_rounds`` x the nodes FedAvg would
+train per round), with the clients training without waiting for each other.
 """
 
 import torch

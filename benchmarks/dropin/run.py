@@ -1,0 +1,175 @@
+"""The drop-in study: swap Flower's FedAvg for each asyncfl strategy, keep the app, compare at equal client work.
+
+Every cell runs one app (``apps.py``) with one local optimizer under one server strategy for
+``rounds`` rounds, i.e. ``rounds x nodes`` client updates for every strategy (asyncfl's
+``num_rounds`` buys what Flower's FedAvg buys), and records the server-side test accuracy
+after every round. Flower's own ``FedAvg`` runs through its own ``Strategy.start``; asyncfl's
+strategies through theirs, on the virtual clock with the FedRevive paper's delay model
+(heterogeneous speeds, so updates arrive stale). Both talk to the same ClientApp through
+:class:`inprocess_grid.InProcessGrid`.
+
+Cells are appended to ``<out>/cells.jsonl`` as they finish and skipped when present, so an
+interrupted study resumes. Two worker processes, one torch thread each.
+
+Usage::
+
+    .venv/bin/python benchmarks/dropin/run.py                       # the whole matrix, then the table
+    .venv/bin/python benchmarks/dropin/run.py --strategies fedbuff fedasync --settings sgdm-0.05
+    .venv/bin/python benchmarks/dropin/run.py --table               # only rebuild the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+
+#: (app, optimizer, lr, rounds): the client side of a cell
+SETTINGS = {
+    "sgdm-0.05": ("quickstart", "sgdm", 0.05, 40),
+    "sgdm-0.1": ("quickstart", "sgdm", 0.1, 40),
+    "sgdm-0.01": ("quickstart", "sgdm", 0.01, 40),
+    "adam-1e-3": ("quickstart", "adam", 1e-3, 40),
+    "bn-sgdm-0.05": ("bn-mnist5k", "sgdm", 0.05, 15),
+}
+NODES = 8
+
+#: name -> (class name, keywords): what the matrix swaps in. "before" rows spell out the defaults that the
+#: issue measured, so they stay reproducible once the defaults change.
+STRATEGIES = {
+    "flower-fedavg": ("flwr.FedAvg", {}),
+    "fedavg": ("FedAvg", {}),
+    "fedasync": ("FedAsync", {}),
+    "fedbuff": ("FedBuff", {}),
+    "afl-dw": ("AFLDW", {}),
+    "ca2fl": ("CA2FL", {}),
+    "fadas": ("FADAS", {}),
+    "fedfa": ("FedFa", {}),
+    "fedasync-before": ("FedAsync", {"alpha": 0.6, "staleness": "polynomial", "staleness_decay": 0.5}),
+    "fedbuff-before": ("FedBuff", {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"}),
+}
+DELAYS = "fedrevive-default"
+
+
+def build_strategy(name: str):
+    cls_name, keywords = STRATEGIES[name]
+    if cls_name == "flwr.FedAvg":
+        from flwr.serverapp.strategy import FedAvg
+
+        return FedAvg(fraction_evaluate=0.0)
+    import asyncfl
+
+    return getattr(asyncfl, cls_name)(fraction_evaluate=0.0, **keywords)
+
+
+def run_cell(cell: dict) -> dict:
+    """One run; returns the cell with its accuracy curve (index = round) and run figures."""
+    import numpy as np
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+
+    from apps import APPS, client_app, test_accuracy
+    from inprocess_grid import InProcessGrid
+
+    torch.set_num_threads(1)
+    logging.disable(logging.INFO)  # Flower's and asyncfl's per-round lines; warnings still show
+    app_name, optimizer, lr, rounds = SETTINGS[cell["setting"]]
+    app = APPS[app_name]
+    seed = cell["seed"]
+    random.seed(seed)  # Flower's FedAvg samples nodes with `random`
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model = app.model_fn()
+    x_test, y_test = app.test_set()
+    grid = InProcessGrid(client_app, NODES, {"app": app_name, "optimizer": optimizer, "batch-size": 32,
+                                             "local-epochs": 1})
+    curve: dict[int, float] = {}
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        net = app.model_fn()
+        net.load_state_dict(arrays.to_torch_state_dict())
+        loss, acc = test_accuracy(net, x_test, y_test)
+        curve[server_round] = acc
+        return MetricRecord({"accuracy": acc, "loss": loss})
+
+    strategy = build_strategy(cell["strategy"])
+    started = time.perf_counter()
+    common = dict(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
+                  train_config=ConfigRecord({"lr": lr}), evaluate_fn=evaluate)
+    if cell["strategy"] == "flower-fedavg":
+        strategy.start(**common)
+        summary = {"arrivals": grid.messages_by_type.get("train", 0), "server-versions": rounds}
+    else:
+        summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed).summary
+    accuracies = [round(curve[r], 4) for r in sorted(curve)]
+    return {**cell, "curve": accuracies, "final": accuracies[-1], "best": max(accuracies),
+            "updates": summary["arrivals"], "versions": summary["server-versions"],
+            "staleness-mean": summary.get("staleness-mean", 0.0), "seconds": round(time.perf_counter() - started, 1)}
+
+
+def done_cells(path: Path) -> dict[tuple, dict]:
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["setting"], r["strategy"], r["seed"]): r for r in rows}
+
+
+def table(rows: list[dict], settings: list[str], strategies: list[str]) -> str:
+    """Markdown: mean final (last round) and best accuracy over seeds, and final minus Flower FedAvg's."""
+    lines = ["| setting | strategy | updates | versions | final (mean ± sd) | best | final − best | "
+             "final − Flower FedAvg | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+    for setting in settings:
+        by = {s: [r for r in rows if r["setting"] == setting and r["strategy"] == s] for s in strategies}
+        reference = by.get("flower-fedavg") or []
+        ref = statistics.mean(r["final"] for r in reference) if reference else None
+        for s in strategies:
+            cells = by[s]
+            if not cells:
+                continue
+            finals = [r["final"] for r in cells]
+            final, best = statistics.mean(finals), statistics.mean(r["best"] for r in cells)
+            sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+            gap = f"{final - ref:+.3f}" if ref is not None else "n/a"
+            lines.append(f"| {setting} | {s} | {cells[0]['updates']} | {statistics.mean(r['versions'] for r in cells):.0f} "
+                         f"| {final:.3f} ± {sd:.3f} | {best:.3f} | {final - best:+.3f} | {gap} | {len(cells)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
+    args = parser.parse_args()
+    cells_path = args.out / "cells.jsonl"
+    done = done_cells(cells_path)
+    todo = [{"setting": st, "strategy": s, "seed": seed} for seed in args.seeds for st in args.settings
+            for s in args.strategies if (st, s, seed) not in done]
+    if not args.table and todo:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with multiprocessing.get_context("spawn").Pool(args.workers) as pool, cells_path.open("a") as out:
+            for row in pool.imap_unordered(run_cell, todo):
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(f"{row['setting']:>12} {row['strategy']:>16} seed {row['seed']}: final {row['final']:.3f} "
+                      f"best {row['best']:.3f} ({row['updates']} updates, {row['versions']} versions, "
+                      f"{row['seconds']} s)", flush=True)
+    rows = list(done_cells(cells_path).values())
+    print(table(rows, args.settings, args.strategies))
+
+
+if __name__ == "__main__":
+    main()
