@@ -119,6 +119,7 @@ class EngineConfig:
     # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
     # FedAvg would train); 0: a round is a server version (synchronous strategies, the built-in app)
     round_arrivals: int = 0
+    identify_nodes: bool = True  # ask nodes for partition id and size (query messages) before the first job
     jobs_per_client: int = 1  # wall clock: jobs a client may have out at once (> 1 queues its next job)
 
     def __post_init__(self) -> None:

@@ -215,9 +215,23 @@ def test_max_virtual_time_stops_at_the_limit():
     assert [row["time"] for row in stats.evaluations] == [0.0, 1.0, 2.0, 2.5]
 
 
-def test_nodes_without_query_handler_still_train():
-    engine = make_engine(FakeGrid(3, plus_one, partition_ids=False), FedBuff(buffer_size=1), max_arrivals=3)
+def test_nodes_without_query_handler_still_train_and_only_one_is_asked(caplog):
+    # Prepare: a stock ClientApp (no query handler) on every node
+    caplog.set_level("INFO")
+    grid = FakeGrid(3, plus_one, partition_ids=False)
+    engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=3)
+    # Execute / Assert: the run trains; the first node's refusal stops the identity queries (each refusal is a
+    # traceback in Flower's simulation log), and one INFO line says why the order follows node ids
     assert engine.run().arrivals == 3
+    assert sum(m.metadata.message_type == "query" for m in grid.pushed) == 1
+    assert caplog.text.count("clients follow node-id order: the ClientApp has no query handler") == 1
+    assert "WARNING" not in caplog.text
+
+
+def test_identify_nodes_off_sends_no_query():
+    grid = FakeGrid(3, plus_one)
+    make_engine(grid, FedBuff(buffer_size=1), max_arrivals=3, identify_nodes=False).run()
+    assert not any(m.metadata.message_type == "query" for m in grid.pushed)
 
 
 def test_wall_clock_accepts_in_pull_order():

@@ -106,7 +106,7 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_every_time=engine.eval_every, target_accuracy=engine.target_accuracy, progress=engine.progress,
         overlap_server_compute=engine.overlap, server_time_scale=engine.server_time_scale,
         round_deadline=engine.round_deadline, pipeline_late_clients=engine.pipeline_late_clients,
-        jobs_per_client=engine.jobs_per_client,
+        jobs_per_client=engine.jobs_per_client, identify_nodes=True,  # asyncfl's ClientApp answers the query
         emulate_delay_scale=engine.emulate_delay_scale, wait_for_nodes=engine.wait_for_nodes,
         output_dir=str(folder.parent), run_name=folder.name, run_config=cfg.to_dict(),
     )

@@ -3,7 +3,7 @@
 The engine and the gossip relay both order clients by ``partition-id`` so a
 seeded run does not depend on the node ids a SuperLink happened to assign.
 Every node is waited for until it answers (a stock ClientApp answers with an
-error, at once) or the deadline passes: on a loaded machine a simulated
+error, at once: then only one node is asked) or the deadline passes: on a loaded machine a simulated
 node's first message can wait tens of seconds for its worker to start, and a
 node left unidentified is ordered by node id, which a seed does not fix.
 """
@@ -22,6 +22,8 @@ from asyncfl.server_app.pacing import PollPacer
 log = logging.getLogger("asyncfl.discovery")
 
 IDENTIFY_KEY = "asyncfl-identify"
+#: How long the first node is asked alone before the others are asked anyway (its worker may be starting).
+PROBE_S = 10.0
 LABEL_COUNTS_KEY = "asyncfl-label-counts"
 
 
@@ -33,6 +35,7 @@ class Identities:
     size_of: dict[int, int] = field(default_factory=dict)
     labels_of: dict[int, list[int]] = field(default_factory=dict)
     unanswered: list[int] = field(default_factory=list)  # nodes with no reply at all by the deadline
+    refused: int = 0  # nodes that answered with an error (a ClientApp without a query handler)
 
     def ordered(self, nodes: list[int]) -> list[int]:
         """``nodes`` by partition id; nodes that did not report one follow, by node id."""
@@ -41,32 +44,63 @@ class Identities:
 
 
 def query_identities(grid, nodes: list[int], deadline_s: float, want_label_counts: bool = False) -> Identities:
-    """Send one ``query`` to each node and collect the answers that arrive within ``deadline_s``.
+    """Ask the nodes for their identity and collect the answers that arrive within ``deadline_s``.
 
-    Returns as soon as every node answered; nodes still silent at the deadline are listed
-    in ``unanswered``.
+    The first node is asked alone: a stock ClientApp has no ``query`` handler and answers
+    with an error, which Flower's simulation runtime logs as a traceback, so when the first
+    node refuses the others are not asked (``refused`` is set; one traceback, not one per
+    node). Once it answered, or after :data:`PROBE_S` (at most half the deadline) of silence,
+    the rest are asked at once.
+    Returns as soon as every node answered; nodes still silent at the deadline are listed in
+    ``unanswered``.
     """
-    request = {IDENTIFY_KEY: True, LABEL_COUNTS_KEY: want_label_counts}
-    messages = [Message(RecordDict({"config": ConfigRecord(request)}), dst_node_id=node,
-                        message_type=MessageType.QUERY, ttl=deadline_s) for node in nodes]
-    ids = list(grid.push_messages(messages))
-    node_of = dict(zip(ids, nodes))
-    pending = set(ids)
     found = Identities()
+    if not nodes:
+        return found
     started = time.monotonic()
-    deadline, next_note = started + deadline_s, started + 10.0
+    deadline = started + deadline_s
+    request = {IDENTIFY_KEY: True, LABEL_COUNTS_KEY: want_label_counts}
+    node_of = _ask(grid, nodes[:1], deadline, request)
+    pending = set(node_of)
+    _collect(grid, pending, started + min(PROBE_S, deadline_s / 2), found, len(nodes))
+    if found.refused:
+        return found
+    asked = _ask(grid, nodes[1:], deadline, request)
+    node_of.update(asked)
+    pending |= set(asked)
+    _collect(grid, pending, deadline, found, len(nodes))
+    found.unanswered = sorted(node_of[m] for m in pending)
+    return found
+
+
+def _ask(grid, nodes: list[int], deadline: float, request: dict) -> dict[str, int]:
+    """Push one ``query`` carrying ``request`` to each of ``nodes``; ``{message id: node}``."""
+    if not nodes:
+        return {}
+    ttl = max(1.0, deadline - time.monotonic())
+    messages = [Message(RecordDict({"config": ConfigRecord(request)}), dst_node_id=node,
+                        message_type=MessageType.QUERY, ttl=ttl) for node in nodes]
+    return dict(zip(grid.push_messages(messages), nodes))
+
+
+def _collect(grid, pending: set[str], until: float, found: Identities, total: int) -> None:
+    """Pull answers to the ``pending`` queries into ``found`` until none is pending, one refused, or ``until``."""
+    next_note = time.monotonic() + 10.0
     pacer = PollPacer(first=0.01, longest=0.5)
-    while pending and time.monotonic() < deadline:
+    while pending and not found.refused and time.monotonic() < until:
         if time.monotonic() >= next_note:
-            log.info("waiting for %d of %d node(s) to answer the identity query (up to %.0fs)", len(pending),
-                     len(nodes), deadline_s)
+            log.info("waiting for %d of %d node(s) to answer the identity query (up to %.0fs more)", len(pending),
+                     total, until - time.monotonic())
             next_note += 10.0
         pull_started = time.perf_counter()
         replies = list(grid.pull_messages(list(pending)))
         pull_seconds = time.perf_counter() - pull_started
         for reply in replies:
             pending.discard(reply.metadata.reply_to_message_id)
-            if reply.has_error() or "config" not in reply.content.config_records:
+            if reply.has_error():
+                found.refused += 1
+                continue
+            if "config" not in reply.content.config_records:
                 continue
             record, node = reply.content.config_records["config"], reply.metadata.src_node_id
             value, size, counts = record.get("partition-id"), record.get("num-examples"), record.get("label-counts")
@@ -78,5 +112,3 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
                 found.labels_of[node] = [int(c) for c in counts]
         if pending:
             pacer.wait(pull_seconds, len(replies))
-    found.unanswered = sorted(node_of[m] for m in pending if m in node_of)
-    return found

@@ -37,7 +37,7 @@ from flwr.common.constant import ErrorCode
 from asyncfl.client_app.extras import WORKER_RECORD
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
-from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.discovery import Identities, query_identities
 from asyncfl.server_app.eligible import EligibleClients
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.puller import ThreadedPuller
@@ -225,6 +225,7 @@ class AsyncEngine:
         self._expired_jobs = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
         self._online: set[int] = set()
         self._online_checked = float("-inf")
+        self._ask_identities = config.identify_nodes
 
     # ----------------------------------------------------------------- setup
     def discover_clients(self) -> list[int]:
@@ -254,10 +255,18 @@ class AsyncEngine:
 
     def _add_clients(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
-        found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts)
+        asked = self._ask_identities
+        found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts) if asked else Identities()
         unknown = [node for node in nodes if node not in found.partition_of]
         self.stats.unidentified_nodes += len(unknown)
-        if found.unanswered:
+        if not asked or found.refused:
+            if asked or not self.config.identify_nodes and not self._clients:  # said once per run
+                why = ("the ClientApp has no query handler (asyncfl.client_app.extras.answer_identity adds one)"
+                       if found.refused else "identify_nodes is off")
+                log.info("clients follow node-id order: %s; a seeded simulation repeats exactly only when the "
+                         "nodes report their partition-id", why)
+            self._ask_identities = False  # nodes joining later run the same ClientApp
+        elif found.unanswered:
             log.warning("%d node(s) did not answer the identity query within %.0fs; they follow in node-id order, "
                         "which the seed does not fix: this run may not repeat exactly", len(found.unanswered),
                         deadline_s)
@@ -459,6 +468,8 @@ class AsyncEngine:
         for job in jobs[len(message_ids) :]:  # refused by the SuperLink
             self.versions.release(job.version)
             self.stats.reject("push-refused")
+            log.warning("job %d to client %d rejected: the SuperLink refused the push (push-refused)", job.seq,
+                        job.client)
         self.stats.dispatched += len(message_ids)
         return len(message_ids)
 

@@ -140,3 +140,4 @@ class FederatedEvaluation:
     def _count(self, reason: str, n: int = 1) -> None:
         if n:
             self.rejected[reason] = self.rejected.get(reason, 0) + n
+            flwr_log(logging.WARNING, "federated evaluation: %d reply(ies) rejected (%s)", n, reason)

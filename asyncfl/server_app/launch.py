@@ -89,6 +89,23 @@ def _first_number(metrics: MetricRecord, keys: tuple[str, ...]) -> float:
     return math.nan
 
 
+class _ToFlowerLog(logging.Handler):
+    """Re-logs asyncfl's records on Flower's logger, whose output ``flwr run --stream`` relays."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        flwr_log(record.levelno, "%s", record.getMessage())
+
+
+def log_through_flower() -> None:
+    """A library run: unless the app configured logging itself, asyncfl's lines (a rejected update and its
+    reason, node discovery) appear where Flower's do, INFO included."""
+    ours = logging.getLogger("asyncfl")
+    if not ours.handlers and not logging.getLogger().handlers:
+        ours.addHandler(_ToFlowerLog())
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 def codec_and_model(initial_arrays: ArrayRecord) -> tuple[ModelCodec, np.ndarray]:
     """The layout of ``initial_arrays`` (names, shapes, dtypes) and the model as one flat float32 vector."""
     if not isinstance(initial_arrays, ArrayRecord) or len(initial_arrays) == 0:
@@ -162,11 +179,12 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
                    evaluate_every_time: float = 0.0, target_accuracy: tuple[float, ...] = (), progress: bool = False,
                    overlap_server_compute: bool = False, server_time_scale: float = 0.0, round_deadline: float = 0.0,
                    pipeline_late_clients: bool = False, jobs_per_client: int = 1,
-                   wait_for_nodes_s: float | None = None,
+                   wait_for_nodes_s: float | None = None, identify_nodes: bool | None = None,
                    run_config: dict | None = None) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); every argument is
     checked before the first message is sent."""
     _check_stops(num_rounds, max_arrivals, max_time, timeout, evaluate_every, evaluate_every_time, concurrency)
+    log_through_flower()
     delay_preset, delay_model = resolve_delays(clock, delays)
     if emulate_delay_scale < 0 or (emulate_delay_scale > 0 and (clock != "wall" or delays is None)):
         raise ValueError(f"emulate_delay_scale={emulate_delay_scale} needs clock='wall', a delays= model to draw "
@@ -183,6 +201,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num
         pipeline_late_clients=pipeline_late_clients, max_rounds=num_rounds, eval_every_rounds=evaluate_every,
         round_arrivals=1 if asynchronous else 0,  # the cohort, once the nodes are known
         jobs_per_client=jobs_per_client,
+        identify_nodes=(clock == "virtual" or emulate_delay_scale > 0) if identify_nodes is None else identify_nodes,
     )
     codec, initial = codec_and_model(initial_arrays)
     options = strategy.flower

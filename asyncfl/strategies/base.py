@@ -175,6 +175,7 @@ class Strategy(ABC):
         pipeline_late_clients: bool = False,
         jobs_per_client: int = 1,
         wait_for_nodes: float | None = None,
+        identify_nodes: bool | None = None,
         run_config: dict | None = None,
     ) -> "AsyncResult":
         """Run this strategy asynchronously on ``grid``; Flower's ``Strategy.start`` signature plus async knobs.
@@ -249,6 +250,12 @@ class Strategy(ABC):
             ``nodes * jobs_per_client`` to use it.
         wait_for_nodes : float, optional
             Seconds to wait for ``concurrency`` nodes to connect (default ``min(timeout, 60)``).
+        identify_nodes : bool, optional
+            Ask every node for its ``partition-id`` and example count (a ``query`` message) before the
+            first job, so the client order, and with it a seeded simulation, does not depend on the node
+            ids a SuperLink assigns. Default: only on the virtual clock or with ``emulate_delay_scale``
+            (where the order and the sizes matter). A ClientApp without a ``query`` handler is asked
+            once (the first node), then the run goes on in node-id order with one INFO line.
         run_config : dict, optional
             What ``config.json`` records (default: the strategy's name, Flower options and engine settings).
 
@@ -271,5 +278,5 @@ class Strategy(ABC):
             target_accuracy=target_accuracy, progress=progress, overlap_server_compute=overlap_server_compute,
             server_time_scale=server_time_scale, round_deadline=round_deadline,
             pipeline_late_clients=pipeline_late_clients, jobs_per_client=jobs_per_client,
-            wait_for_nodes_s=wait_for_nodes, run_config=run_config,
+            wait_for_nodes_s=wait_for_nodes, identify_nodes=identify_nodes, run_config=run_config,
         )

@@ -61,8 +61,23 @@ STRATEGIES = {
 DELAYS = "fedrevive-default"
 
 
+def parse_strategy(name: str) -> tuple[str, dict]:
+    """``"fedbuff"`` or ``"fedbuff:server_lr=0.5,staleness_weighting=sqrt"`` (a row with keywords changed)."""
+    base, _, extra = name.partition(":")
+    if base not in STRATEGIES:
+        raise SystemExit(f"unknown strategy {base!r}; valid: {', '.join(STRATEGIES)} (optionally ':key=value,...')")
+    cls_name, keywords = STRATEGIES[base]
+    for item in filter(None, extra.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            keywords = {**keywords, key: json.loads(value)}
+        except json.JSONDecodeError:
+            keywords = {**keywords, key: value}
+    return cls_name, keywords
+
+
 def build_strategy(name: str):
-    cls_name, keywords = STRATEGIES[name]
+    cls_name, keywords = parse_strategy(name)
     if cls_name == "flwr.FedAvg":
         from flwr.serverapp.strategy import FedAvg
 
@@ -148,12 +163,15 @@ def table(rows: list[dict], settings: list[str], strategies: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
+                        help="names from STRATEGIES, each optionally with ':key=value,...' keyword changes")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
     args = parser.parse_args()
+    for name in args.strategies:
+        parse_strategy(name)
     cells_path = args.out / "cells.jsonl"
     done = done_cells(cells_path)
     todo = [{"setting": st, "strategy": s, "seed": seed} for seed in args.seeds for st in args.settings
