@@ -60,7 +60,9 @@ FEDECHO = Study(
     supernodes=20,
     common={"model": "lenet5", "local-steps": 10, "concurrency": 10, "max-arrivals": 0,
             "max-virtual-time": 80.0, "eval-every": 4.0, "progress": False, "fedecho.distill-size": 500,
-            "target-accuracy": "0.6,0.85"},
+            "target-accuracy": "0.6,0.85",
+            # the paper's server step (the run-config default when this study ran; now paced by the concurrency)
+            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0},
     methods={
         "fedbuff": {"strategy": "fedbuff"},
         "ca2fl": {"strategy": "ca2fl"},
@@ -97,7 +99,10 @@ FEDADT = Study(
     supernodes=200,
     common={"model": "lenet5", "local-steps": 10, "concurrency": 40, "optimizer": "sgd", "lr": 0.01,
             "max-arrivals": 400, "eval-every": 2000.0,
-            "progress": False, "target-accuracy": "0.7", **_FEDADT_DELAYS},
+            "progress": False, "target-accuracy": "0.7", **_FEDADT_DELAYS,
+            # the baselines' settings when this study ran (the run-config defaults then; they are paced by the
+            # concurrency now, see asyncfl/strategies/pace.py)
+            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedfa.queue-size": 10},
     methods={
         "fedavg": {"strategy": "fedavg"},
         "fedasync": {"strategy": "fedasync"},
@@ -255,7 +260,7 @@ FEDREVIVE = Study(
     extra={
         # FedBuff is the paper's tuned FEMNIST one (Table 4: buffer 1, server lr 0.025); this is our default
         # buffer 5 with server lr 1.0.
-        "fedbuff-b5__default": {"strategy": "fedbuff", "delay-model": "fedrevive-default"},
+        "fedbuff-b5__default": {"strategy": "fedbuff", "fedbuff.server-lr": 1.0, "delay-model": "fedrevive-default"},
     },
     relative_target=("fedbuff", 0.85),
 )

@@ -84,7 +84,7 @@ def test_fedfa_running_sum_stays_exact_over_many_arrivals():
 @pytest.mark.parametrize("name,params,message", [
     ("ca2fl", {"buffer_size": 0}, "ca2fl.buffer-size"),
     ("fadas", {"buffer_size": 0}, "fadas.buffer-size"),
-    ("fedfa", {"queue_size": 0}, "fedfa.queue-size"),
+    ("fedfa", {"queue_size": -1}, "fedfa.queue-size"),
 ])
 def test_bad_sizes_are_rejected(name, params, message):
     with pytest.raises(ValueError, match=message):

@@ -76,3 +76,19 @@ def test_profiles_are_persistent_and_jobs_independent_of_other_clients():
 def test_constant_model_gives_sum_of_components():
     model = DelayModel(*(ComponentDelay("constant", ((1.0, v),)) for v in (0.1, 1.0, 0.2)))
     assert DelaySampler(model, 0).job_duration(7) == pytest.approx(1.3)
+
+
+def test_exact_shares_put_exactly_a_quarter_of_the_clients_in_the_slow_tiers():
+    # Prepare: the quarter-slow preset on 8 and on 16 clients, three seeds
+    from asyncfl.simulation.presets import DELAY_PRESETS, delay_sampler
+
+    for clients in (8, 16):
+        for seed in (1, 2, 3):
+            sampler = delay_sampler(DELAY_PRESETS["quarter-slow"], seed)
+            sampler.bind_clients([10] * clients)
+            means = sorted(sampler.profile(c).train for c in range(clients))
+            # Assert: 3/4 at speed 1, 1/8 at 4x, 1/8 at 10x, whatever the seed; the seed picks which clients
+            assert means == [1.0] * (clients * 3 // 4) + [4.0] * (clients // 8) + [10.0] * (clients // 8)
+    slow = [[c for c in range(8) if (s := delay_sampler(DELAY_PRESETS["quarter-slow"], seed)).bind_clients([1] * 8)
+             or s.profile(c).train > 1] for seed in (1, 2)]
+    assert slow[0] != slow[1]

@@ -7,8 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from asyncfl.client_app.training import evaluate_per_class
+from asyncfl.data import load_dataset
 from asyncfl.deploy.app_copy import write_app_copy
+from asyncfl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "dataset='digits' model='mlp' local-steps=10 lr=0.01 concurrency=3 eval-every=1.0 progress=false"
@@ -49,6 +53,16 @@ def test_fedbuff_run_writes_results_and_is_deterministic(tmp_path):
     assert summary["best-accuracy"] > 0.5
     assert set(summary) >= {"final-accuracy", "time-to-target", "staleness-histogram", "staleness-mean",
                             "staleness-max", "rejected-updates", "server-ms-per-arrival", "wall-seconds"}
+    # The run folder keeps the final and the best model; the best one scores the summary's best accuracy.
+    assert {"final_model.pt", "best_model.pt"} <= {p.name for p in runs[0].iterdir()}
+    splits = load_dataset("digits", test_fraction=0.2, seed=3)
+    model = build_model("mlp", splits.input_shape, splits.num_classes)
+    model.load_state_dict(torch.load(runs[0] / "best_model.pt"))
+    _, accuracy, _ = evaluate_per_class(model, splits.x_test, splits.y_test, splits.num_classes)
+    assert accuracy == pytest.approx(summary["best-accuracy"], abs=1e-6)
+    model.load_state_dict(torch.load(runs[0] / "final_model.pt"))
+    _, accuracy, _ = evaluate_per_class(model, splits.x_test, splits.y_test, splits.num_classes)
+    assert accuracy == pytest.approx(summary["final-accuracy"], abs=1e-6)
     # Same seed -> byte-identical metrics, whatever Ray did physically.
     assert (runs[0] / "metrics.csv").read_text() == (runs[1] / "metrics.csv").read_text()
     rows = list(csv.DictReader(open(runs[0] / "metrics.csv")))

@@ -17,13 +17,16 @@ from asyncfl.client_app.task import node_data
 from asyncfl.config import RunConfig, parse_run_config
 from asyncfl.data import load_dataset
 from asyncfl.models import build_model
-from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, RecordEvaluator
+from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, RecordEvaluator, save_state_dict
 from asyncfl.server_app.relay import GossipRelay
 from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.resources import StrategyResources
 
 app = ServerApp()
 log = logging.getLogger("asyncfl")
+#: The run folder's models, as torch state dicts: ``model.load_state_dict(torch.load(folder / FINAL_MODEL_FILE))``
+FINAL_MODEL_FILE = "final_model.pt"
+BEST_MODEL_FILE = "best_model.pt"  # the model of the best server-side accuracy, rewritten whenever it improves
 
 
 def run_folder(cfg: RunConfig) -> Path:
@@ -100,7 +103,8 @@ def main(grid: Grid, context: Context) -> None:
              cfg.data.dataset, cfg.data.model, engine.clock, engine.concurrency, folder)
     result = strategy.start(
         grid, initial_arrays, num_rounds=0, timeout=engine.job_timeout,
-        train_config=ConfigRecord(cfg.train.to_message_config()), evaluate_fn=RecordEvaluator(evaluator),
+        train_config=ConfigRecord(cfg.train.to_message_config()),
+        evaluate_fn=RecordEvaluator(evaluator, best_model_path=folder / BEST_MODEL_FILE),
         max_arrivals=engine.max_arrivals, max_time=engine.max_virtual_time, concurrency=engine.concurrency,
         clock=engine.clock, delays=engine.delays, seed=engine.seed, evaluate_every=0,
         evaluate_every_time=engine.eval_every, target_accuracy=engine.target_accuracy, progress=engine.progress,
@@ -110,6 +114,7 @@ def main(grid: Grid, context: Context) -> None:
         emulate_delay_scale=engine.emulate_delay_scale, wait_for_nodes=engine.wait_for_nodes,
         output_dir=str(folder.parent), run_name=folder.name, run_config=cfg.to_dict(),
     )
+    save_state_dict(result.arrays.to_torch_state_dict(), folder / FINAL_MODEL_FILE)
     summary = result.summary
     log.info("asyncfl: done: final accuracy %.4f after %d arrivals (%s)", summary["final-accuracy"] or 0.0,
              summary["arrivals"], folder)

@@ -320,7 +320,7 @@ class AsyncEngine:
         """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
         if not self._clients:
             self.discover_clients()
-        self.strategy.on_start(len(self._clients))
+        self.strategy.on_start(len(self._clients), concurrency=self.config.concurrency)
         self._evaluate_until(0.0)
         if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
             self._record_evaluation(0.0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,14 +67,29 @@ class RecordEvaluator:
     tells it the clock before each evaluation.
     """
 
-    def __init__(self, evaluator: CentralEvaluator) -> None:
+    def __init__(self, evaluator: CentralEvaluator, best_model_path: Path | None = None) -> None:
         self.evaluator = evaluator
+        self.best_model_path = best_model_path
+        self.best_accuracy = float("-inf")
         if hasattr(evaluator, "select"):
             self.select = evaluator.select
 
     def __call__(self, version: int, arrays: ArrayRecord) -> MetricRecord:
         evaluator = self.evaluator
-        evaluator.model.load_state_dict(arrays.to_torch_state_dict())
+        state = arrays.to_torch_state_dict()
+        evaluator.model.load_state_dict(state)
         loss, accuracy, per_class = evaluate_per_class(evaluator.model, evaluator.x, evaluator.y,
                                                        evaluator.num_classes, evaluator.batch_size, evaluator.device)
+        if self.best_model_path is not None and accuracy > self.best_accuracy:
+            self.best_accuracy = float(accuracy)
+            save_state_dict(state, self.best_model_path)  # written as it comes: a killed run keeps its best
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss), "class-accuracy": per_class})
+
+
+def save_state_dict(state: "OrderedDict[str, torch.Tensor]", path: Path) -> None:
+    """``torch.save(state, path)`` atomically (a crash mid-write leaves the previous file); load it with
+    ``model.load_state_dict(torch.load(path))``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)

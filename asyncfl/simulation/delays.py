@@ -37,11 +37,16 @@ class ComponentDelay:
         Mixture the per-client mean is drawn from; probabilities sum to 1.
     spread : float
         Half-width (uniform), sigma (lognormal) or shape (pareto); unused otherwise.
+    exact_shares : bool
+        Give tier ``k`` exactly ``round(p_k * N)`` of the ``N`` clients (a seeded permutation)
+        instead of drawing each client's tier independently, so "a quarter of the clients are
+        slow" holds in every run, not on average.
     """
 
     distribution: str
     tiers: tuple[tuple[float, float], ...]
     spread: float = 0.0
+    exact_shares: bool = False
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -57,6 +62,13 @@ class ComponentDelay:
             raise ValueError(f"pareto delays need a shape (spread) > 1 for a finite mean, got {self.spread}")
         if self.distribution in ("uniform", "lognormal") and self.spread < 0:
             raise ValueError(f"{self.distribution} delays need spread >= 0, got {self.spread}")
+
+    def shared_means(self, num_clients: int, rng: np.random.Generator) -> list[float]:
+        """Per-client means with tier ``k`` on exactly ``round(p_k * N)`` clients (the last tier takes the rest)."""
+        counts = [int(round(p * num_clients)) for p, _ in self.tiers[:-1]]
+        counts.append(max(0, num_clients - sum(counts)))
+        means = [mean for (_, mean), count in zip(self.tiers, counts) for _ in range(count)][:num_clients]
+        return [float(means[i]) for i in rng.permutation(num_clients)]
 
     def draw_mean(self, rng: np.random.Generator) -> float:
         """Draw one client's persistent mean from the tiers."""
@@ -114,15 +126,23 @@ class DelaySampler:
         self.seed = seed
         self._profiles: dict[int, ClientProfile] = {}
         self._jobs_done: dict[int, int] = {}
+        self._shared: dict[str, list[float]] = {}  # component -> per-client mean (exact_shares components)
 
     def bind_clients(self, sizes: list[int], label_counts: list[list[int]] | None = None) -> None:
-        """Client sample counts do not matter to component delays (see ``CategorySampler``)."""
+        """Client sample counts do not matter to component delays (see ``CategorySampler``); their number
+        does for components with ``exact_shares``."""
+        for name, comp in self.model.components():
+            if comp.exact_shares:
+                self._shared[name] = comp.shared_means(len(sizes), np.random.default_rng([self.seed, 5]))
 
     def profile(self, client: int) -> ClientProfile:
         """The persistent means of ``client``."""
         if client not in self._profiles:
             rng = np.random.default_rng([self.seed, 1, client])
             means = {name: comp.draw_mean(rng) for name, comp in self.model.components()}
+            for name, shared in self._shared.items():
+                if client < len(shared):
+                    means[name] = shared[client]
             self._profiles[client] = ClientProfile(**means)
         return self._profiles[client]
 

@@ -39,6 +39,14 @@ DELAY_PRESETS: dict[str, DelayModel | RuntimeCategories] = {
         train=ComponentDelay("constant", ((1.0, 1.0),)),
         upload=ComponentDelay("constant", ((1.0, 0.0),)),
     ),
+    # a quarter of the clients slower than the rest, half of them 4x and half 10x, on every run (exact tier
+    # shares), jobs +-0.2 around their client's mean: where asynchrony should reach FedAvg's accuracy sooner
+    # (benchmarks/dropin)
+    "quarter-slow": DelayModel(
+        download=ComponentDelay("constant", ((1.0, 0.0),)),
+        train=ComponentDelay("uniform", ((0.75, 1.0), (0.125, 4.0), (0.125, 10.0)), spread=0.2, exact_shares=True),
+        upload=ComponentDelay("constant", ((1.0, 0.0),)),
+    ),
     "fedecho-large": RuntimeCategories(short=(1.0, 2.0), medium=(3.0, 5.0), long=(50.0, 80.0)),
     "fedecho-mild": RuntimeCategories(short=(1.0, 2.0), medium=(3.0, 5.0), long=(10.0, 20.0)),
 }

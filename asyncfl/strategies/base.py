@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from asyncfl.strategies.flower_options import FlowerOptions
+from asyncfl.strategies.pace import paced_server_lr
 from asyncfl.strategies.settings import StrategyConfig
 
 if TYPE_CHECKING:  # the engine side is imported only when a run starts
@@ -119,13 +120,29 @@ class Strategy(ABC):
         """The Flower ``FedAvg`` options this strategy was built with (defaults when none were given)."""
         return self.__dict__.get("_flower", _DEFAULT_OPTIONS)
 
+    #: Jobs in flight (``K``), as the engine told :meth:`on_start`; ``None`` before a run.
+    concurrency: int | None = None
+
+    def paced_lr(self, configured: float, updates_per_step: int = 1) -> float:
+        """The server learning rate to use: ``configured``, or when it is 0 (auto) the pace of one mean update
+        per ``K`` accepted updates, ``min(1, updates_per_step / K)`` (:mod:`asyncfl.strategies.pace`). Before
+        :meth:`on_start` (no ``K`` known) auto is 1."""
+        if configured > 0:
+            return configured
+        return paced_server_lr(updates_per_step, self.concurrency or updates_per_step)
+
     #: When True the engine runs synchronous rounds: it dispatches a full cohort
     #: only when no job is in flight and calls :meth:`on_round_end` after the last
     #: reply of the round (accepted or lost).
     synchronous: bool = False
 
-    def on_start(self, num_clients: int) -> None:
-        """Called once by the engine, after client discovery, before the first dispatch."""
+    def on_start(self, num_clients: int, concurrency: int = 1) -> None:
+        """Called once by the engine, after client discovery, before the first dispatch.
+
+        ``concurrency`` is the number of jobs in flight (``K``): a delta-adding method's default
+        server step is set from it (see :func:`asyncfl.strategies.pace.per_update_share`).
+        """
+        self.concurrency = concurrency
 
     @abstractmethod
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:

@@ -108,7 +108,8 @@ class FedEchoConfig(StrategyConfig):
     buffer_size : int
         ``M``, arrivals per global update.
     server_lr : float
-        ``eta``.
+        ``eta``; 0 (default) = ``min(1, M / K)``: one mean update per ``K`` arrivals, FedAvg's pace
+        (:mod:`asyncfl.strategies.pace`). The paper's setting is ``server_lr=1.0``.
     distill_steps : int
         ``Q``; 0 turns FedEcho into FedBuff that still records logits.
     distill_batch_size, distill_lr, clip : int, float, float
@@ -128,7 +129,7 @@ class FedEchoConfig(StrategyConfig):
     prefix: ClassVar[str] = "fedecho"
 
     buffer_size: int = knob(5, minimum=1)
-    server_lr: float = knob(1.0, above=0)
+    server_lr: float = knob(0.0, minimum=0)
     distill_steps: int = knob(10, minimum=0)
     distill_batch_size: int = knob(64, minimum=1)
     distill_lr: float = knob(1e-4, above=0)
@@ -169,7 +170,7 @@ class FedEcho(Strategy):
     config_class = FedEchoConfig
 
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 5,
-                 server_lr: float = 1.0, distill_steps: int = 10, distill_batch_size: int = 64,
+                 server_lr: float = 0.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-4, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
                  overlap_logits: bool = True, seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
@@ -247,7 +248,7 @@ class FedEcho(Strategy):
         cfg = self.config
         if self._count < cfg.buffer_size:
             return None
-        candidate = current + np.float32(cfg.server_lr / cfg.buffer_size) * self._sum
+        candidate = current + np.float32(self.paced_lr(cfg.server_lr, cfg.buffer_size) / cfg.buffer_size) * self._sum
         self._sum[:] = 0.0
         self._count = 0
         self.aggregations += 1

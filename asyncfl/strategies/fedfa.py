@@ -5,6 +5,13 @@ Training Paradigm for Federated Learning". The server keeps the ``Q`` most
 recent client models in a FIFO queue (the oldest is dropped when a new one
 arrives on a full queue); the global model is their average, recomputed on
 every arrival. A running sum makes each arrival O(model), whatever ``Q`` is.
+
+Its pace: a client model is its base (about ``K`` arrivals old) plus one update, so the
+average of the last ``Q`` is about ``K + Q / 2`` arrivals behind plus one mean update: one
+mean update per ``K + Q / 2`` arrivals, where FedAvg makes one per ``K``. A small window
+keeps up, a large one smooths noise; the default ``Q = ceil(K / 2)`` costs a quarter of
+FedAvg's pace. Measured on Flower's quickstart app (K = 8, SGD momentum at lr 0.01, 3 seeds):
+``Q = 10`` ended at 0.52 where FedAvg ended at 0.81, ``Q = 4`` at 0.72 (``benchmarks/dropin``).
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ class FedFaConfig(StrategyConfig):
     Parameters
     ----------
     queue_size : int
-        ``Q``: client models averaged into the global one.
+        ``Q``: client models averaged into the global one; 0 (default) = ``ceil(K / 2)`` for ``K``
+        jobs in flight.
     """
 
     label: ClassVar[str] = "FedFa"
     prefix: ClassVar[str] = "fedfa"
 
-    queue_size: int = knob(10, minimum=1)
+    queue_size: int = knob(0, minimum=0)
 
 
 class FedFa(Strategy):
@@ -43,7 +51,7 @@ class FedFa(Strategy):
 
     config_class = FedFaConfig
 
-    def __init__(self, queue_size: int = 10, **flower_options: Any) -> None:
+    def __init__(self, queue_size: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedFaConfig(queue_size)
         self._queue: deque[np.ndarray] = deque()
@@ -56,12 +64,19 @@ class FedFa(Strategy):
             self._sum = np.zeros_like(weights)
         self._queue.append(weights)
         self._sum += weights
-        if len(self._queue) > self.config.queue_size:
+        if len(self._queue) > self.queue_size:
             self._sum -= self._queue.popleft()
         self._arrivals += 1
-        if self._arrivals % (10 * self.config.queue_size) == 0:  # bound float32 drift of the running sum
+        if self._arrivals % (10 * self.queue_size) == 0:  # bound float32 drift of the running sum
             self._sum = np.sum(np.stack(self._queue), axis=0)
         return self._sum / np.float32(len(self._queue))
 
+    @property
+    def queue_size(self) -> int:
+        """``Q`` in use: the configured one, or ``ceil(K / 2)`` (``10`` before a run tells ``K``)."""
+        if self.config.queue_size:
+            return self.config.queue_size
+        return -(-self.concurrency // 2) if self.concurrency else 10
+
     def summary(self) -> dict[str, float | int | str]:
-        return {"queue-length": len(self._queue)}
+        return {"queue-length": len(self._queue), "queue-size": self.queue_size}

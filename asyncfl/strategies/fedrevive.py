@@ -65,7 +65,8 @@ class FedReviveConfig(StrategyConfig):
     Parameters
     ----------
     server_lr : float
-        ``eta_s``.
+        ``eta_s``; 0 (default) = ``1 / K`` for ``K`` jobs in flight, FedAvg's pace per update
+        (:mod:`asyncfl.strategies.pace`). The paper's FEMNIST setting (20 in flight) is ``0.05``.
     beta, max_staleness, beta_constant : str, float, float
         The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW).
     teacher_buffer_size : int
@@ -100,7 +101,7 @@ class FedReviveConfig(StrategyConfig):
     label: ClassVar[str] = "FedRevive"
     prefix: ClassVar[str] = "fedrevive"
 
-    server_lr: float = knob(0.05, above=0)
+    server_lr: float = knob(0.0, minimum=0)
     beta: str = knob("cosine", choices=BETA_SCHEDULES)
     max_staleness: float = knob(150.0, above=0)
     beta_constant: float = knob(0.5, minimum=0, maximum=1)
@@ -193,7 +194,7 @@ class FedRevive(Strategy):
     config_class = FedReviveConfig
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
-                 server_lr: float = 0.05, beta: str = "cosine", max_staleness: float = 150.0,
+                 server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
                  beta_constant: float = 0.5, teacher_buffer_size: int = 8, probe_uploads: int = 2,
                  probe_temperature: float = 1.4, synthesis_every: int = 10, synthesis_start: int = 50,
                  kd_start: int = 100, kd_steps: int = 10, kd_batch_size: int = 32, kd_lr: float = 1e-4,
@@ -260,7 +261,8 @@ class FedRevive(Strategy):
         return cls(resources.make_model, resources.num_classes, resources.input_shape, seed=resources.seed,
                    true_proportions=true_proportions, **config.keywords(), **flower_options)
 
-    def on_start(self, num_clients: int) -> None:
+    def on_start(self, num_clients: int, concurrency: int = 1) -> None:
+        super().on_start(num_clients, concurrency)
         self.num_clients = num_clients
 
     # ------------------------------------------------------------------ parts
@@ -341,12 +343,12 @@ class FedRevive(Strategy):
         self.updates += 1
         if not with_kd:
             # No KD half: bitwise AFL-DW's step, so FedRevive and AFL-DW runs of one seed part only where KD acts.
-            return afl_dw_step(current, arrival.delta, cfg.server_lr, beta)
+            return afl_dw_step(current, arrival.delta, self.paced_lr(cfg.server_lr), beta)
         started = time.perf_counter()
         step = np.float32(1.0 - beta) * arrival.delta + np.float32(beta) * self.distil(current)
         self.kd_updates += 1
         self.seconds["distillation"] += time.perf_counter() - started
-        return current + np.float32(cfg.server_lr) * step
+        return current + np.float32(self.paced_lr(cfg.server_lr)) * step
 
     def summary(self) -> dict[str, float | int | str]:
         return {

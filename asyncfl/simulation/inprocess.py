@@ -1,10 +1,12 @@
 """A Grid that runs a real ClientApp in this process: Flower's strategies and ours on the same app, fast.
 
-The drop-in study compares Flower's own ``FedAvg`` with asyncfl's strategies at equal client
-work, many seeds and settings on 2 CPU cores. Through ``flwr run`` each cell would pay a
-SuperLink, Ray and one process per message; here every message goes straight to the app's
-``ClientApp`` (its ``@app.train`` / ``@app.evaluate`` functions, unchanged) with a per-node
-``Context``, and the reply is ready when the push returns. It serves both interfaces a
+For studies and tests that need many seeded runs of an app on a small machine (the drop-in
+study in ``benchmarks/dropin`` compares Flower's own ``FedAvg`` with every asyncfl strategy
+at equal client work): through ``flwr run`` each run pays a SuperLink, Ray and one process
+per message; here every message goes straight to the app's ``ClientApp`` (its
+``@app.train`` / ``@app.evaluate`` functions, unchanged) with a per-node ``Context``, and the
+reply is ready when the push returns. Use the virtual clock with it (replies are all back at
+once, so the wall clock's arrival order would be the push order). It serves both interfaces a
 ServerApp uses: ``send_and_receive`` (Flower's synchronous strategies) and
 ``push_messages`` / ``pull_messages`` (asyncfl's engine, whose virtual clock orders replies
 itself). A ClientApp that raises becomes an error reply, as under Flower's runtime.
