@@ -259,12 +259,12 @@ class AsyncEngine:
         found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts) if asked else Identities()
         unknown = [node for node in nodes if node not in found.partition_of]
         self.stats.unidentified_nodes += len(unknown)
-        if not asked or found.refused:
-            if asked or not self.config.identify_nodes and not self._clients:  # said once per run
-                why = ("the ClientApp has no query handler (asyncfl.client_app.extras.answer_identity adds one)"
-                       if found.refused else "identify_nodes is off")
-                log.info("clients follow node-id order: %s; a seeded simulation repeats exactly only when the "
-                         "nodes report their partition-id", why)
+        if not asked:
+            pass  # identify_nodes off: node-id order, as asked
+        elif found.refused:
+            log.info("clients follow node-id order: the ClientApp has no query handler "
+                     "(asyncfl.client_app.extras.answer_identity adds one); a seeded simulation repeats exactly only "
+                     "when the nodes report their partition-id")
             self._ask_identities = False  # nodes joining later run the same ClientApp
         elif found.unanswered:
             log.warning("%d node(s) did not answer the identity query within %.0fs; they follow in node-id order, "
