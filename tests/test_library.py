@@ -309,3 +309,13 @@ def test_dd_fedrevive_distils_on_the_server_data_it_is_given():
                            num_classes=3, input_shape=(1, 4, 4), server_data=(x, y),
                            label_proportions=lambda c, n: [1, 1, 1])
     assert strategy.data_driven and len(strategy.pool) == 6
+
+
+def test_identity_query_only_where_the_client_order_matters():
+    # Wall clock (the default, deployments and stock apps): no query message; virtual clock: each node is asked
+    # (the seed fixes the client order only by partition id)
+    for clock, expected in (("wall", 0), ("virtual", 3)):
+        grid = FakeGrid(3, client)
+        FedBuff(buffer_size=1, fraction_evaluate=0.0).start(grid, initial_record(), num_rounds=1, clock=clock,
+                                                            delays=FIXED if clock == "virtual" else None)
+        assert sum(m.metadata.message_type == "query" for m in grid.pushed) == expected, clock
