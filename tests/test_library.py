@@ -63,9 +63,10 @@ def test_public_names_are_importable_from_asyncfl():
 
 
 def test_fedbuff_start_returns_flowers_result_keyed_by_round():
-    # Prepare: 4 nodes, FedBuff B=2 with 2 jobs in flight, every job taking 1 time unit; 3 rounds requested.
+    # Prepare: 4 nodes, FedBuff B=2 (the paper's server step 1, so a version adds the mean "+1") with 2 jobs in
+    # flight, every job taking 1 time unit; 3 rounds requested.
     grid = FakeGrid(4, client)
-    strategy = FedBuff(buffer_size=2, fraction_evaluate=0.5, min_evaluate_nodes=1)
+    strategy = FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.5, min_evaluate_nodes=1)
     # Execute
     result = strategy.start(grid=grid, initial_arrays=initial_record(), num_rounds=3, clock="virtual",
                             delays=FIXED, concurrency=2, train_config=ConfigRecord({"lr": 0.1}),

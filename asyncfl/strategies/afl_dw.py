@@ -29,7 +29,8 @@ class AFLDWConfig(StrategyConfig):
     Parameters
     ----------
     server_lr : float
-        ``eta_s``; 0 (default) = ``1 / K`` for ``K`` jobs in flight, FedAvg's pace per update
+        ``eta_s``; 0 (default) = ``g(K) = sin(pi / (2 (2K - 1)))`` for ``K`` jobs in flight, the
+        largest step that staleness ``K - 1`` leaves stable, about FedAvg's pace per update
         (:mod:`asyncfl.strategies.pace`; with the fixed 0.1 it had, AFL-DW lagged FedAvg by 16 points
         on Flower's quickstart app with SGD momentum at lr 0.01, ``benchmarks/dropin``).
     beta : {"cosine", "linear", "step", "constant"}

@@ -37,7 +37,7 @@ class CA2FLConfig(StrategyConfig):
     buffer_size : int
         ``M``: arrivals per global update.
     server_lr : float
-        ``eta``; 0 (default) = ``min(1, M / K)``, FedAvg's pace per update
+        ``eta``; 0 (default) = ``min(1, M * g(K, M))``, the stable pace per update
         (:mod:`asyncfl.strategies.pace`; with ``eta = 1, M = 5, K = 8`` CA2FL diverged on Flower's
         quickstart app with SGD momentum at lr 0.1, mean final 0.53 vs FedAvg's 0.92). The paper's
         setting is ``server_lr=1.0``.

@@ -5,9 +5,10 @@ Aggregation"; FedRevive paper Eq. (2): updates are buffered and, when exactly
 ``B`` have arrived, ``x <- x + eta_s / B * sum_{Delta in buffer} Delta``.
 Optionally each update is scaled by ``1 / sqrt(1 + tau)`` as in Nguyen et al.
 
-Default ``eta_s``: ``min(1, B / K)`` for ``K`` jobs in flight, so ``K`` accepted
-updates move the model by one mean update, as a FedAvg round of ``K`` does
-(:mod:`asyncfl.strategies.pace`). The paper's ``eta_s = 1`` is ``server_lr=1.0``.
+Default ``eta_s``: ``min(1, B * g)`` with ``g`` the largest per-update share that the
+staleness of ``K`` jobs in flight leaves stable (:mod:`asyncfl.strategies.pace`; 0.41 for
+``B = 5, K = 8``, close to FedAvg's pace of one mean update per ``K`` updates). The
+paper's ``eta_s = 1`` is ``server_lr=1.0``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class FedBuffConfig(StrategyConfig):
     buffer_size : int
         ``B``: updates per aggregation.
     server_lr : float
-        ``eta_s``; 0 (default) = ``min(1, B / K)``, the pace of FedAvg per client update. With
+        ``eta_s``; 0 (default) = ``min(1, B * g(K, B))``, the stable pace of
+        :mod:`asyncfl.strategies.pace` (0.41 for ``B = 5, K = 8``). With
         ``eta_s = 1, B = 5, K = 8`` FedBuff oscillated on Flower's quickstart app with SGD momentum
         at lr 0.1 (mean final accuracy 0.59 vs FedAvg's 0.92, 3 seeds; ``benchmarks/dropin``).
     staleness_weighting : {"none", "sqrt"}
@@ -67,7 +69,7 @@ class FedBuff(Strategy):
 
     The buffer holds a running sum, so memory is one model whatever ``B`` is.
     With ``buffer_size=1`` and ``server_lr=1`` it is plain asynchronous FedAvg; the default
-    ``server_lr=0`` sets ``eta_s = min(1, B / K)`` from the concurrency ``K``.
+    ``server_lr=0`` sets ``eta_s`` from the concurrency ``K`` (:func:`asyncfl.strategies.pace.paced_server_lr`).
     Knobs: :class:`FedBuffConfig`.
     """
 
@@ -105,7 +107,7 @@ class FedBuff(Strategy):
 
     @property
     def server_lr(self) -> float:
-        """``eta_s`` in use (the configured one, or ``min(1, B / K)``)."""
+        """``eta_s`` in use (the configured one, or the paced ``min(1, B * g(K, B))``)."""
         return self.paced_lr(self.config.server_lr, self.config.buffer_size)
 
     def summary(self) -> dict[str, float | int | str]:

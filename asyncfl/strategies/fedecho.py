@@ -108,7 +108,7 @@ class FedEchoConfig(StrategyConfig):
     buffer_size : int
         ``M``, arrivals per global update.
     server_lr : float
-        ``eta``; 0 (default) = ``min(1, M / K)``: one mean update per ``K`` arrivals, FedAvg's pace
+        ``eta``; 0 (default) = ``min(1, M * g(K, M))``, the stable pace
         (:mod:`asyncfl.strategies.pace`). The paper's setting is ``server_lr=1.0``.
     distill_steps : int
         ``Q``; 0 turns FedEcho into FedBuff that still records logits.

@@ -9,9 +9,9 @@ every arrival. A running sum makes each arrival O(model), whatever ``Q`` is.
 Its pace: a client model is its base (about ``K`` arrivals old) plus one update, so the
 average of the last ``Q`` is about ``K + Q / 2`` arrivals behind plus one mean update: one
 mean update per ``K + Q / 2`` arrivals, where FedAvg makes one per ``K``. A small window
-keeps up, a large one smooths noise; the default ``Q = ceil(K / 2)`` costs a quarter of
+keeps up, a large one smooths noise; the default ``Q = ceil(K / 2)`` costs a fifth of
 FedAvg's pace. Measured on Flower's quickstart app (K = 8, SGD momentum at lr 0.01, 3 seeds):
-``Q = 10`` ended at 0.52 where FedAvg ended at 0.81, ``Q = 4`` at 0.72 (``benchmarks/dropin``).
+``Q = 10`` ended at 0.52 where FedAvg ended at 0.81, ``Q = 4`` at 0.75 (``benchmarks/dropin``).
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ class FedReviveConfig(StrategyConfig):
     Parameters
     ----------
     server_lr : float
-        ``eta_s``; 0 (default) = ``1 / K`` for ``K`` jobs in flight, FedAvg's pace per update
+        ``eta_s``; 0 (default) = ``g(K) = sin(pi / (2 (2K - 1)))`` for ``K`` jobs in flight (0.040
+        at ``K = 20``), the largest step that staleness leaves stable
         (:mod:`asyncfl.strategies.pace`). The paper's FEMNIST setting (20 in flight) is ``0.05``.
     beta, max_staleness, beta_constant : str, float, float
         The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW).
