@@ -65,8 +65,12 @@ class AFLDW(Strategy):
         return beta_schedule(self.config.beta, tau, self.config.max_staleness, self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        return afl_dw_step(current, arrival.delta, self.paced_lr(self.config.server_lr),
-                           self.beta_of(arrival.staleness))
+        return afl_dw_step(current, arrival.delta, self.server_lr, self.beta_of(arrival.staleness))
+
+    @property
+    def server_lr(self) -> float:
+        """``eta_s`` in use (the configured one, or the paced ``g(K)``)."""
+        return self.paced_lr(self.config.server_lr)
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"server-lr": round(self.paced_lr(self.config.server_lr), 6)}
+        return {"server-lr": round(self.server_lr, 6)}

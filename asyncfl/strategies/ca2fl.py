@@ -75,6 +75,11 @@ class CA2FL(Strategy):
         """Memory held by the per-client cache."""
         return sum(h.nbytes for h in self._cache.values())
 
+    @property
+    def server_lr(self) -> float:
+        """``eta`` in use (the configured one, or the paced ``min(1, M * g(K, M))``)."""
+        return self.paced_lr(self.config.server_lr, self.config.buffer_size)
+
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         delta = arrival.delta
         if self._sum is None:
@@ -91,8 +96,7 @@ class CA2FL(Strategy):
         self._count += 1
         if self._count < self.config.buffer_size:
             return None
-        new = ca2fl_step(current, self._h_bar, self._sum, self.config.buffer_size,
-                         self.paced_lr(self.config.server_lr, self.config.buffer_size))
+        new = ca2fl_step(current, self._h_bar, self._sum, self.config.buffer_size, self.server_lr)
         self._sum[:] = 0.0
         self._count = 0
         self._h_bar = self._cache_sum / np.float32(max(self.num_clients, len(self._cache)))
@@ -100,7 +104,6 @@ class CA2FL(Strategy):
         return new
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"aggregations": self.aggregations, "server-lr": round(self.paced_lr(self.config.server_lr,
-                                                                                    self.config.buffer_size), 6),
+        return {"aggregations": self.aggregations, "server-lr": round(self.server_lr, 6),
                 "cache-clients": len(self._cache),
                 "cache-mb": round(self.cache_bytes / 2**20, 2)}
