@@ -12,6 +12,10 @@ that trains a torch model on its partition and replies with ``"arrays"`` and
 * ``bn-mnist5k``: asyncfl's model-zoo CNN with BatchNorm after each convolution on
   mnist5k (5,000 real MNIST digits), IID over the nodes, one local epoch of batch 32.
 
+The methods that distill on the server (FedEcho: unlabelled inputs; FedADT: a small
+labelled set) get ``server_set``; FedRevive synthesises its own data and GI
+compensation inverts updates, so neither gets any.
+
 The local optimizer is the run-config's ``optimizer`` (``sgdm``: SGD with momentum 0.9, as
 Flower's examples; ``adam``) at ``lr``.
 """
@@ -48,6 +52,9 @@ class AppSpec:
     model_fn: Callable[[], nn.Module]
     test_set: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     loaders: Callable[[int, int, int], DataLoader]  # (partition id, partitions, batch size) -> train loader
+    server_set: Callable[[int], tuple[np.ndarray, np.ndarray]]  # (partitions) -> what the KD methods' server holds
+    input_shape: tuple[int, int, int]
+    num_classes: int = 10
 
 
 @lru_cache(maxsize=1)
@@ -68,6 +75,18 @@ def _quickstart_loader(partition_id: int, partitions: int, batch_size: int) -> D
                       generator=torch.Generator().manual_seed(partition_id))
 
 
+@lru_cache(maxsize=None)
+def _quickstart_server_set(partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes' validation slices pooled (20 % of each partition, 288 images): data no client trains on and
+    the server's test set does not contain; FedEcho uses its inputs, FedADT a labelled share of it."""
+    xs, ys = [], []
+    for partition_id in range(partitions):
+        data = load_data(partition_id, partitions, 1, "digits")[1].dataset
+        xs.append(data.tensors[0].numpy())
+        ys.append(data.tensors[1].numpy())
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 @lru_cache(maxsize=1)
 def _mnist5k():
     from asyncfl.data import load_dataset
@@ -86,6 +105,14 @@ def _bn_test() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(splits.x_test), torch.from_numpy(splits.y_test).long()
 
 
+def _bn_server_set(partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """288 training images (every 14th of the IID order): mnist5k has no unused split, so these are also in
+    some client's partition (never in the test set)."""
+    splits = _mnist5k()
+    rows = np.random.default_rng(0).permutation(len(splits.y_train))[::14][:288]
+    return splits.x_train[rows], splits.y_train[rows].astype(np.int64)
+
+
 def _bn_loader(partition_id: int, partitions: int, batch_size: int) -> DataLoader:
     splits = _mnist5k()
     rows = np.random.default_rng(0).permutation(len(splits.y_train))[partition_id::partitions]  # IID
@@ -94,8 +121,8 @@ def _bn_loader(partition_id: int, partitions: int, batch_size: int) -> DataLoade
 
 
 APPS = {
-    "quickstart": AppSpec("quickstart", Net, _quickstart_test, _quickstart_loader),
-    "bn-mnist5k": AppSpec("bn-mnist5k", _bn_model, _bn_test, _bn_loader),
+    "quickstart": AppSpec("quickstart", Net, _quickstart_test, _quickstart_loader, _quickstart_server_set, (3, 32, 32)),
+    "bn-mnist5k": AppSpec("bn-mnist5k", _bn_model, _bn_test, _bn_loader, _bn_server_set, (1, 28, 28)),
 }
 
 

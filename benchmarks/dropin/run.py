@@ -58,12 +58,24 @@ STRATEGIES = {
     "ca2fl": ("CA2FL", {}),
     "fadas": ("FADAS", {}),
     "fedfa": ("FedFa", {}),
+    # the methods that add server-side distillation or inversion to a parameter-space step; they need the
+    # app's model and (FedEcho, FedADT) its server set, handed over by build_strategy
+    "fedecho": ("FedEcho", {}),
+    "fedrevive": ("FedRevive", {}),
+    "fedadt": ("FedADT", {}),
+    # semi-asynchronous rounds (GI's setting): a round closes ROUND_DEADLINE after it opens, late updates join a
+    # later round stale; "fedavg-deadline" is the paper's "Unweighted" baseline on the same clock
+    "gi": ("GICompensation", {}),
+    "fedavg-deadline": ("FedAvg", {}),
     "fedbuff-before": ("FedBuff", {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"}),
     "afl-dw-before": ("AFLDW", {"server_lr": 0.1}),
     "ca2fl-before": ("CA2FL", {"buffer_size": 5, "server_lr": 1.0}),
     "fedfa-before": ("FedFa", {"queue_size": 10}),
 }
 DELAYS = "fedrevive-default"
+#: engine keywords per strategy (on top of the clock, delays and seed every asyncfl cell gets)
+ROUND_DEADLINE = 1.5  # fedrevive-default: a job takes 0.1 + Exp(1.0-1.6) + ~0.2, so about a third are late
+ENGINE = {"gi": {"round_deadline": ROUND_DEADLINE}, "fedavg-deadline": {"round_deadline": ROUND_DEADLINE}}
 
 
 def parse_strategy(name: str) -> tuple[str, dict]:
@@ -81,7 +93,9 @@ def parse_strategy(name: str) -> tuple[str, dict]:
     return cls_name, keywords
 
 
-def build_strategy(name: str):
+def build_strategy(name: str, app, optimizer: str, lr: float, seed: int):
+    """The strategy of row ``name`` with its defaults; the KD/GI methods get what only the app knows
+    (its ``Net``, input shape and classes, the server's data, the clients' SGD program)."""
     cls_name, keywords = parse_strategy(name)
     if cls_name == "flwr.FedAvg":
         from flwr.serverapp.strategy import FedAvg
@@ -89,7 +103,24 @@ def build_strategy(name: str):
         return FedAvg(fraction_evaluate=0.0)
     import asyncfl
 
-    return getattr(asyncfl, cls_name)(fraction_evaluate=0.0, **keywords)
+    cls = getattr(asyncfl, cls_name)
+    if cls_name == "FedEcho":
+        keywords = {"model_fn": app.model_fn, "distill_inputs": app.server_set(NODES)[0], "seed": seed, **keywords}
+    elif cls_name == "FedADT":
+        keywords = {"model_fn": app.model_fn, "server_data": app.server_set(NODES), "seed": seed, **keywords}
+    elif cls_name == "FedRevive":
+        keywords = {"model_fn": app.model_fn, "num_classes": app.num_classes, "input_shape": app.input_shape,
+                    "seed": seed, **keywords}
+    elif cls_name == "GICompensation":
+        program = asyncfl.LocalProgram(epochs=1, steps=0, batch_size=32, lr=lr, momentum=0.9)  # apps.local_train
+        keywords = {"model_fn": app.model_fn, "input_shape": app.input_shape, "num_classes": app.num_classes,
+                    "local_program": program, "seed": seed, **keywords}
+    return cls(fraction_evaluate=0.0, **keywords)
+
+
+def runnable(setting: str, strategy: str) -> bool:
+    """GI compensation replays SGD clients only (its paper: inversion fails under Adam)."""
+    return not (parse_strategy(strategy)[0] == "GICompensation" and SETTINGS[setting][1] != "sgdm")
 
 
 def run_cell(cell: dict) -> dict:
@@ -122,7 +153,7 @@ def run_cell(cell: dict) -> dict:
         curve[server_round] = acc
         return MetricRecord({"accuracy": acc, "loss": loss})
 
-    strategy = build_strategy(cell["strategy"])
+    strategy = build_strategy(cell["strategy"], app, optimizer, lr, seed)
     started = time.perf_counter()
     common = dict(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
                   train_config=ConfigRecord({"lr": lr}), evaluate_fn=evaluate)
@@ -133,7 +164,8 @@ def run_cell(cell: dict) -> dict:
     else:
         with tempfile.TemporaryDirectory() as folder:  # metrics.csv gives each evaluation's virtual time
             summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
-                                     output_dir=folder, run_name="run").summary
+                                     output_dir=folder, run_name="run",
+                                     **ENGINE.get(cell["strategy"].partition(":")[0], {})).summary
             with open(Path(folder) / "run" / "metrics.csv") as handle:
                 times = [float(row["time"]) for row in csv.DictReader(handle)]
     accuracies = [round(curve[r], 4) for r in sorted(curve)]
@@ -218,7 +250,7 @@ def main() -> None:
     cells_path = args.out / "cells.jsonl"
     done = done_cells(cells_path)
     todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays} for seed in args.seeds
-            for st in args.settings for s in args.strategies if (st, s, seed) not in done]
+            for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:
         args.out.mkdir(parents=True, exist_ok=True)
         with multiprocessing.get_context("spawn").Pool(args.workers) as pool, cells_path.open("a") as out:

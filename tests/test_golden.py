@@ -1,0 +1,122 @@
+"""Golden digests of seeded runs: what the server sends, what strategies see, what the relay writes.
+
+Written on the runtime before its refactor into one options object, a Clock and a shared
+transport (issue "One options object, a Clock, one runtime"), so that refactor is checked
+against the exact behaviour it replaces: the destination, model version, job seed, dispatch
+time and round of every train request, every arrival a strategy is handed (client, staleness,
+clock time, base version, the update's bytes), the final model, and the gossip relay's
+``metrics.csv``. A digest changes only when a run's behaviour does; if a change is intended,
+say why in the commit and update the digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from asyncfl.strategies import FedAsync, FedAvg, FedBuff
+from tests.fake_grid import FakeGrid, trained_reply
+from tests.test_relay import run_relay
+
+NODES = 8
+
+
+def _initial() -> ArrayRecord:
+    """A float weight and an integer buffer (as BatchNorm's ``num_batches_tracked``)."""
+    return ArrayRecord({"w": Array(np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(2, 3)),
+                        "steps": Array(np.zeros(1, dtype=np.int64))})
+
+
+def _client(node: int, message):
+    """A client whose update depends on the model it got, its node and its job seed (so order matters)."""
+    record = message.content.array_records["arrays"]
+    w = record["w"].numpy()
+    if message.metadata.message_type == "evaluate":
+        metrics = MetricRecord({"num-examples": 5, "accuracy": float(np.abs(w).mean()), "loss": float(w.sum())})
+        return Message(RecordDict({"metrics": metrics}), reply_to=message)
+    seed = int(message.content.config_records["config"]["job-seed"])
+    pull = np.float32(0.3) * (np.float32((seed % 97) / 97.0) - w)
+    out = ArrayRecord({"w": Array(w + pull + np.float32(node % 5) * np.float32(0.01)),
+                       "steps": Array(record["steps"].numpy() + 1)})
+    return trained_reply(message, out, num_examples=10 + node % 3)
+
+
+class Digest:
+    """sha256 over the run's requests, arrivals and final model."""
+
+    def __init__(self) -> None:
+        self.requests = hashlib.sha256()
+        self.arrivals = hashlib.sha256()
+
+    def wrap(self, strategy):
+        seen = strategy.on_arrival
+
+        def on_arrival(arrival, current):
+            self.arrivals.update(struct.pack("<iiidq", arrival.client_index, arrival.base_version, arrival.staleness,
+                                             arrival.time, arrival.num_examples))
+            self.arrivals.update(np.ascontiguousarray(arrival.weights).tobytes())
+            return seen(arrival, current)
+
+        strategy.on_arrival = on_arrival
+        return strategy
+
+    def add_requests(self, grid: FakeGrid) -> None:
+        for message in grid.pushed:
+            if message.metadata.message_type == "query":
+                continue
+            config = message.content.config_records["config"]
+            self.requests.update(repr((message.metadata.message_type, message.metadata.dst_node_id,
+                                       config["model-version"], config.get("job-seed"),
+                                       round(float(config.get("dispatch-time", -1.0)), 9),
+                                       config["server-round"])).encode())
+
+
+def _run(strategy, **engine) -> dict[str, str]:
+    digest = Digest()
+    grid = FakeGrid(NODES, _client)
+    result = digest.wrap(strategy).start(grid, _initial(), num_rounds=5, train_config=ConfigRecord({"lr": 0.1}),
+                                         clock="virtual", delays="fedrevive-default", seed=11, **engine)
+    digest.add_requests(grid)
+    final = result.arrays
+    model = hashlib.sha256(final["w"].numpy().tobytes() + final["steps"].numpy().tobytes()).hexdigest()
+    return {"requests": digest.requests.hexdigest()[:16], "arrivals": digest.arrivals.hexdigest()[:16],
+            "model": model[:16], "versions": result.summary["server-versions"],
+            "federated": hashlib.sha256(repr(sorted((r, dict(m)) for r, m in result.evaluate_metrics_clientapp.items()))
+                                        .encode()).hexdigest()[:16]}
+
+
+GOLDEN = {
+    "fedbuff": {"requests": "eb30c7b4cc560e7d", "arrivals": "c64ef9e85e493bc4", "model": "cede99648a1fbe58",
+                "versions": 8, "federated": "de48291bfd29ed39"},
+    "fedasync-overlap": {"requests": "9dee215567f2fe65", "arrivals": "dac4b0b8dda28e56", "model": "16bf957e69372f2d",
+                         "versions": 40, "federated": "32dd638d0803d4ac"},
+    "fedavg-deadline-pipelined": {"requests": "2696d6660771c674", "arrivals": "d77d7d49d0873854",
+                                  "model": "601fdbe67dc77881", "versions": 5, "federated": "23f73a0870f8dcd4"},
+}
+
+
+def test_fedbuff_on_the_virtual_clock_is_unchanged():
+    assert _run(FedBuff()) == GOLDEN["fedbuff"]
+
+
+def test_fedasync_with_overlapped_server_compute_is_unchanged():
+    assert _run(FedAsync(), overlap_server_compute=True) == GOLDEN["fedasync-overlap"]
+
+
+def test_semi_asynchronous_rounds_with_pipelined_late_clients_are_unchanged():
+    assert _run(FedAvg(), round_deadline=1.5, pipeline_late_clients=True) == GOLDEN["fedavg-deadline-pipelined"]
+
+
+GOLDEN_RELAY = {"pushcen": "2488eafd24e44b22"}
+
+
+@pytest.mark.parametrize("method", sorted(GOLDEN_RELAY))
+def test_gossip_relay_metrics_are_unchanged(tmp_path, method):
+    run_relay(tmp_path, method)
+    metrics = (tmp_path / method / "metrics.csv").read_bytes()
+    assert hashlib.sha256(metrics).hexdigest()[:16] == GOLDEN_RELAY[method]
+
