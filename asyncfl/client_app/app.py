@@ -16,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from asyncfl import protocol
 from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration, worker_record
 from asyncfl.client_app.extras import node_ids as _node_ids
 from asyncfl.client_app.gossip import gossip_event
@@ -61,7 +62,7 @@ def train(msg: Message, context: Context) -> Message:
     knobs = {**cfg.train.to_message_config(), **{k: v for k, v in request.items()}}
     x_train = data.x_train
     if cfg.drift.active:  # variant data: the share of this node's samples replaced by the job's start
-        fraction = cfg.drift.fraction(float(knobs.get("dispatch-time", 0.0)))
+        fraction = cfg.drift.fraction(float(knobs.get(protocol.DISPATCH_TIME, 0.0)))
         x_train = drifted(x_train, data.y_train, fraction, cfg.drift.source,
                           (cfg.engine.seed, 0, _node_ids(context)[0]))
     loss = train_local(
@@ -75,7 +76,7 @@ def train(msg: Message, context: Context) -> Message:
         lr=float(knobs["lr"]),
         momentum=float(knobs["momentum"]),
         weight_decay=float(knobs["weight-decay"]),
-        seed=int(knobs.get("job-seed", knobs.get("server-round", 0))),
+        seed=int(knobs.get(protocol.JOB_SEED, knobs.get(protocol.SERVER_ROUND, 0))),
         device=pick_device(),
     )
     model.cpu()
@@ -84,7 +85,7 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict(
         {
             "arrays": arrays,
-            "metrics": MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
+            "metrics": MetricRecord({protocol.NUM_EXAMPLES: len(data.y_train), protocol.TRAIN_LOSS: loss,
                                      "train-seconds": train_seconds}),
             **worker_record(),
         }

@@ -27,11 +27,8 @@ from typing import Callable
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-#: The request key under which the engine asks for label counts (only label-tied delay models do).
-LABEL_COUNTS_KEY = "asyncfl-label-counts"
-EMULATE_SECONDS_KEY = "emulate-seconds"
-#: Reply record that says where a simulated ClientApp ran (its Ray node), for runs on a Ray cluster.
-WORKER_RECORD = "asyncfl-worker"
+from asyncfl import protocol
+from asyncfl.protocol import WORKER_RECORD  # noqa: F401  (re-exported: the record name ClientApps write)
 
 
 def ray_node_id() -> str | None:
@@ -48,13 +45,13 @@ def ray_node_id() -> str | None:
 def worker_record() -> dict[str, RecordDict]:
     """``{"asyncfl-worker": ConfigRecord({"ray-node": id})}`` in a Ray worker, else nothing."""
     node = ray_node_id()
-    return {WORKER_RECORD: ConfigRecord({"ray-node": node})} if node else {}
+    return {protocol.WORKER_RECORD: ConfigRecord({protocol.RAY_NODE: node})} if node else {}
 
 
 def node_ids(context: Context) -> tuple[int, int]:
     """``(partition-id, num-partitions)`` from the node config, with a message that says how to set them."""
     try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        return int(context.node_config[protocol.PARTITION_ID]), int(context.node_config[protocol.NUM_PARTITIONS])
     except KeyError as exc:
         raise ValueError(
             f"node-config lacks {exc.args[0]!r}; start the SuperNode with "
@@ -69,12 +66,12 @@ def identity_reply(msg: Message, context: Context, num_examples: int | None = No
     ``label_counts`` is called only when the request asks for it (delay models tied to labels).
     """
     partition_id, num_partitions = node_ids(context)
-    config = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    config = ConfigRecord({protocol.PARTITION_ID: partition_id, protocol.NUM_PARTITIONS: num_partitions})
     if num_examples is not None:
-        config["num-examples"] = int(num_examples)
+        config[protocol.NUM_EXAMPLES] = int(num_examples)
     request = msg.content.config_records.get("config", ConfigRecord())
-    if label_counts is not None and request.get(LABEL_COUNTS_KEY, False):
-        config["label-counts"] = [int(c) for c in label_counts()]
+    if label_counts is not None and request.get(protocol.WANT_LABEL_COUNTS, False):
+        config[protocol.LABEL_COUNTS] = [int(c) for c in label_counts()]
     return Message(RecordDict({"config": config}), reply_to=msg)
 
 
@@ -100,6 +97,6 @@ def pad_to_emulated_duration(msg: Message, started: float) -> None:
     ``started`` is the ``time.monotonic()`` taken when the handler began.
     """
     config = msg.content.config_records.get("config", ConfigRecord())
-    remaining = float(config.get(EMULATE_SECONDS_KEY, 0.0)) - (time.monotonic() - started)
+    remaining = float(config.get(protocol.EMULATE_SECONDS, 0.0)) - (time.monotonic() - started)
     if remaining > 0:
         time.sleep(remaining)

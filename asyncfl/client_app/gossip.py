@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from asyncfl import protocol
 from asyncfl.client_app.training import evaluate
 from asyncfl.decentralized.codec import Layout
 from asyncfl.decentralized.divshare import Fragment, merge_fragments, split_model
@@ -123,7 +124,7 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     method = str(request["gossip-method"])
     steps = _steps(knobs, len(y_train))
     common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
-                  momentum=float(knobs["momentum"]), seed=int(knobs["job-seed"]))
+                  momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]))
     push: dict[str, np.ndarray] | None = None
     fragments: list[dict[str, np.ndarray]] = []
     share = 0.0
@@ -159,14 +160,15 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
             share = 1.0
         if method == "divshare" and int(request["out-degree"]) > 0:
             flat = np.concatenate([peer.state[n].reshape(-1).astype(np.float32) for n in shared])
-            seed = int(knobs["job-seed"]) % (2**31)
+            seed = int(knobs[protocol.JOB_SEED]) % (2**31)
             fragments = [{"values": f.values, "fragment": np.array([f.seed, f.index, f.fragments], dtype=np.int64)}
                          for f in split_model(flat, int(request["out-degree"]), seed)]
             share = 1.0
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
-    content = RecordDict({"metrics": MetricRecord({"train-loss": float(loss), "local-acc": float(accuracy),
-                                                   "mass-share": float(share), "num-examples": len(y_train)})})
+    content = RecordDict({"metrics": MetricRecord({protocol.TRAIN_LOSS: float(loss), protocol.LOCAL_ACCURACY: float(accuracy),
+                                                   protocol.MASS_SHARE: float(share),
+                                                   protocol.NUM_EXAMPLES: len(y_train)})})
     if push is not None:
         content["push"] = _to_record(push)
     for index, fragment in enumerate(fragments):  # one per out-neighbour, in the relay's order

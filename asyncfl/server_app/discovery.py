@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
 
+from asyncfl import protocol
 from asyncfl.server_app.pacing import PollPacer
 
 log = logging.getLogger("asyncfl.discovery")
 
-IDENTIFY_KEY = "asyncfl-identify"
 #: How long the first node is asked alone before the others are asked anyway (its worker may be starting).
 PROBE_S = 10.0
-LABEL_COUNTS_KEY = "asyncfl-label-counts"
 
 
 @dataclass
@@ -59,7 +58,7 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
         return found
     started = time.monotonic()
     deadline = started + deadline_s
-    request = {IDENTIFY_KEY: True, LABEL_COUNTS_KEY: want_label_counts}
+    request = {protocol.IDENTIFY: True, protocol.WANT_LABEL_COUNTS: want_label_counts}
     node_of = _ask(grid, nodes[:1], deadline, request)
     pending = set(node_of)
     _collect(grid, pending, started + min(PROBE_S, deadline_s / 2), found, len(nodes))
@@ -103,7 +102,8 @@ def _collect(grid, pending: set[str], until: float, found: Identities, total: in
             if "config" not in reply.content.config_records:
                 continue
             record, node = reply.content.config_records["config"], reply.metadata.src_node_id
-            value, size, counts = record.get("partition-id"), record.get("num-examples"), record.get("label-counts")
+            value, size, counts = (record.get(protocol.PARTITION_ID), record.get(protocol.NUM_EXAMPLES),
+                                   record.get(protocol.LABEL_COUNTS))
             if isinstance(value, int):
                 found.partition_of[node] = value
             if isinstance(size, int):

@@ -34,7 +34,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
 from flwr.common.constant import ErrorCode
 
-from asyncfl.client_app.extras import WORKER_RECORD
+from asyncfl import protocol
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import Identities, query_identities
@@ -433,13 +433,13 @@ class AsyncEngine:
             self._seq += 1
             duration = self.delays.job_duration(client) if self.config.clock == "virtual" else 0.0
             config = dict(self.train_config)
-            config["model-version"] = version
-            config["server-round"] = self.round + 1  # Flower's key: the round in progress (a schedule on it
+            config[protocol.MODEL_VERSION] = version
+            config[protocol.SERVER_ROUND] = self.round + 1  # Flower's key: the round in progress (a schedule on it
             # advances with client work, as under FedAvg)
-            config["job-seed"] = int(np.random.SeedSequence([self.config.seed, 4, seq]).generate_state(1)[0] >> 1)
-            config["dispatch-time"] = float(start)  # the clock the job starts at (variant data drifts with it)
+            config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
+            config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (variant data drifts with it)
             if self.config.clock == "wall" and self.config.emulate_delay_scale > 0:
-                config["emulate-seconds"] = self.delays.job_duration(client) * self.config.emulate_delay_scale
+                config[protocol.EMULATE_SECONDS] = self.delays.job_duration(client) * self.config.emulate_delay_scale
             custom = self.strategy.dispatch_model(client, self.versions.current)
             if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
                 custom, _ = self.codec.clamp_variances(custom)
@@ -584,12 +584,12 @@ class AsyncEngine:
             return None
         metrics = self.keys.metrics_of(content)
         num_examples = int(metrics.get(self.keys.weight, 0)) if metrics is not None else 0
-        train_loss = float(metrics.get("train-loss", metrics.get("train_loss", float("nan")))) \
+        train_loss = next((float(metrics[k]) for k in protocol.TRAIN_LOSS_ALIASES if k in metrics), float("nan")) \
             if metrics is not None else float("nan")
         self._record_transport(job, content, metrics)
-        worker = content.config_records.get(WORKER_RECORD)
-        if worker is not None and "ray-node" in worker:
-            node = str(worker["ray-node"])
+        worker = content.config_records.get(protocol.WORKER_RECORD)
+        if worker is not None and protocol.RAY_NODE in worker:
+            node = str(worker[protocol.RAY_NODE])
             self.stats.by_worker[node] = self.stats.by_worker.get(node, 0) + 1
         if self.train_metrics is not None and metrics is not None:
             self.train_metrics.add(RecordDict({"metrics": metrics}))

@@ -20,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common import MessageType
 from flwr.common.logger import log as flwr_log
 
+from asyncfl import protocol
 from asyncfl.server_app.client_metrics import aggregate_replies
 from asyncfl.strategies.flower_options import FlowerOptions
 
@@ -71,7 +72,7 @@ class FederatedEvaluation:
         if count == 0 or round_ in self._points:
             return
         chosen = sorted(self._rng.choice(len(nodes), size=count, replace=False))
-        config = ConfigRecord({**self.evaluate_config, "server-round": round_, "model-version": version})
+        config = ConfigRecord({**self.evaluate_config, protocol.SERVER_ROUND: round_, protocol.MODEL_VERSION: version})
         content = RecordDict({self.options.arrayrecord_key: record, self.options.configrecord_key: config})
         messages = [Message(content, dst_node_id=nodes[i], message_type=MessageType.EVALUATE, ttl=self.timeout)
                     for i in chosen]

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from asyncfl import protocol
 from asyncfl.decentralized.buffer import DedupBuffer
 from asyncfl.decentralized.settings import GossipConfig
 from asyncfl.server_app.discovery import query_identities
@@ -181,7 +182,7 @@ class GossipRelay:
         config = {**self.train_config, "gossip-method": self.gossip.method, "out-degree": out_degree,
                   "absorbed-mass": absorbed, "masses": [e.mass for _, e in drained] or [0.0],
                   "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
-                  "job-seed": int(np.random.SeedSequence([self.config.seed, 12, peer, event]).generate_state(1)[0] >> 1)}
+                  protocol.JOB_SEED: protocol.job_seed(self.config.seed, protocol.RELAY_STREAM, peer, event)}
         content = RecordDict({"config": ConfigRecord(config)})
         for index, (_, entry) in enumerate(drained):
             content[f"msg-{index}"] = entry.payload
@@ -202,14 +203,14 @@ class GossipRelay:
                 log.warning("peer %d failed: %s", peer, (reply.error.reason or "?").strip().splitlines()[-1][:300])
             return
         metrics = reply.content.metric_records["metrics"]
-        accuracy = float(metrics.get("local-acc", float("nan")))
+        accuracy = float(metrics.get(protocol.LOCAL_ACCURACY, float("nan")))
         if math.isfinite(accuracy):
             self.accuracy[peer] = accuracy
             self.best_accuracy[peer] = max(accuracy, self.best_accuracy.get(peer, 0.0))
         records = reply.content.array_records
         per_receiver = [records[f"push-{j}"] for j in range(out_degree) if f"push-{j}" in records]
         record = records.get("push")
-        share = float(metrics.get("mass-share", 0.0))
+        share = float(metrics.get(protocol.MASS_SHARE, 0.0))
         if (record is None and not per_receiver) or out_degree == 0:
             return
         if not (math.isfinite(share) and share > 0):

@@ -1,0 +1,78 @@
+"""The wire between asyncfl's server side and ClientApps: record keys and the job-seed rule.
+
+Both sides import these names, so a key is written once. The keys Flower's own
+apps already use (``"arrays"``, ``"config"``, ``"metrics"``, ``"num-examples"``)
+stay configurable on the strategy (:class:`asyncfl.strategies.flower_options.MessageKeys`);
+the ones below are asyncfl's additions. A stock Flower ClientApp may ignore all of
+them and still trains under every strategy.
+
+This module imports nothing from asyncfl and no torch: the ClientApp and the server
+runtime both load it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# ----------------------------------------------------------- train / evaluate requests (server -> client)
+#: The server version a job's model is (Flower has no such key; staleness is counted from it).
+MODEL_VERSION = "model-version"
+#: Flower's round key; under an asynchronous strategy the round of client work the job belongs to.
+SERVER_ROUND = "server-round"
+#: A seed per job: the client seeds its batch order and dropout with it, so a simulation repeats.
+JOB_SEED = "job-seed"
+#: The clock time (virtual units or wall seconds) the job starts at; variant data drifts with it.
+DISPATCH_TIME = "dispatch-time"
+#: Wall clock with emulated delays: how long the job should take (seconds).
+EMULATE_SECONDS = "emulate-seconds"
+
+# ------------------------------------------------------------------------- identity query (server -> client)
+#: Marks a ``query`` message as asyncfl's identity query.
+IDENTIFY = "asyncfl-identify"
+#: Set in the identity query when the server needs the node's label counts (label-tied delay models).
+WANT_LABEL_COUNTS = "asyncfl-label-counts"
+
+# ---------------------------------------------------------------------- identity reply (client -> server)
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+NUM_EXAMPLES = "num-examples"
+LABEL_COUNTS = "label-counts"
+
+# -------------------------------------------------------------------------- train reply (client -> server)
+#: The training loss a reply reports (asyncfl's ClientApp; Flower's examples write ``train_loss``).
+TRAIN_LOSS = "train-loss"
+TRAIN_LOSS_ALIASES = (TRAIN_LOSS, "train_loss")
+#: A reply's record saying where a simulated ClientApp ran: ``{RAY_NODE: id}`` (multi-node Ray runs).
+WORKER_RECORD = "asyncfl-worker"
+RAY_NODE = "ray-node"
+
+# ------------------------------------------------------------------ gossip events (relay <-> peer ClientApps)
+#: A peer's accuracy on its local test split after the event.
+LOCAL_ACCURACY = "local-acc"
+#: The share of push-sum mass a peer sent with the event (PushCen conserves the total).
+MASS_SHARE = "mass-share"
+
+#: Stream tags that keep the engine's and the relay's job seeds apart for the same run seed.
+ENGINE_STREAM = 4
+RELAY_STREAM = 12
+
+
+def job_seed(seed: int, stream: int, *counters: int) -> int:
+    """The seed of one job: a 63-bit draw from ``SeedSequence([seed, stream, *counters])``.
+
+    Parameters
+    ----------
+    seed : int
+        The run's seed.
+    stream : int
+        :data:`ENGINE_STREAM` (counter: the job's dispatch number) or :data:`RELAY_STREAM`
+        (counters: the peer and its event number).
+    *counters : int
+        What identifies the job within its stream.
+
+    Returns
+    -------
+    int
+        A non-negative integer below ``2**63`` (a Flower ConfigRecord holds signed 64-bit ints).
+    """
+    return int(np.random.SeedSequence([seed, stream, *counters]).generate_state(1)[0] >> 1)
