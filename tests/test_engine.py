@@ -8,6 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Error, Message
 
 from asyncfl.config import ConfigError, EngineConfig
+from asyncfl.errors import ClientAppsFailing
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.simulation.delays import ComponentDelay, DelayModel
@@ -290,7 +291,7 @@ def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
         return Message(Error(code=1, reason="Traceback ...\nRuntimeError: broken model"), reply_to=message)
 
     engine = make_engine(FakeGrid(3, broken), Recording(), max_arrivals=5)
-    with pytest.raises(RuntimeError, match="all failed") as error:
+    with pytest.raises(ClientAppsFailing, match="all failed") as error:
         engine.run()
     assert engine.stats.rejected["error-reply"] == 5 * 3 + 10
     assert "job-timeout" not in str(error.value)  # broken, not slow: no hint to wait longer
@@ -298,7 +299,7 @@ def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
 
 def test_jobs_that_never_reply_abort_with_a_hint_to_raise_job_timeout():
     engine = make_engine(FakeGrid(2, lambda node, message: None), Recording(), max_arrivals=5, job_timeout=0.01)
-    with pytest.raises(RuntimeError, match="raise job-timeout") as error:
+    with pytest.raises(ClientAppsFailing, match="raise job-timeout") as error:
         engine.run()
     assert "job-timeout = 0.01 s" in str(error.value)
     assert engine.stats.rejected["lost"] == 5 * engine.config.concurrency + 10

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from asyncfl.errors import MissingClientInfo
 from asyncfl.simulation.intertwined import IntertwinedDelays, IntertwinedSampler, most_holding
 from asyncfl.strategies.base import Arrival
 from asyncfl.strategies.stale_compensation import (DCASGD, AsynTiers, StaleWeighted, dc_asgd_compensation,
@@ -67,7 +68,7 @@ def test_intertwined_delays_pick_the_biggest_holders_of_the_class():
     sampler = IntertwinedSampler(IntertwinedDelays(affected_class=1, delayed_clients=1, staleness=4, on_time=0.8), 0)
     with pytest.raises(RuntimeError, match="bind_clients"):
         sampler.job_duration(0)
-    with pytest.raises(RuntimeError, match="label counts"):
+    with pytest.raises(MissingClientInfo, match="label counts"):
         sampler.bind_clients([1, 1, 1, 1], None)
     sampler.bind_clients([3, 9, 9, 1], counts.tolist())
     assert [sampler.job_duration(c) for c in range(4)] == [0.8, 4.5, 0.8, 0.8]  # tie at 9: lower index

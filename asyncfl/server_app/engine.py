@@ -35,6 +35,7 @@ from flwr.common import MessageType
 from flwr.common.constant import ErrorCode
 
 from asyncfl import protocol
+from asyncfl.errors import ClientAppsFailing, NoNodesConnected, NothingToDispatch
 from asyncfl.config import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import Identities, query_identities
@@ -245,7 +246,7 @@ class AsyncEngine:
             time.sleep(0.2)
             nodes = sorted(self.grid.get_node_ids())
         if not nodes:
-            raise RuntimeError(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
+            raise NoNodesConnected(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
         self._clients, self.client_sizes, self._size_of = [], [], {}
         # a node's first answer may wait for its worker to start: allow it as long as a job (job-timeout)
         self._add_clients(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
@@ -352,7 +353,7 @@ class AsyncEngine:
             time.sleep(NODE_REFRESH_SECONDS)
             self._top_up()
         if not self._in_flight:
-            raise RuntimeError("no job could be dispatched: no idle client online")
+            raise NothingToDispatch("no job could be dispatched: no idle client online")
 
     def _check_not_all_failing(self) -> None:
         """Abort when every one of many consecutive jobs failed: a broken ClientApp, not bad luck."""
@@ -363,7 +364,7 @@ class AsyncEngine:
                     f"TTL = job-timeout = {self.config.job_timeout:g} s): if the ClientApps are slow rather than "
                     "broken, raise job-timeout"
                     if self._expired_jobs * 2 >= sum(rejected.values()) else "")
-            raise RuntimeError(
+            raise ClientAppsFailing(
                 f"the last {limit} jobs all failed (rejected: {rejected}); "
                 f"check the ClientApp logs: the run cannot make progress{hint}"
             )

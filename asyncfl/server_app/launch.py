@@ -24,6 +24,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Result
 
 from asyncfl.config import CLOCKS, EngineConfig
+from asyncfl.errors import NoNodesConnected
 from asyncfl.server_app.client_metrics import TrainMetrics
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
@@ -167,7 +168,7 @@ def wait_for_nodes(grid, minimum: int, timeout: float) -> list[int]:
         time.sleep(0.5)
         nodes = list(grid.get_node_ids())
     if not nodes:
-        raise RuntimeError(f"no node connected within {timeout:.0f}s")
+        raise NoNodesConnected(f"no node connected within {timeout:.0f}s")
     return nodes
 
 

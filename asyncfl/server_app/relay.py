@@ -36,6 +36,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from asyncfl import protocol
 from asyncfl.decentralized.buffer import DedupBuffer
+from asyncfl.errors import TooFewPeers
 from asyncfl.decentralized.settings import GossipConfig
 from asyncfl.server_app.discovery import query_identities
 from asyncfl.simulation.presets import delay_sampler
@@ -109,7 +110,7 @@ class GossipRelay:
             time.sleep(0.2)
             nodes = sorted(self.grid.get_node_ids())
         if len(nodes) < 2:
-            raise RuntimeError("gossip needs at least two peers (SuperNodes)")
+            raise TooFewPeers("gossip needs at least two peers (SuperNodes)")
         found = query_identities(self.grid, nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
         if found.unanswered:
             log.warning("%d peer(s) did not answer the identity query; they follow in node-id order, which the seed "

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asyncfl.errors import MissingClientInfo
+
 
 @dataclass(frozen=True)
 class IntertwinedDelays:
@@ -75,7 +77,7 @@ class IntertwinedSampler:
     def bind_clients(self, sizes: list[int], label_counts: list[list[int]] | None = None) -> None:
         """Pick the delayed clients from every client's label counts (client order)."""
         if label_counts is None or any(c is None for c in label_counts):
-            raise RuntimeError("delay-model 'intertwined' needs every client's label counts; a client did not report "
+            raise MissingClientInfo("delay-model 'intertwined' needs every client's label counts; a client did not report "
                                "them (is it running the asyncfl ClientApp?)")
         self.delayed = most_holding(np.asarray(label_counts), self.spec.affected_class, self.spec.delayed_clients)
 

@@ -1,0 +1,43 @@
+"""Why a run stopped early: typed exceptions a caller can catch one by one.
+
+Each is a ``RuntimeError`` (code that caught those keeps working) and a Flower
+``AppExitException``, so a ServerApp that lets one escape exits with Flower's ServerApp
+exit code and the message, as Flower's own ``flwr.serverapp.exception`` errors do.
+Invalid settings raise :class:`ConfigError` (a ``ValueError``) before any work starts.
+"""
+
+from __future__ import annotations
+
+from flwr.app.exception import AppExitException
+from flwr.supercore.exit import ExitCode
+
+from asyncfl.strategies.settings import ConfigError
+
+__all__ = ["ClientAppsFailing", "ConfigError", "MissingClientInfo", "NoNodesConnected", "NothingToDispatch",
+           "RunFailed", "TooFewPeers"]
+
+
+class RunFailed(RuntimeError, AppExitException):
+    """The run cannot go on; the message says what was seen and what to check."""
+
+    exit_code = ExitCode.SERVERAPP_EXCEPTION
+
+
+class NoNodesConnected(RunFailed):
+    """No SuperNode connected within the wait (``wait_for_nodes`` / ``timeout``)."""
+
+
+class NothingToDispatch(RunFailed):
+    """Nodes are connected but no job could be sent (none idle and online)."""
+
+
+class ClientAppsFailing(RunFailed):
+    """Every one of many consecutive jobs failed or timed out: a broken ClientApp, not bad luck."""
+
+
+class TooFewPeers(RunFailed):
+    """A gossip method needs at least two peers."""
+
+
+class MissingClientInfo(RunFailed):
+    """A setting needs something every client must report (e.g. label counts) and one did not."""
