@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -36,7 +36,7 @@ from flwr.common.constant import ErrorCode
 
 from asyncfl import protocol
 from asyncfl.errors import ClientAppsFailing, NoNodesConnected, NothingToDispatch
-from asyncfl.config import EngineConfig
+from asyncfl.options import EngineConfig
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import Identities, query_identities
 from asyncfl.server_app.eligible import EligibleClients
@@ -44,8 +44,11 @@ from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
-from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys
+
+if TYPE_CHECKING:  # the engine drives any Strategy; it needs the class only for annotations
+    from asyncfl.strategies.base import Strategy
 
 log = logging.getLogger("asyncfl.engine")
 

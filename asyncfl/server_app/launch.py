@@ -16,14 +16,14 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Result
 
-from asyncfl.config import CLOCKS, EngineConfig
+from asyncfl.options import CLOCKS, EngineConfig
 from asyncfl.errors import NoNodesConnected
 from asyncfl.server_app.client_metrics import TrainMetrics
 from asyncfl.server_app.codec import ModelCodec
@@ -34,7 +34,9 @@ from asyncfl.simulation.categories import RuntimeCategories
 from asyncfl.simulation.delays import DelayModel
 from asyncfl.simulation.intertwined import IntertwinedDelays
 from asyncfl.simulation.presets import DELAY_PRESETS
-from asyncfl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from asyncfl.strategies.base import Strategy
 
 ACCURACY_KEYS = ("accuracy", "acc", "eval-acc", "eval_acc", "eval-accuracy", "eval_accuracy")
 LOSS_KEYS = ("loss", "eval-loss", "eval_loss")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields
-from functools import cached_property
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from asyncfl.strategies.arrival import Arrival  # noqa: F401  (re-exported: strategies import it from here)
 from asyncfl.strategies.flower_options import FlowerOptions
 from asyncfl.strategies.pace import paced_server_lr
 from asyncfl.strategies.settings import StrategyConfig
@@ -22,45 +22,6 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
     from asyncfl.strategies.resources import StrategyResources
 
 _DEFAULT_OPTIONS = FlowerOptions()
-
-
-@dataclass(frozen=True)
-class Arrival:
-    """One accepted client reply, as the engine hands it to a strategy.
-
-    Parameters
-    ----------
-    client_index : int
-        The client's stable index (its ``partition-id`` when known).
-    base_version : int
-        Server model version the job was dispatched with.
-    staleness : int
-        ``tau = current server version - base_version``.
-    weights : np.ndarray
-        The client's trained model, flattened to float32.
-    base : np.ndarray
-        The global model of ``base_version``, flattened (read-only).
-    num_examples : int
-        Examples the client trained on, as it reported.
-    train_loss : float
-        The client's reported training loss.
-    time : float
-        Clock time (virtual or wall) at which the reply was accepted.
-    """
-
-    client_index: int
-    base_version: int
-    staleness: int
-    weights: np.ndarray
-    base: np.ndarray
-    num_examples: int
-    train_loss: float
-    time: float
-
-    @cached_property
-    def delta(self) -> np.ndarray:
-        """The client's update ``Delta = weights - base`` (computed once, on demand)."""
-        return self.weights - self.base
 
 
 class Strategy(ABC):
