@@ -36,6 +36,7 @@ _PUBLIC = {
     "AsynTiers": "asyncfl.strategies.stale_compensation",
     "LocalProgram": "asyncfl.strategies.gi.unrolled",
     "ConfigError": "asyncfl.strategies.settings",
+    "RunOptions": "asyncfl.options",
     "RunFailed": "asyncfl.errors",
     "NoNodesConnected": "asyncfl.errors",
     "NothingToDispatch": "asyncfl.errors",

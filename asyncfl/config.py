@@ -10,7 +10,7 @@ with messages that name the valid choices.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from asyncfl.data.datasets import DATASETS
@@ -23,7 +23,7 @@ from asyncfl.simulation.intertwined import IntertwinedDelays
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
 from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
 from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
-from asyncfl.options import CLOCKS, EngineConfig
+from asyncfl.options import CLOCKS, EngineConfig, RunOptions
 from asyncfl.strategies.settings import ConfigError, StrategyConfig
 
 STRATEGIES = tuple(STRATEGY_CLASSES) + GOSSIP_METHODS
@@ -65,6 +65,7 @@ class DataConfig:
     batchnorm: bool
     server_holdout: float = 0.0
     samples_per_client: int = 32  # partitioning "sampled": rows each client draws with replacement
+    eval_batch_size: int = 64  # the built-in app's server-side evaluation, in chunks of this many samples
 
 
 @dataclass(frozen=True)
@@ -112,23 +113,11 @@ class RunConfig:
     output: OutputConfig
     gossip: GossipConfig | None = None  # set for decentralized methods (pushcen and the gossip baselines)
     drift: DriftConfig = field(default_factory=DriftConfig)  # variant data (off by default)
+    options: RunOptions | None = None  # what the built-in app passes to Strategy.start (engine: them resolved)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (for ``config.json``)."""
         return asdict(self)
-
-
-def _parse_targets(text: str) -> tuple[float, ...]:
-    if not str(text).strip():
-        return ()
-    try:
-        targets = tuple(float(t) for t in str(text).split(","))
-    except ValueError as exc:
-        raise ConfigError(f"target-accuracy={text!r}: write comma-separated fractions like '0.8,0.9'") from exc
-    for t in targets:
-        if not 0.0 < t <= 1.0:
-            raise ConfigError(f"target-accuracy values must be in (0, 1], got {t}")
-    return targets
 
 
 def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
@@ -191,6 +180,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         batchnorm=bool(cfg["model.batchnorm"]),
         server_holdout=float(cfg["server-holdout"]),
         samples_per_client=_at_least_one("samples-per-client", int(cfg.get("samples-per-client", 32))),
+        eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
     )
     if not 0.0 <= data.server_holdout < 1.0:
         raise ConfigError(f"server-holdout={data.server_holdout} must be in [0, 1)")
@@ -208,34 +198,18 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     if train.local_steps == 0 and train.local_epochs == 0:
         raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
     delay_preset, delays = _parse_delays(cfg)
-    engine = EngineConfig(
-        clock=_choice("clock", str(cfg["clock"]), CLOCKS),
-        concurrency=int(_positive("concurrency", int(cfg["concurrency"]))),
-        max_arrivals=int(_positive("max-arrivals", int(cfg["max-arrivals"]), allow_zero=True)),
-        max_virtual_time=_positive("max-virtual-time", float(cfg["max-virtual-time"]), allow_zero=True),
-        eval_every=_positive("eval-every", float(cfg["eval-every"])),
-        target_accuracy=_parse_targets(cfg["target-accuracy"]),
-        job_timeout=_positive("job-timeout", float(cfg["job-timeout"])),
-        wait_for_nodes=_positive("wait-for-nodes", float(cfg["wait-for-nodes"]), allow_zero=True),
-        seed=int(cfg["seed"]),
-        delay_preset=delay_preset,
-        delays=delays,
-        eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
-        progress=bool(cfg["progress"]),
-        emulate_delay_scale=_positive("emulate-delay-scale", float(cfg["emulate-delay-scale"]), allow_zero=True),
-        overlap=bool(cfg["overlap-server-compute"]),
-        server_time_scale=_positive("server-time-scale", float(cfg["server-time-scale"]), allow_zero=True),
-        round_deadline=_positive("round-deadline", float(cfg["round-deadline"]), allow_zero=True),
-        pipeline_late_clients=bool(cfg["pipeline-late-clients"]),
-        jobs_per_client=int(cfg["jobs-per-client"]),
-    )
+    options = RunOptions.from_run_config(cfg, delays=delays)
+    job_timeout = _positive("job-timeout", float(cfg["job-timeout"]))
+    engine = replace(options.engine_config(num_rounds=0, timeout=job_timeout, concurrency=options.concurrency,
+                                           round_arrivals=0, node_wait=options.wait_for_nodes),
+                     delay_preset=delay_preset)
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
     gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None
     drift = _drift(cfg, data, gossip)
     strategy_config = None
     if strategy_settings and strategy in STRATEGY_CLASSES:
         strategy_config = strategy_class(strategy).config_class.from_run_config(cfg)
-    return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift)
+    return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift, options)
 
 
 def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None) -> DriftConfig:

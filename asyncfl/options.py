@@ -1,27 +1,257 @@
-"""How the engine runs: scheduling, stopping and evaluation options, checked in one place.
+"""How a run is scheduled, stopped and evaluated: :class:`RunOptions`, checked in one place.
 
-Both the built-in app's run-config parser (:mod:`asyncfl.config`) and the library's
-``Strategy.start`` build an :class:`EngineConfig`; the engine reads nothing else. This
-module imports no run-config parser, data or models, so importing the engine loads
-none of them.
+``RunOptions`` is the one list of the engine's options. Its field names are the
+keyword arguments of ``Strategy.start`` (after Flower's seven parameters), and each
+field names its run-config key beside it, so the library and the built-in app read
+the same options with the same checks, and adding an option is one field here plus
+its default in ``pyproject.toml``. The engine gets an :class:`EngineConfig`: the
+options resolved against the run (the nodes that came, Flower's ``num_rounds`` and
+``timeout``).
+
+This module imports no run-config parser, data or models, so importing the engine
+loads none of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
 
 from asyncfl.simulation.categories import RuntimeCategories
 from asyncfl.simulation.delays import DelayModel
 from asyncfl.simulation.intertwined import IntertwinedDelays
-from asyncfl.strategies.settings import ConfigError
+from asyncfl.simulation.presets import DELAY_PRESETS
+from asyncfl.strategies.settings import ConfigError, Knobs, knob
 
 #: ``virtual``: simulation, replies accepted in the order of drawn durations; ``wall``: real arrival order.
 CLOCKS = ("virtual", "wall")
+DELAY_TYPES = (DelayModel, RuntimeCategories, IntertwinedDelays)
+
+
+@dataclass(frozen=True)
+class RunOptions(Knobs):
+    """The asynchronous run's options: ``Strategy.start``'s keyword arguments, and run-config keys.
+
+    Parameters
+    ----------
+    max_arrivals : int
+        Stop after this many accepted updates (0 = off). Run-config ``max-arrivals``.
+    max_time : float
+        Stop at this clock time: virtual units or wall seconds (0 = off). ``max-virtual-time``.
+    concurrency : int, optional
+        Jobs in flight (``K``); None: ``max(min_train_nodes, int(fraction_train * nodes))``, the
+        cohort Flower's FedAvg would train. ``concurrency``.
+    clock : {"wall", "virtual"}
+        ``wall`` (deployments; arrival order is real) or ``virtual`` (simulation: replies are
+        accepted in the order of durations drawn from ``delays``; same seed, same run). ``clock``.
+    delays : DelayModel or str, optional
+        The virtual clock's delay model, or a preset name (:data:`asyncfl.simulation.presets.DELAY_PRESETS`);
+        required with ``clock="virtual"``. ``delay-model`` and the ``delay.*`` keys.
+    seed : int
+        Seeds client sampling, job seeds and the delay draws. ``seed``.
+    evaluate_every : int
+        Evaluate (server side and federated) every this many rounds (0 = by clock only). ``evaluate-every``.
+    evaluate_every_time : float
+        Also evaluate at every multiple of this clock time (0 = off). ``eval-every``.
+    target_accuracy : tuple of float
+        Accuracies whose first clock time the summary reports (``time-to-target``). ``target-accuracy``
+        (comma-separated).
+    progress : bool
+        Log a progress line every 2 s (needs ``output_dir``). ``progress``.
+    overlap_server_compute : bool
+        Dispatch the freed slot's next job before the server update (FedRevive Sec. 2.3).
+        ``overlap-server-compute``.
+    server_time_scale : float
+        Virtual clock: charge server compute at this many units per second (0 = free, the papers'
+        convention). ``server-time-scale``.
+    round_deadline : float
+        Synchronous strategies, virtual clock: a round closes at its start + this; later jobs arrive
+        stale in a later round (the gradient-inversion paper's setting; 0 = off). ``round-deadline``.
+    pipeline_late_clients : bool
+        With ``round_deadline``: a late client may train again while its late job is out.
+        ``pipeline-late-clients``.
+    jobs_per_client : int
+        Wall clock: jobs one client may have out at once (2 queues its next job at the SuperLink).
+        ``jobs-per-client``.
+    wait_for_nodes : float, optional
+        Seconds to wait for ``concurrency`` nodes to connect; None: ``min(timeout, 60)``. ``wait-for-nodes``.
+    identify_nodes : bool, optional
+        Ask every node for its ``partition-id`` and example count before the first job (client order
+        then does not depend on node ids); None: only on the virtual clock or with
+        ``emulate_delay_scale``. ``identify-nodes``.
+    emulate_delay_scale : float
+        Wall clock: each train request carries ``emulate-seconds`` = a duration drawn from ``delays``
+        times this (0 = off). ``emulate-delay-scale``.
+    output_dir, run_name : str, optional
+        The run folder ``<output_dir>/<run_name>`` (metrics.csv, summary.json, accuracy.png), written
+        as the run goes; no folder when ``output_dir`` is None. ``output-dir``, ``run-name``.
+    """
+
+    label: ClassVar[str] = "run option"
+    prefix: ClassVar[str] = ""
+
+    max_arrivals: int = knob(0, minimum=0)
+    max_time: float = knob(0.0, minimum=0, key="max-virtual-time")
+    concurrency: int | None = knob(None, minimum=1)
+    clock: str = knob("wall", choices=CLOCKS)
+    delays: Any = knob(None, key="delay-model")
+    seed: int = knob(0)
+    evaluate_every: int = knob(1, minimum=0)
+    evaluate_every_time: float = knob(0.0, minimum=0, key="eval-every")
+    target_accuracy: tuple = knob(())
+    progress: bool = knob(False)
+    overlap_server_compute: bool = knob(False)
+    server_time_scale: float = knob(0.0, minimum=0)
+    round_deadline: float = knob(0.0, minimum=0)
+    pipeline_late_clients: bool = knob(False)
+    jobs_per_client: int = knob(1, minimum=1)
+    wait_for_nodes: float | None = knob(None, minimum=0)
+    identify_nodes: bool | None = knob(None)
+    emulate_delay_scale: float = knob(0.0, minimum=0)
+    output_dir: str | None = knob(None)
+    run_name: str = knob("")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The options' names: ``Strategy.start``'s keyword arguments after Flower's seven."""
+        return tuple(spec.name for spec in dataclasses.fields(cls))
+
+    @classmethod
+    def from_keywords(cls, base: "RunOptions | None" = None, **keywords: Any) -> "RunOptions":
+        """``base`` (default: the defaults) with ``keywords`` changed; an unknown name lists the valid ones."""
+        unknown = sorted(set(keywords) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(cls.names())}")
+        if base is not None and not isinstance(base, RunOptions):
+            raise TypeError(f"options must be an asyncfl.RunOptions, got {type(base).__name__}")
+        return dataclasses.replace(base, **keywords) if base is not None else cls(**keywords)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], delays: Any = None) -> "RunOptions":
+        """The built-in app's options: every field from its key (``delays``: the model the caller parsed
+        from ``delay-model`` and ``delay.*``; ``target-accuracy``: comma-separated fractions)."""
+        values = {spec.name: run_config[cls.key_of(spec.name)] for spec in dataclasses.fields(cls)
+                  if cls.key_of(spec.name) in run_config and spec.name not in ("delays", "target_accuracy")}
+        if "target-accuracy" in run_config:
+            values["target_accuracy"] = parse_targets(run_config["target-accuracy"])
+        return cls(**values, delays=delays)
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Conditions between options (single values are checked from the fields' ranges)."""
+        object.__setattr__(self, "target_accuracy", parse_targets(self.target_accuracy))  # a list becomes a tuple
+        _whole("concurrency", self.concurrency, minimum=1, optional=True)
+        _whole("jobs_per_client", self.jobs_per_client, minimum=1)
+        _whole("evaluate_every", self.evaluate_every, minimum=0)
+        _whole("max_arrivals", self.max_arrivals, minimum=0)
+        if self.identify_nodes is not None and not isinstance(self.identify_nodes, bool):
+            raise ConfigError(f"identify_nodes={self.identify_nodes!r} must be True, False or None (run-config "
+                              "identify-nodes)")
+        for target in self.target_accuracy:
+            if not 0.0 < target <= 1.0:
+                raise ConfigError(f"target-accuracy values must be in (0, 1], got {target}")
+        if self.evaluate_every < 1 and self.evaluate_every_time <= 0:
+            raise ConfigError(f"evaluate_every={self.evaluate_every} must be >= 1 (rounds between evaluations), or "
+                              "set evaluate_every_time > 0 (clock units; run-config eval-every)")
+        resolve_delays(self.clock, self.delays)
+        if self.emulate_delay_scale > 0 and (self.clock != "wall" or self.delays is None):
+            raise ConfigError(f"emulate_delay_scale={self.emulate_delay_scale} (emulate-delay-scale) needs "
+                              "clock='wall' and a delays= model to draw durations from")
+        if self.pipeline_late_clients and self.round_deadline <= 0:
+            raise ConfigError("pipeline-late-clients (pipeline_late_clients) lets clients whose job missed the round "
+                              "deadline train again; it needs round-deadline > 0 (semi-asynchronous rounds)")
+        if self.round_deadline > 0 and self.clock != "virtual":
+            raise ConfigError("round-deadline (round_deadline: semi-asynchronous rounds) needs clock = 'virtual'; "
+                              "set it to 0 for wall-clock runs")
+        if isinstance(self.delays, IntertwinedDelays) and self.clock != "virtual":
+            raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
+        if self.overlap_server_compute and self.server_time_scale > 0:
+            raise ConfigError("overlap-server-compute (overlap_server_compute) hides server time from clients; set "
+                              "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
+                              "time to the virtual clock")
+        if self.jobs_per_client > 1 and self.clock != "wall":
+            raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
+                              "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
+                              "draws every job's duration from its dispatch)")
+
+    def check_run(self, num_rounds: int, timeout: float) -> None:
+        """The options together with Flower's ``num_rounds`` and ``timeout``: the run must be able to stop."""
+        _whole("num_rounds", num_rounds, minimum=0, key=None)
+        if timeout <= 0:
+            raise ConfigError(f"timeout={timeout} must be > 0 (seconds a job may take; run-config job-timeout)")
+        if not (num_rounds or self.max_arrivals or self.max_time):
+            raise ConfigError("the run never stops: set num_rounds > 0, max_arrivals > 0 (run-config max-arrivals) "
+                              "or max_time > 0 (run-config max-virtual-time)")
+
+    # ------------------------------------------------------------- resolution
+    def engine_config(self, *, num_rounds: int, timeout: float, concurrency: int, round_arrivals: int,
+                      node_wait: float) -> "EngineConfig":
+        """What the engine runs with, once the nodes are known (``concurrency``: resolved ``K``;
+        ``round_arrivals``: accepted updates per round, 0 = a round is a server version)."""
+        self.check_run(num_rounds, timeout)
+        preset, model = resolve_delays(self.clock, self.delays)
+        identify = (self.clock == "virtual" or self.emulate_delay_scale > 0) if self.identify_nodes is None \
+            else self.identify_nodes
+        return EngineConfig(
+            clock=self.clock, concurrency=concurrency, max_arrivals=self.max_arrivals, max_virtual_time=self.max_time,
+            eval_every=self.evaluate_every_time, target_accuracy=tuple(self.target_accuracy), job_timeout=timeout,
+            wait_for_nodes=node_wait, seed=self.seed, delay_preset=preset, delays=model, progress=self.progress,
+            emulate_delay_scale=self.emulate_delay_scale, overlap=self.overlap_server_compute,
+            server_time_scale=self.server_time_scale, round_deadline=self.round_deadline,
+            pipeline_late_clients=self.pipeline_late_clients, max_rounds=num_rounds,
+            eval_every_rounds=self.evaluate_every, round_arrivals=round_arrivals, identify_nodes=identify,
+            jobs_per_client=self.jobs_per_client)
+
+
+def _whole(name: str, value: Any, minimum: int, optional: bool = False, key: str | None = "") -> None:
+    """``value`` must be an integer >= ``minimum`` (``key``: its run-config key; "" = the name in kebab case)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        where = "" if key is None else f" (run-config {key or name.replace('_', '-')})"
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}" + (" or None" if optional else "") + where)
+
+
+def parse_targets(text: Any) -> tuple[float, ...]:
+    """``"0.8,0.9"`` -> ``(0.8, 0.9)``; a tuple or list passes through."""
+    if isinstance(text, (tuple, list)):
+        return tuple(float(t) for t in text)
+    if not str(text).strip():
+        return ()
+    try:
+        return tuple(float(t) for t in str(text).split(","))
+    except ValueError as exc:
+        raise ConfigError(f"target-accuracy={text!r}: write comma-separated fractions like '0.8,0.9'") from exc
+
+
+def resolve_delays(clock: str, delays: Any) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
+    """The delay preset name and model for ``clock`` (the wall clock needs none)."""
+    if clock not in CLOCKS:
+        raise ConfigError(f"clock={clock!r} is not valid; choose one of: {', '.join(CLOCKS)}")
+    if delays is None:
+        if clock == "virtual":
+            raise ConfigError("clock='virtual' draws each job's duration from a delay model: pass delays=<DelayModel> "
+                              f"or a preset name ({', '.join(DELAY_PRESETS)})")
+        return "uniform-speed", DELAY_PRESETS["uniform-speed"]
+    if isinstance(delays, str):
+        if delays not in DELAY_PRESETS:
+            raise ConfigError(f"delays={delays!r} is not a preset; choose one of: {', '.join(DELAY_PRESETS)}")
+        return delays, DELAY_PRESETS[delays]
+    if isinstance(delays, DELAY_TYPES):
+        return "custom", delays
+    raise ConfigError(f"delays must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
+                      f"got {type(delays).__name__}")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine schedules jobs, stops and evaluates."""
+    """The options resolved for one run: what :class:`~asyncfl.server_app.engine.AsyncEngine` reads.
+
+    Built by :meth:`RunOptions.engine_config`, which checks everything a user sets; the
+    fields here are the resolved values (``concurrency`` an integer, ``delays`` a model,
+    ``max_rounds`` Flower's ``num_rounds``, ``job_timeout`` its ``timeout``).
+    """
 
     clock: str
     concurrency: int
@@ -34,7 +264,6 @@ class EngineConfig:
     seed: int
     delay_preset: str
     delays: DelayModel | RuntimeCategories | IntertwinedDelays
-    eval_batch_size: int
     progress: bool
     emulate_delay_scale: float = 0.0
     overlap: bool = False
@@ -44,37 +273,7 @@ class EngineConfig:
     max_rounds: int = 0  # stop after this many rounds (0 = no cap); Flower's num_rounds
     eval_every_rounds: int = 0  # also evaluate every this many rounds (0 = by clock only)
     # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
-    # FedAvg would train); 0: a round is a server version (synchronous strategies, the built-in app)
+    # FedAvg would train); 0: a round is a server version (synchronous strategies)
     round_arrivals: int = 0
     identify_nodes: bool = True  # ask nodes for partition id and size (query messages) before the first job
     jobs_per_client: int = 1  # wall clock: jobs a client may have out at once (> 1 queues its next job)
-
-    def __post_init__(self) -> None:
-        """Settings that exclude or need each other (checked for the run-config and for ``start()`` alike)."""
-        if self.pipeline_late_clients and self.round_deadline <= 0:
-            raise ConfigError("pipeline-late-clients (pipeline_late_clients) lets clients whose job missed the round "
-                              "deadline train again; it needs round-deadline > 0 (semi-asynchronous rounds)")
-        if self.round_deadline > 0 and self.clock != "virtual":
-            raise ConfigError("round-deadline (round_deadline: semi-asynchronous rounds) needs clock = 'virtual'; "
-                              "set it to 0 for wall-clock runs")
-        if isinstance(self.delays, IntertwinedDelays) and self.clock != "virtual":
-            raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
-        if self.overlap and self.server_time_scale > 0:
-            raise ConfigError("overlap-server-compute (overlap_server_compute) hides server time from clients; set "
-                              "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
-                              "time to the virtual clock")
-        if isinstance(self.jobs_per_client, bool) or not isinstance(self.jobs_per_client, int) \
-                or self.jobs_per_client < 1:
-            raise ConfigError(f"jobs-per-client (jobs_per_client) = {self.jobs_per_client!r}: it must be an integer "
-                              ">= 1 (1 = one job per client at a time)")
-        if self.jobs_per_client > 1 and self.clock != "wall":
-            raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
-                              "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
-                              "draws every job's duration from its dispatch)")
-        if self.max_arrivals == 0 and self.max_virtual_time == 0 and self.max_rounds == 0:
-            raise ConfigError("set max-arrivals > 0 or max-virtual-time > 0, or the run never stops")
-        if self.eval_every <= 0 and self.eval_every_rounds <= 0:
-            raise ConfigError("set eval-every > 0 (clock units) or evaluate every so many rounds")
-        if isinstance(self.round_arrivals, bool) or not isinstance(self.round_arrivals, int) or self.round_arrivals < 0:
-            raise ConfigError(f"round_arrivals={self.round_arrivals!r} must be an integer >= 0 "
-                              "(0: a round is a server version)")

@@ -186,7 +186,7 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
         cls = strategy_class(name)
         strategy = cls.from_config(cls.config_class.from_run_config(run_config), resources)
         config = EngineConfig("virtual", 10, max(20, arrivals // 10) if name in distilling else arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",
-                              DELAY_PRESETS["fedrevive-default"], 500, False)
+                              DELAY_PRESETS["fedrevive-default"], False)
         engine = AsyncEngine(InstantGrid(50), strategy, codec, codec.flatten(list(state.values())),
                              config, {}, lambda m: (0.0, 0.0))
         stats = engine.run()

@@ -9,6 +9,7 @@ from flwr.app import Array, ArrayRecord, Error, Message
 
 from asyncfl.config import ConfigError, EngineConfig
 from asyncfl.errors import ClientAppsFailing
+from asyncfl.options import RunOptions
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.simulation.delays import ComponentDelay, DelayModel
@@ -28,7 +29,7 @@ def engine_config(**overrides) -> EngineConfig:
     base = dict(
         clock="virtual", concurrency=3, max_arrivals=6, max_virtual_time=0.0, eval_every=1.0,
         target_accuracy=(), job_timeout=5.0, wait_for_nodes=0.0, seed=7, delay_preset="custom",
-        delays=FIXED, eval_batch_size=10, progress=False,
+        delays=FIXED, progress=False,
     )
     base.update(overrides)
     return EngineConfig(**base)
@@ -598,9 +599,9 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
 
 def test_jobs_per_client_above_one_needs_the_wall_clock():
     with pytest.raises(ConfigError, match="jobs-per-client.*clock = 'wall'"):
-        engine_config(clock="virtual", jobs_per_client=2)
-    with pytest.raises(ConfigError, match="jobs-per-client.*integer >= 1"):
-        engine_config(clock="wall", jobs_per_client=0)
+        RunOptions(clock="virtual", delays=FIXED, jobs_per_client=2)
+    with pytest.raises(ConfigError, match="jobs_per_client=0 must be >= 1.*jobs-per-client"):
+        RunOptions(clock="wall", jobs_per_client=0)
 
 
 def test_jobs_per_client_waits_only_for_the_nodes_that_fill_the_slots(caplog):

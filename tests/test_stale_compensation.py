@@ -119,7 +119,7 @@ def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
         return trained_reply(message, codec.to_record(codec.decode(message.content.array_records["arrays"]) + 1.0))
 
     config = EngineConfig("virtual", 2, 2, 0.0, 1.0, (), 5.0, 0.0, 0, "uniform-speed", DELAY_PRESETS["uniform-speed"],
-                          10, False)
+                          False)
     strategy = LookAhead()
     AsyncEngine(FakeGrid(2, plus_one), strategy, codec, np.zeros(2, np.float32), config, {},
                 lambda m: (0.0, 0.0)).run()

@@ -6,6 +6,7 @@ import json
 import logging
 import resource
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -92,10 +93,10 @@ def main(grid: Grid, context: Context) -> None:
                                                         min_available_nodes=1)
     strategy.name = cfg.strategy
     if cfg.drift.active:
-        evaluator = DriftingEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size,
+        evaluator = DriftingEvaluator(model, splits.x_test, splits.y_test, cfg.data.eval_batch_size,
                                       splits.num_classes, cfg.drift, cfg.engine.seed)
     else:
-        evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.engine.eval_batch_size, splits.num_classes)
+        evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.data.eval_batch_size, splits.num_classes)
 
     folder = run_folder(cfg)
     engine = cfg.engine
@@ -105,14 +106,8 @@ def main(grid: Grid, context: Context) -> None:
         grid, initial_arrays, num_rounds=0, timeout=engine.job_timeout,
         train_config=ConfigRecord(cfg.train.to_message_config()),
         evaluate_fn=RecordEvaluator(evaluator, best_model_path=folder / BEST_MODEL_FILE),
-        max_arrivals=engine.max_arrivals, max_time=engine.max_virtual_time, concurrency=engine.concurrency,
-        clock=engine.clock, delays=engine.delays, seed=engine.seed, evaluate_every=0,
-        evaluate_every_time=engine.eval_every, target_accuracy=engine.target_accuracy, progress=engine.progress,
-        overlap_server_compute=engine.overlap, server_time_scale=engine.server_time_scale,
-        round_deadline=engine.round_deadline, pipeline_late_clients=engine.pipeline_late_clients,
-        jobs_per_client=engine.jobs_per_client, identify_nodes=True,  # asyncfl's ClientApp answers the query
-        emulate_delay_scale=engine.emulate_delay_scale, wait_for_nodes=engine.wait_for_nodes,
-        output_dir=str(folder.parent), run_name=folder.name, run_config=cfg.to_dict(),
+        options=replace(cfg.options, output_dir=str(folder.parent), run_name=folder.name),
+        run_config=cfg.to_dict(),
     )
     save_state_dict(result.arrays.to_torch_state_dict(), folder / FINAL_MODEL_FILE)
     summary = result.summary

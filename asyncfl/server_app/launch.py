@@ -14,7 +14,7 @@ import math
 import resource
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -23,17 +23,13 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Result
 
-from asyncfl.options import CLOCKS, EngineConfig
+from asyncfl.options import EngineConfig, RunOptions
 from asyncfl.errors import NoNodesConnected
 from asyncfl.server_app.client_metrics import TrainMetrics
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
-from asyncfl.simulation.categories import RuntimeCategories
-from asyncfl.simulation.delays import DelayModel
-from asyncfl.simulation.intertwined import IntertwinedDelays
-from asyncfl.simulation.presets import DELAY_PRESETS
 
 if TYPE_CHECKING:
     from asyncfl.strategies.base import Strategy
@@ -122,41 +118,6 @@ def codec_and_model(initial_arrays: ArrayRecord) -> tuple[ModelCodec, np.ndarray
     return codec, codec.flatten(list(state.values()))
 
 
-def resolve_delays(clock: str, delays) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
-    """The delay preset name and model for ``clock`` (the wall clock needs none)."""
-    if clock not in CLOCKS:
-        raise ValueError(f"clock={clock!r} is not valid; choose one of: {', '.join(CLOCKS)}")
-    if delays is None:
-        if clock == "virtual":
-            raise ValueError("clock='virtual' draws each job's duration from a delay model: pass delays=<DelayModel> "
-                             f"or a preset name ({', '.join(DELAY_PRESETS)})")
-        return "uniform-speed", DELAY_PRESETS["uniform-speed"]
-    if isinstance(delays, str):
-        if delays not in DELAY_PRESETS:
-            raise ValueError(f"delays={delays!r} is not a preset; choose one of: {', '.join(DELAY_PRESETS)}")
-        return delays, DELAY_PRESETS[delays]
-    if isinstance(delays, (DelayModel, RuntimeCategories, IntertwinedDelays)):
-        return "custom", delays
-    raise ValueError(f"delays must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
-                     f"got {type(delays).__name__}")
-
-
-def _check_stops(num_rounds: int, max_arrivals: int, max_time: float, timeout: float, evaluate_every: int,
-                 evaluate_every_time: float, concurrency: int | None) -> None:
-    for name, value in (("num_rounds", num_rounds), ("max_arrivals", max_arrivals), ("evaluate_every", evaluate_every)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name}={value!r} must be an integer >= 0")
-    if max_time < 0 or timeout <= 0:
-        raise ValueError(f"need max_time >= 0 (got {max_time}) and timeout > 0 (got {timeout})")
-    if not (num_rounds or max_arrivals or max_time):
-        raise ValueError("the run would never stop: set num_rounds > 0, max_arrivals > 0 or max_time > 0")
-    if evaluate_every < 1 and evaluate_every_time <= 0:
-        raise ValueError(f"evaluate_every={evaluate_every} must be >= 1 (server versions between evaluations), "
-                         "or set evaluate_every_time > 0 (clock units)")
-    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-        raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1 (or None: from fraction_train)")
-
-
 def wait_for_nodes(grid, minimum: int, timeout: float) -> list[int]:
     """Connected node ids, once at least ``minimum`` are there (or after ``timeout``, with what there is)."""
     deadline = time.monotonic() + timeout
@@ -174,64 +135,44 @@ def wait_for_nodes(grid, minimum: int, timeout: float) -> list[int]:
     return nodes
 
 
-def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, *, num_rounds: int, timeout: float,
+def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
                    train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
-                   evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, max_arrivals: int,
-                   max_time: float, concurrency: int | None, clock: str, delays, seed: int, evaluate_every: int,
-                   output_dir: str | None, run_name: str, emulate_delay_scale: float = 0.0,
-                   evaluate_every_time: float = 0.0, target_accuracy: tuple[float, ...] = (), progress: bool = False,
-                   overlap_server_compute: bool = False, server_time_scale: float = 0.0, round_deadline: float = 0.0,
-                   pipeline_late_clients: bool = False, jobs_per_client: int = 1,
-                   wait_for_nodes_s: float | None = None, identify_nodes: bool | None = None,
+                   evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, options: RunOptions,
                    run_config: dict | None = None) -> AsyncResult:
-    """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); every argument is
-    checked before the first message is sent."""
-    _check_stops(num_rounds, max_arrivals, max_time, timeout, evaluate_every, evaluate_every_time, concurrency)
+    """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); ``options`` were checked
+    when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent."""
+    options.check_run(num_rounds, timeout)
     log_through_flower()
-    delay_preset, delay_model = resolve_delays(clock, delays)
-    if emulate_delay_scale < 0 or (emulate_delay_scale > 0 and (clock != "wall" or delays is None)):
-        raise ValueError(f"emulate_delay_scale={emulate_delay_scale} needs clock='wall', a delays= model to draw "
-                         "durations from, and a value >= 0")
-    node_wait = min(timeout, NODE_WAIT_CAP_S) if wait_for_nodes_s is None else wait_for_nodes_s
+    node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
     asynchronous = not strategy.synchronous
-    # built (and so validated) before anything waits or sends; the concurrency is fixed once nodes are known
-    config = EngineConfig(
-        clock=clock, concurrency=concurrency or 1, max_arrivals=max_arrivals, max_virtual_time=max_time,
-        eval_every=evaluate_every_time, target_accuracy=tuple(target_accuracy), job_timeout=timeout,
-        wait_for_nodes=node_wait, seed=seed, delay_preset=delay_preset, delays=delay_model, eval_batch_size=1,
-        progress=progress, emulate_delay_scale=emulate_delay_scale, overlap=overlap_server_compute,
-        server_time_scale=server_time_scale, round_deadline=round_deadline,
-        pipeline_late_clients=pipeline_late_clients, max_rounds=num_rounds, eval_every_rounds=evaluate_every,
-        round_arrivals=1 if asynchronous else 0,  # the cohort, once the nodes are known
-        jobs_per_client=jobs_per_client,
-        identify_nodes=(clock == "virtual" or emulate_delay_scale > 0) if identify_nodes is None else identify_nodes,
-    )
     codec, initial = codec_and_model(initial_arrays)
-    options = strategy.flower
+    flower = strategy.flower
     name = strategy.name
-    nodes = wait_for_nodes(grid, options.min_available_nodes, node_wait)
-    cohort = options.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
-    config = replace(config, concurrency=concurrency if concurrency is not None else cohort,
-                     round_arrivals=cohort if asynchronous else 0)
+    nodes = wait_for_nodes(grid, flower.min_available_nodes, node_wait)
+    cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
+    config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=options.concurrency or cohort,
+                                   round_arrivals=cohort if asynchronous else 0, node_wait=node_wait)
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
-    train_metrics = TrainMetrics(options.weighted_by_key, options.train_metrics_aggr_fn)
-    federated = (FederatedEvaluation(grid, options, dict(evaluate_config or {}), seed, timeout)
-                 if options.evaluates_on_clients else None)
+    train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn)
+    federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout)
+                 if flower.evaluates_on_clients else None)
     recorder = None
-    if output_dir is not None:
-        folder = Path(output_dir).expanduser().resolve() / (run_name or f"{name.lower()}-{time.strftime('%Y%m%d-%H%M%S')}")
-        recorder = RunRecorder(folder, run_config or _run_settings(name, config, options, num_rounds),
-                               config.target_accuracy, progress, max_arrivals, max_time)
+    if options.output_dir is not None:
+        folder = Path(options.output_dir).expanduser().resolve() / (
+            options.run_name or f"{name.lower()}-{time.strftime('%Y%m%d-%H%M%S')}")
+        recorder = RunRecorder(folder, run_config or _run_settings(name, config, flower, num_rounds),
+                               config.target_accuracy, options.progress, options.max_arrivals, options.max_time)
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
-                         keys=options.keys, train_metrics=train_metrics, federated_eval=federated)
+                         keys=flower.keys, train_metrics=train_metrics, federated_eval=federated)
     if server_eval is not None:
         server_eval.round, server_eval.version = (lambda: engine.round), (lambda: engine.versions.version)
     flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
-             clock, config.concurrency, len(nodes), _stops_text(num_rounds, max_arrivals, max_time,
-                                                              config.round_arrivals, options.fraction_train))
+             options.clock, config.concurrency, len(nodes),
+             _stops_text(num_rounds, options.max_arrivals, options.max_time, config.round_arrivals,
+                         flower.fraction_train))
     started = time.monotonic()
 
-    affected = getattr(delay_model, "affected_class", None)  # the intertwined scenario's late class
+    affected = getattr(config.delays, "affected_class", None)  # the intertwined scenario's late class
 
     def summary() -> dict:
         rows = engine.stats.evaluations

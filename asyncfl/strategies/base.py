@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
     from flwr.serverapp import Grid
 
+    from asyncfl.options import RunOptions
     from asyncfl.server_app.launch import AsyncResult
-    from asyncfl.simulation.delays import DelayModel
     from asyncfl.strategies.resources import StrategyResources
 
 _DEFAULT_OPTIONS = FlowerOptions()
@@ -134,29 +134,11 @@ class Strategy(ABC):
         evaluate_config: "ConfigRecord | None" = None,
         evaluate_fn: "Callable[[int, ArrayRecord], MetricRecord | None] | None" = None,
         *,
-        max_arrivals: int = 0,
-        max_time: float = 0.0,
-        concurrency: int | None = None,
-        clock: str = "wall",
-        delays: "DelayModel | str | None" = None,
-        seed: int = 0,
-        evaluate_every: int = 1,
-        output_dir: str | None = None,
-        run_name: str = "",
-        emulate_delay_scale: float = 0.0,
-        evaluate_every_time: float = 0.0,
-        target_accuracy: tuple[float, ...] = (),
-        progress: bool = False,
-        overlap_server_compute: bool = False,
-        server_time_scale: float = 0.0,
-        round_deadline: float = 0.0,
-        pipeline_late_clients: bool = False,
-        jobs_per_client: int = 1,
-        wait_for_nodes: float | None = None,
-        identify_nodes: bool | None = None,
+        options: "RunOptions | None" = None,
         run_config: dict | None = None,
+        **option_keywords: Any,
     ) -> "AsyncResult":
-        """Run this strategy asynchronously on ``grid``; Flower's ``Strategy.start`` signature plus async knobs.
+        """Run this strategy asynchronously on ``grid``: Flower's ``Strategy.start`` parameters, plus run options.
 
         Parameters
         ----------
@@ -181,61 +163,17 @@ class Strategy(ABC):
             ``(server_round, ArrayRecord) -> MetricRecord | None``, called on the initial model
             (round 0) and at the end of every ``evaluate_every`` rounds with the model in effect
             then; its ``accuracy``/``loss`` entries (if any) feed the run folder's curves.
-        max_arrivals, max_time : int, float
-            Further stop conditions: accepted replies, clock time (0 = off).
-        concurrency : int, optional
-            Jobs in flight (``K``); default ``max(min_train_nodes, int(fraction_train * nodes))``.
-        clock : {"wall", "virtual"}
-            ``wall`` (deployments; arrival order is real) or ``virtual`` (simulation: replies are
-            accepted in the order of durations drawn from ``delays``; same seed, same run).
-        delays : DelayModel or str, optional
-            The virtual clock's delay model, or a preset name
-            (:data:`asyncfl.simulation.presets.DELAY_PRESETS`); required with ``clock="virtual"``.
-        seed : int
-            Seeds client sampling, job seeds and the delay draws.
-        evaluate_every : int
-            Evaluate (server side and federated) every this many rounds.
-        output_dir, run_name : str, optional
-            When ``output_dir`` is given, the run folder (``metrics.csv``, ``summary.json``,
-            ``accuracy.png``) is written there as the run goes.
-        emulate_delay_scale : float
-            Wall clock only: each train request carries ``emulate-seconds`` = a duration drawn
-            from ``delays`` times this scale; ClientApps that call
-            :func:`asyncfl.client_app.extras.pad_to_emulated_duration` take that long (0 = off).
-        evaluate_every_time : float
-            Also evaluate at every multiple of this clock time (virtual units or wall seconds; 0 = off).
-            With it, ``evaluate_every=0`` evaluates on the clock only.
-        target_accuracy : tuple of float
-            Accuracies whose first clock time is reported in the summary (``time-to-target``).
-        progress : bool
-            Log a progress line every 2 s (needs ``output_dir``).
-        overlap_server_compute : bool
-            Dispatch the freed slot's next job before the server update (FedRevive Sec. 2.3): server
-            compute hidden from clients, one more version of staleness.
-        server_time_scale : float
-            Virtual clock: charge server compute to the clock at this many units per second (0 = free,
-            the papers' convention; > 0 makes runs depend on the machine's speed).
-        round_deadline : float
-            Synchronous strategies, virtual clock: a round closes at its start + this, later jobs arrive
-            stale in a later round (the gradient-inversion paper's semi-asynchronous setting; 0 = off).
-        pipeline_late_clients : bool
-            With ``round_deadline``: a late client may train again while its late job is out.
-        jobs_per_client : int
-            Wall clock: jobs one client may have out at once (default 1). With 2, a client's next job
-            waits at the SuperLink while it trains, so a Flower SuperNode takes it the moment it has
-            pushed its reply instead of after its idle poll (3 s in Flower 1.41); the queued job
-            carries the model of its dispatch time, so it is staler. Set ``concurrency`` up to
-            ``nodes * jobs_per_client`` to use it.
-        wait_for_nodes : float, optional
-            Seconds to wait for ``concurrency`` nodes to connect (default ``min(timeout, 60)``).
-        identify_nodes : bool, optional
-            Ask every node for its ``partition-id`` and example count (a ``query`` message) before the
-            first job, so the client order, and with it a seeded simulation, does not depend on the node
-            ids a SuperLink assigns. Default: only on the virtual clock or with ``emulate_delay_scale``
-            (where the order and the sizes matter). A ClientApp without a ``query`` handler is asked
-            once (the first node), then the run goes on in node-id order with one INFO line.
+        options : RunOptions, optional
+            The asynchronous run's options (clock, delays, concurrency, stops, run folder, ...):
+            :class:`asyncfl.options.RunOptions`, which documents each one.
         run_config : dict, optional
-            What ``config.json`` records (default: the strategy's name, Flower options and engine settings).
+            What the run folder's ``config.json`` records (default: the strategy's name, Flower
+            options and the resolved engine settings).
+        **option_keywords
+            Any :class:`~asyncfl.options.RunOptions` field by name (``clock="virtual"``,
+            ``delays="fedrevive-default"``, ``seed=1``, ...), changing ``options`` or the defaults.
+            An unknown name raises ``TypeError`` listing the valid ones; invalid values raise
+            :class:`~asyncfl.strategies.settings.ConfigError` before any message is sent.
 
         Returns
         -------
@@ -245,16 +183,9 @@ class Strategy(ABC):
             one share their x axis: equal keys, equal client work) plus ``summary``: rounds,
             server versions, staleness, rejections, timing.
         """
+        from asyncfl.options import RunOptions
         from asyncfl.server_app.launch import start_strategy
 
-        return start_strategy(
-            self, grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, train_config=train_config,
-            evaluate_config=evaluate_config, evaluate_fn=evaluate_fn, max_arrivals=max_arrivals,
-            max_time=max_time, concurrency=concurrency, clock=clock, delays=delays, seed=seed,
-            evaluate_every=evaluate_every, output_dir=output_dir, run_name=run_name,
-            emulate_delay_scale=emulate_delay_scale, evaluate_every_time=evaluate_every_time,
-            target_accuracy=target_accuracy, progress=progress, overlap_server_compute=overlap_server_compute,
-            server_time_scale=server_time_scale, round_deadline=round_deadline,
-            pipeline_late_clients=pipeline_late_clients, jobs_per_client=jobs_per_client,
-            wait_for_nodes_s=wait_for_nodes, identify_nodes=identify_nodes, run_config=run_config,
-        )
+        run_options = RunOptions.from_keywords(options, **option_keywords)
+        return start_strategy(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
+                              evaluate_fn, run_options, run_config)

@@ -21,7 +21,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Mapping, TypeVar, get_type_hints
 
-C = TypeVar("C", bound="StrategyConfig")
+C = TypeVar("C", bound="Knobs")
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -67,15 +67,15 @@ def _in_range(value: float, meta: Mapping[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
-class StrategyConfig:
-    """Base of the per-strategy config dataclasses.
+class Knobs:
+    """Base of the knob dataclasses (each strategy's config, the run options).
 
-    Subclasses set :attr:`label` (the class name users see) and :attr:`prefix` (the
-    run-config table), declare fields with :func:`knob` and may override :meth:`check`
-    for conditions that tie fields together.
+    Subclasses set :attr:`label` (the name users see) and :attr:`prefix` (the run-config
+    table; empty for top-level keys), declare fields with :func:`knob` and may override
+    :meth:`check` for conditions that tie fields together.
     """
 
-    label: ClassVar[str] = "strategy"
+    label: ClassVar[str] = "knobs"
     prefix: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
@@ -99,7 +99,7 @@ class StrategyConfig:
         """The run-config key of field ``name``."""
         spec = next(f for f in fields(cls) if f.name == name)
         key = spec.metadata.get("key", name.replace("_", "-"))
-        return key if "." in key else f"{cls.prefix}.{key}"
+        return key if "." in key or not cls.prefix else f"{cls.prefix}.{key}"
 
     def fail(self, name: str, problem: str) -> None:
         """Raise :class:`ConfigError` about field ``name`` (its keyword and its run-config key)."""
@@ -146,3 +146,10 @@ class StrategyConfig:
     def defaults(cls) -> dict[str, Any]:
         """``{field: default}``."""
         return {spec.name: spec.default for spec in fields(cls) if spec.default is not MISSING}
+
+
+@dataclass(frozen=True)
+class StrategyConfig(Knobs):
+    """Base of the per-strategy config dataclasses (run-config table ``<prefix>.*``)."""
+
+    label: ClassVar[str] = "strategy"

@@ -1,0 +1,85 @@
+"""RunOptions: one list of the run's options, shared by start() and the built-in app's run-config."""
+
+import dataclasses
+import inspect
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+import asyncfl
+from asyncfl.config import parse_run_config
+from asyncfl.options import RunOptions
+from asyncfl.strategies.settings import ConfigError
+from tests.fake_grid import FakeGrid, trained_reply
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def test_every_option_has_a_run_config_default_in_pyproject():
+    missing = [RunOptions.key_of(name) for name in RunOptions.names() if RunOptions.key_of(name) not in PYPROJECT]
+    assert missing == []
+
+
+def test_start_keeps_flowers_seven_parameters_and_takes_options_by_name():
+    parameters = list(inspect.signature(asyncfl.FedBuff.start).parameters)
+    assert parameters[1:8] == ["grid", "initial_arrays", "num_rounds", "timeout", "train_config", "evaluate_config",
+                               "evaluate_fn"]
+    assert parameters[8:] == ["options", "run_config", "option_keywords"]
+
+
+def test_an_unknown_option_is_named_with_the_valid_ones_before_any_message():
+    grid = FakeGrid(2, lambda node, message: None)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) max_virtual_time; valid: max_arrivals, max_time"):
+        asyncfl.FedBuff().start(grid, ArrayRecord({"w": Array(np.zeros(2, np.float32))}), max_virtual_time=3.0)
+    assert grid.pushed == []
+
+
+def test_names_change_an_options_object_and_leave_it_as_it_was():
+    base = RunOptions(clock="virtual", delays="uniform-speed", seed=3)
+    changed = RunOptions.from_keywords(base, seed=4)
+    assert (changed.clock, changed.delays, changed.seed) == ("virtual", "uniform-speed", 4)
+    assert base.seed == 3
+
+
+def test_an_options_object_runs_as_its_keywords_do():
+    def client(node, message):
+        return trained_reply(message, message.content.array_records["arrays"])
+
+    def run(**how):
+        grid = FakeGrid(3, client)
+        result = asyncfl.FedAsync(fraction_evaluate=0.0).start(
+            grid, ArrayRecord({"w": Array(np.zeros(2, np.float32))}), num_rounds=2, **how)
+        return [(m.metadata.dst_node_id, m.content.config_records["config"]["job-seed"]) for m in grid.pushed
+                if m.metadata.message_type == "train"], result.summary["arrivals"]
+
+    by_name = run(clock="virtual", delays="fedrevive-default", seed=5)
+    assert run(options=RunOptions(clock="virtual", delays="fedrevive-default", seed=5)) == by_name
+    assert run(options=RunOptions(clock="virtual", delays="fedrevive-default", seed=9), seed=5) == by_name
+
+
+@pytest.mark.parametrize("keywords, message", [
+    (dict(concurrency=0), "concurrency"),
+    (dict(concurrency=2.5), "concurrency=2.5 must be an integer"),
+    (dict(clock="virtual"), "delay model"),
+    (dict(identify_nodes="yes"), "identify_nodes"),
+    (dict(target_accuracy=(1.5,)), r"\(0, 1\]"),
+    (dict(max_time=-1.0), "max_time=-1.0 must be >= 0 .run-config max-virtual-time"),
+])
+def test_bad_options_are_refused_when_made(keywords, message):
+    with pytest.raises(ConfigError, match=message):
+        RunOptions(**keywords)
+
+
+def test_the_built_in_app_reads_the_same_options_from_its_run_config():
+    cfg = parse_run_config(dict(PYPROJECT))
+    options = cfg.options
+    assert (options.clock, options.concurrency, options.max_arrivals, options.seed) == (
+        PYPROJECT["clock"], PYPROJECT["concurrency"], PYPROJECT["max-arrivals"], PYPROJECT["seed"])
+    assert options.identify_nodes is True and options.evaluate_every == 0
+    assert options.evaluate_every_time == PYPROJECT["eval-every"] and options.target_accuracy == (0.8, 0.9)
+    assert cfg.engine.max_virtual_time == options.max_time and cfg.engine.concurrency == options.concurrency
+    assert dataclasses.asdict(options)["delays"] == dataclasses.asdict(cfg.engine)["delays"]
