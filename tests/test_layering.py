@@ -90,3 +90,11 @@ def test_importing_the_engine_loads_no_run_config_parser_data_models_or_torch():
             "'asyncfl.models', 'asyncfl.client_app'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_the_engine_names_no_clock():
+    """Clock behaviour lives in server_app/clock.py; the engine asks its Clock object."""
+    source = (PACKAGE / "server_app" / "engine.py").read_text()
+    tree = ast.parse(source)
+    literals = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)}
+    assert not literals & {"virtual", "wall"}

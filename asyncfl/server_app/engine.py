@@ -37,11 +37,11 @@ from flwr.common.constant import ErrorCode
 from asyncfl import protocol
 from asyncfl.errors import ClientAppsFailing, NoNodesConnected, NothingToDispatch
 from asyncfl.options import EngineConfig
+from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import Identities, query_identities
 from asyncfl.server_app.eligible import EligibleClients
 from asyncfl.server_app.pacing import PollPacer
-from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
@@ -211,15 +211,13 @@ class AsyncEngine:
         # Label counts are private to clients: asked for only when the delay model is defined by them.
         self._wants_label_counts = bool(getattr(self.delays, "needs_label_counts", False))
         self._pulled_at: dict[str, float] = {}
-        # Wall clock (deployments): pull message by message in threads, so one reply whose upload
-        # died with its SuperNode cannot stall every other reply (see asyncfl.server_app.puller).
-        self._puller = ThreadedPuller(grid, workers=max(8, config.concurrency)) if config.clock == "wall" else None
+        self.clock = clock_for(config, self.delays)
+        self._puller = self.clock.puller(grid, config.concurrency)
         self._busy: Counter[int] = Counter()  # client -> jobs in flight (> 1 only with pipelined late jobs)
         self._eligible = EligibleClients()  # clients a new job may go to (idle, with data, online)
         self._index_of: dict[int, int] = {}  # node id -> client index
         self._round_start = 0.0
-        self._now = 0.0
-        self._wall_start = time.monotonic()
+        self._now = 0.0  # the clock at the last accepted event
         self._next_eval = 0.0
         self._last_eval: tuple | None = None
         self._evaluated_remotely = -1  # the last round whose model was sent out for federated evaluation
@@ -299,15 +297,15 @@ class AsyncEngine:
         """Re-evaluate whether each of ``clients`` may get a new job: idle (or pipelined late clients, who may
         train while a late job is out), with training data, and online (wall clock)."""
         pipelined = self.config.pipeline_late_clients and self.strategy.synchronous
-        wall = self.config.clock == "wall"
+        tracked = self.clock.nodes_come_and_go
         slots = self.config.jobs_per_client
         for i in clients:
             self._eligible.set(i, (pipelined or self._busy[i] < slots) and i not in self._no_data
-                               and (not wall or self._clients[i] in self._online))
+                               and (not tracked or self._clients[i] in self._online))
 
     def _refresh_nodes(self) -> None:
-        """Wall clock only: track which nodes are online and take in nodes that joined."""
-        if self.config.clock != "wall" or time.monotonic() - self._online_checked < NODE_REFRESH_SECONDS:
+        """Where nodes come and go (wall clock): track which are online and take in nodes that joined."""
+        if not self.clock.nodes_come_and_go or time.monotonic() - self._online_checked < NODE_REFRESH_SECONDS:
             return
         online = set(self.grid.get_node_ids())
         changed = (online ^ self._online) & self._index_of.keys()
@@ -350,8 +348,8 @@ class AsyncEngine:
         return self.stats
 
     def _wait_for_an_online_node(self) -> None:
-        """Wall clock: every node may be gone for a while; wait up to ``wait-for-nodes`` for one."""
-        deadline = time.monotonic() + (self.config.wait_for_nodes if self.config.clock == "wall" else 0.0)
+        """Where nodes come and go, every node may be gone for a while: wait up to ``wait-for-nodes`` for one."""
+        deadline = time.monotonic() + (self.config.wait_for_nodes if self.clock.nodes_come_and_go else 0.0)
         while not self._in_flight and time.monotonic() < deadline:
             time.sleep(NODE_REFRESH_SECONDS)
             self._top_up()
@@ -389,9 +387,7 @@ class AsyncEngine:
         return self.versions.version
 
     def _clock(self) -> float:
-        if self.config.clock == "virtual":
-            return self._now
-        return time.monotonic() - self._wall_start
+        return self.clock.now(self._now)
 
     # -------------------------------------------------------------- dispatch
     def _round_open(self) -> bool:
@@ -435,15 +431,14 @@ class AsyncEngine:
             version = self.versions.acquire()
             seq = self._seq
             self._seq += 1
-            duration = self.delays.job_duration(client) if self.config.clock == "virtual" else 0.0
+            duration = self.clock.job_duration(client)
             config = dict(self.train_config)
             config[protocol.MODEL_VERSION] = version
             config[protocol.SERVER_ROUND] = self.round + 1  # Flower's key: the round in progress (a schedule on it
             # advances with client work, as under FedAvg)
             config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
             config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (variant data drifts with it)
-            if self.config.clock == "wall" and self.config.emulate_delay_scale > 0:
-                config[protocol.EMULATE_SECONDS] = self.delays.job_duration(client) * self.config.emulate_delay_scale
+            config.update(self.clock.request_keys(client))
             custom = self.strategy.dispatch_model(client, self.versions.current)
             if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
                 custom, _ = self.codec.clamp_variances(custom)
@@ -507,30 +502,8 @@ class AsyncEngine:
             self._pacer.wait(pull_seconds, got)
 
     def _pick_ready(self) -> tuple[Job, Message | None] | None:
-        now_wall = time.monotonic()
-        if self.config.clock == "virtual":
-            head = min(self._in_flight.values(), key=lambda j: (j.finish, j.seq))
-            if head.message_id in self._inbox:
-                return head, self._inbox.pop(head.message_id)
-            if now_wall - head.sent_wall > self.config.job_timeout:
-                return head, None
-            return None
         self._refresh_nodes()
-        for message_id, job in self._in_flight.items():
-            if job.node_id not in self._online and message_id not in self._inbox:
-                # The node left (crashed or stopped): its job will not come back.
-                job.finish, job.lost_reason = self._clock(), "node-offline"
-                return job, None
-        for message_id, reply in self._inbox.items():  # wall: first pulled, first accepted
-            job = self._in_flight[message_id]
-            job.finish = self._clock()
-            del self._inbox[message_id]
-            return job, reply
-        for job in self._in_flight.values():
-            if now_wall - job.sent_wall > self.config.job_timeout:
-                job.finish = self._clock()
-                return job, None
-        return None
+        return self.clock.pick(self._in_flight, self._inbox, self._online, self._now, self.config.job_timeout)
 
     # ---------------------------------------------------------------- accept
     def _complete(self, job: Job, reply: Message | None) -> None:
@@ -548,8 +521,7 @@ class AsyncEngine:
                     self._top_up()  # the freed slot gets the pre-update model: server compute hidden, +1 staleness
                 compute_started = time.perf_counter()
                 new_model = self.strategy.on_arrival(arrival, self.versions.current)
-                if self.config.clock == "virtual" and self.config.server_time_scale > 0:
-                    self._now += (time.perf_counter() - compute_started) * self.config.server_time_scale
+                self._now += self.clock.server_time(time.perf_counter() - compute_started)
                 self._accepted(arrival, new_model)
         finally:
             self.versions.release(job.version)

@@ -1,0 +1,141 @@
+"""The engine's two clocks: what time it is, how long a job takes, which reply is accepted next.
+
+* :class:`VirtualClock` (simulation): a job's duration is drawn from the delay model when
+  it is dispatched; replies are accepted strictly in (finish time, dispatch number) order,
+  whatever order the Grid returns them in, so the same seed gives the same run. Time moves
+  only when the engine accepts an event (and by measured server compute, when asked).
+* :class:`WallClock` (deployments): time is seconds since the run started; replies are
+  accepted in the order they were pulled; nodes come and go, and a job on a node that left
+  is lost at once.
+
+Both time jobs out on wall seconds (``timeout``): a reply that never comes is lost in a
+simulation too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from asyncfl import protocol
+from asyncfl.server_app.puller import ThreadedPuller
+
+if TYPE_CHECKING:
+    from flwr.app import Message
+
+    from asyncfl.options import EngineConfig
+    from asyncfl.server_app.engine import Job
+
+
+class Clock(Protocol):
+    """What the engine asks of a clock."""
+
+    #: Nodes may leave and join during the run (track who is online; wait for one to come back).
+    nodes_come_and_go: bool
+
+    def now(self, last_event: float) -> float:
+        """The current time, given the time of the last accepted event."""
+
+    def job_duration(self, client: int) -> float:
+        """The duration stamped on a new job (its finish = dispatch time + this; 0: known on arrival)."""
+
+    def request_keys(self, client: int) -> dict:
+        """Extra keys for a new job's request."""
+
+    def server_time(self, seconds: float) -> float:
+        """Clock time that ``seconds`` of server compute cost."""
+
+    def pick(self, in_flight: dict[str, "Job"], inbox: dict[str, "Message"], online: set[int], last_event: float,
+             timeout: float) -> "tuple[Job, Message | None] | None":
+        """The next job to accept and its reply (``None``: lost), or ``None`` when none is decided yet."""
+
+    def puller(self, grid, concurrency: int) -> ThreadedPuller | None:
+        """How replies are pulled: ``None`` for one ``pull_messages`` call over every waiting message."""
+
+
+class VirtualClock:
+    """Simulated time: durations drawn per job, replies accepted in virtual finish order."""
+
+    nodes_come_and_go = False
+
+    def __init__(self, delays, server_time_scale: float = 0.0) -> None:
+        self.delays = delays
+        self.server_time_scale = server_time_scale
+
+    def now(self, last_event: float) -> float:
+        return last_event
+
+    def job_duration(self, client: int) -> float:
+        return self.delays.job_duration(client)
+
+    def request_keys(self, client: int) -> dict:
+        return {}
+
+    def server_time(self, seconds: float) -> float:
+        return seconds * self.server_time_scale
+
+    def pick(self, in_flight, inbox, online, last_event, timeout):
+        head = min(in_flight.values(), key=lambda j: (j.finish, j.seq))
+        if head.message_id in inbox:
+            return head, inbox.pop(head.message_id)
+        if time.monotonic() - head.sent_wall > timeout:
+            return head, None
+        return None
+
+    def puller(self, grid, concurrency: int) -> None:
+        return None
+
+
+class WallClock:
+    """Real time: replies accepted as they are pulled; jobs on nodes that left are lost at once."""
+
+    nodes_come_and_go = True
+
+    def __init__(self, delays, emulate_delay_scale: float = 0.0) -> None:
+        self.delays = delays  # drawn from only to emulate slow clients (emulate-delay-scale)
+        self.emulate_delay_scale = emulate_delay_scale
+        self.started = time.monotonic()
+
+    def now(self, last_event: float) -> float:
+        return time.monotonic() - self.started
+
+    def job_duration(self, client: int) -> float:
+        return 0.0
+
+    def request_keys(self, client: int) -> dict:
+        if self.emulate_delay_scale <= 0:
+            return {}
+        return {protocol.EMULATE_SECONDS: self.delays.job_duration(client) * self.emulate_delay_scale}
+
+    def server_time(self, seconds: float) -> float:
+        return 0.0  # already on the clock
+
+    def pick(self, in_flight, inbox, online, last_event, timeout):
+        for message_id, job in in_flight.items():
+            if job.node_id not in online and message_id not in inbox:
+                # the node left (crashed or stopped): its job will not come back
+                job.finish, job.lost_reason = self.now(last_event), "node-offline"
+                return job, None
+        for message_id, reply in inbox.items():  # first pulled, first accepted
+            job = in_flight[message_id]
+            job.finish = self.now(last_event)
+            del inbox[message_id]
+            return job, reply
+        now_wall = time.monotonic()
+        for job in in_flight.values():
+            if now_wall - job.sent_wall > timeout:
+                job.finish = self.now(last_event)
+                return job, None
+        return None
+
+    def puller(self, grid, concurrency: int) -> ThreadedPuller:
+        # message by message in threads, so one reply whose upload died with its SuperNode cannot stall every
+        # other reply (see asyncfl.server_app.puller)
+        return ThreadedPuller(grid, workers=max(8, concurrency))
+
+
+def clock_for(config: "EngineConfig", delays) -> VirtualClock | WallClock:
+    """The clock ``config.clock`` names, drawing durations from the ``delays`` sampler."""
+    if config.clock == "virtual":
+        return VirtualClock(delays, config.server_time_scale)
+    return WallClock(delays, config.emulate_delay_scale)
