@@ -7,7 +7,7 @@ from flwr.app.exception import AppExitException
 from flwr.supercore.exit import ExitCode
 
 import asyncfl
-from asyncfl.errors import NoNodesConnected, RunFailed
+from asyncfl.errors import NoNodesConnected
 from tests.fake_grid import FakeGrid
 
 

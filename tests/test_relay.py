@@ -86,3 +86,10 @@ def test_gossip_needs_a_virtual_horizon():
         parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 0.0})
     with pytest.raises(ConfigError, match="pushcen.k"):
         parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "pushcen.k": 1})
+
+
+def test_relay_writes_its_final_summary_itself_atomically(tmp_path):
+    relay, _, _ = run_relay(tmp_path, "pushcen")
+    written = json.loads((tmp_path / "pushcen" / "summary.json").read_text())
+    assert written["events"] == relay.stats.events and written["server-peak-rss-mb"] > 0
+    assert not list((tmp_path / "pushcen").glob("*.tmp"))

@@ -28,7 +28,6 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from asyncfl import protocol
-from asyncfl.protocol import WORKER_RECORD  # noqa: F401  (re-exported: the record name ClientApps write)
 
 
 def ray_node_id() -> str | None:

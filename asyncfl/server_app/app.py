@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import resource
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +18,7 @@ from asyncfl.data import load_dataset
 from asyncfl.models import build_model
 from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, RecordEvaluator, save_state_dict
 from asyncfl.server_app.relay import GossipRelay
+from asyncfl.server_app.run_folder import write_json
 from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.resources import StrategyResources
 
@@ -51,14 +50,12 @@ def _run_gossip(grid: Grid, cfg: RunConfig) -> None:
     """Decentralized methods: the relay schedules and forwards peer messages; there is no global model."""
     folder = run_folder(cfg)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    write_json(folder / "config.json", cfg.to_dict())
     relay = GossipRelay(grid, cfg.gossip, cfg.engine, cfg.train.to_message_config(), folder)
     log.info("asyncfl: gossip method=%s dataset=%s model=%s horizon=%g -> %s", cfg.strategy, cfg.data.dataset,
              cfg.data.model, cfg.gossip.horizon, folder)
-    relay.run()
+    relay.run()  # writes summary.json as it goes, atomically, and once more at the end
     summary = relay.summary()
-    summary["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("asyncfl: done: mean peer accuracy %s after %d events (%s)", summary["final-mean-accuracy"],
              summary["events"], folder)
 

@@ -42,6 +42,7 @@ from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
 from asyncfl.server_app.discovery import Identities, query_identities
 from asyncfl.server_app.eligible import EligibleClients
 from asyncfl.server_app.pacing import PollPacer
+from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
@@ -237,15 +238,10 @@ class AsyncEngine:
         whatever node ids the SuperLink assigned. Nodes that do not answer the
         query (e.g. stock ClientApps) follow, ordered by node id.
         """
-        deadline = time.monotonic() + self.config.wait_for_nodes
-        nodes = sorted(self.grid.get_node_ids())
         wanted = -(-self.config.concurrency // self.config.jobs_per_client)  # nodes that fill every slot
-        if len(nodes) < wanted and self.config.wait_for_nodes > 0:
-            log.info("%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) "
-                     "for more", len(nodes), wanted, self.config.concurrency, self.config.wait_for_nodes)
-        while len(nodes) < wanted and time.monotonic() < deadline:
-            time.sleep(0.2)
-            nodes = sorted(self.grid.get_node_ids())
+        nodes = wait_for_nodes(self.grid, wanted, self.config.wait_for_nodes, on_wait=lambda connected: log.info(
+            "%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) for more",
+            connected, wanted, self.config.concurrency, self.config.wait_for_nodes))
         if not nodes:
             raise NoNodesConnected(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
         self._clients, self.client_sizes, self._size_of = [], [], {}

@@ -29,6 +29,7 @@ from asyncfl.server_app.client_metrics import TrainMetrics
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
+from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
 
 if TYPE_CHECKING:
@@ -118,18 +119,10 @@ def codec_and_model(initial_arrays: ArrayRecord) -> tuple[ModelCodec, np.ndarray
     return codec, codec.flatten(list(state.values()))
 
 
-def wait_for_nodes(grid, minimum: int, timeout: float) -> list[int]:
-    """Connected node ids, once at least ``minimum`` are there (or after ``timeout``, with what there is)."""
-    deadline = time.monotonic() + timeout
-    nodes = list(grid.get_node_ids())
-    announced = False
-    while len(nodes) < minimum and time.monotonic() < deadline:
-        if not announced:
-            flwr_log(logging.INFO, "Waiting for nodes to connect: %d connected (minimum required: %d)", len(nodes),
-                     minimum)
-            announced = True
-        time.sleep(0.5)
-        nodes = list(grid.get_node_ids())
+def _wait_for_first_nodes(grid, minimum: int, timeout: float) -> list[int]:
+    """Flower's wait for ``min_available_nodes`` (with its log line); at least one node must come."""
+    nodes = wait_for_nodes(grid, minimum, timeout, on_wait=lambda connected: flwr_log(
+        logging.INFO, "Waiting for nodes to connect: %d connected (minimum required: %d)", connected, minimum))
     if not nodes:
         raise NoNodesConnected(f"no node connected within {timeout:.0f}s")
     return nodes
@@ -148,7 +141,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     codec, initial = codec_and_model(initial_arrays)
     flower = strategy.flower
     name = strategy.name
-    nodes = wait_for_nodes(grid, flower.min_available_nodes, node_wait)
+    nodes = _wait_for_first_nodes(grid, flower.min_available_nodes, node_wait)
     cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
     config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=options.concurrency or cohort,
                                    round_arrivals=cohort if asynchronous else 0, node_wait=node_wait)

@@ -8,12 +8,13 @@ seed produce byte-identical files; wall-clock figures go to ``timing.csv`` and
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import time
 from pathlib import Path
 
 import numpy as np
+
+from asyncfl.server_app.run_folder import append_csv, start_csv, write_json
 
 log = logging.getLogger("asyncfl.recorder")
 
@@ -54,7 +55,7 @@ class RunRecorder:
         self._plot_every_s = plot_every_s
         #: Set by the ServerApp: builds the current summary, rewritten after every evaluation.
         self.summary_source = None
-        (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        write_json(folder / "config.json", config)
         if self.class_columns is not None:
             self._write_headers()
 
@@ -63,21 +64,17 @@ class RunRecorder:
         return [f"acc_class_{k}" for k in range(num_classes)]
 
     def _write_headers(self) -> None:
-        with open(self.folder / "metrics.csv", "w", newline="") as handle:
-            csv.writer(handle).writerow(METRIC_COLUMNS + self.class_columns)
-        with open(self.folder / "timing.csv", "w", newline="") as handle:
-            csv.writer(handle).writerow(["time", "arrivals", "wall_seconds"])
+        start_csv(self.folder / "metrics.csv", METRIC_COLUMNS + self.class_columns)
+        start_csv(self.folder / "timing.csv", ["time", "arrivals", "wall_seconds"])
 
     def on_evaluation(self, row: dict) -> None:
         if self.class_columns is None:
             self.class_columns = self._class_columns(len(row.get("class_accuracy") or []))
             self._write_headers()
         self.rows.append(row)
-        with open(self.folder / "metrics.csv", "a", newline="") as handle:
-            per_class = row.get("class_accuracy") or [""] * len(self.class_columns)
-            csv.writer(handle).writerow([row[c] for c in METRIC_COLUMNS] + list(per_class[: len(self.class_columns)]))
-        with open(self.folder / "timing.csv", "a", newline="") as handle:
-            csv.writer(handle).writerow([row["time"], row["arrivals"], round(time.monotonic() - self.wall_start, 3)])
+        per_class = row.get("class_accuracy") or [""] * len(self.class_columns)
+        append_csv(self.folder / "metrics.csv", [row[c] for c in METRIC_COLUMNS] + list(per_class[: len(self.class_columns)]))
+        append_csv(self.folder / "timing.csv", [row["time"], row["arrivals"], round(time.monotonic() - self.wall_start, 3)])
         log.info("t=%.2f version=%d arrivals=%d accuracy=%.4f loss=%.4f", row["time"], row["server_version"],
                  row["arrivals"], row["accuracy"], row["loss"])
         if self.summary_source is not None:
@@ -108,9 +105,7 @@ class RunRecorder:
 
     def write_summary(self, summary: dict) -> None:
         """Write ``summary.json`` (atomically, so a reader never sees half a file)."""
-        tmp = self.folder / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.folder / "summary.json")
+        write_json(self.folder / "summary.json", summary)
 
     def plot(self) -> None:
         """Draw accuracy vs. clock time into ``accuracy.png``."""

@@ -22,11 +22,10 @@ overlap in virtual time train in parallel.
 
 from __future__ import annotations
 
-import csv
 import heapq
-import json
 import logging
 import math
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,9 @@ from asyncfl.decentralized.buffer import DedupBuffer
 from asyncfl.errors import TooFewPeers
 from asyncfl.decentralized.settings import GossipConfig
 from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.pacing import PollPacer
+from asyncfl.server_app.run_folder import append_csv, start_csv, write_json
+from asyncfl.server_app.transport import wait_for_nodes, wait_for_reply
 from asyncfl.simulation.presets import delay_sampler
 
 log = logging.getLogger("asyncfl.relay")
@@ -101,14 +103,11 @@ class GossipRelay:
         self._seq = 0
         self._event_count: dict[int, int] = {}
         self._wall_start = time.monotonic()
+        self._pacer = PollPacer()
 
     # ----------------------------------------------------------------- setup
     def discover(self) -> None:
-        nodes = sorted(self.grid.get_node_ids())
-        deadline = time.monotonic() + self.config.wait_for_nodes
-        while len(nodes) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            nodes = sorted(self.grid.get_node_ids())
+        nodes = wait_for_nodes(self.grid, 2, self.config.wait_for_nodes)
         if len(nodes) < 2:
             raise TooFewPeers("gossip needs at least two peers (SuperNodes)")
         found = query_identities(self.grid, nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
@@ -238,15 +237,7 @@ class GossipRelay:
     def _wait_for(self, message_id: str) -> Message | None:
         started = time.perf_counter()
         try:
-            deadline = time.monotonic() + self.config.job_timeout
-            sleep = 0.001
-            while time.monotonic() < deadline:
-                for reply in self.grid.pull_messages([message_id]):
-                    if reply.metadata.reply_to_message_id == message_id:
-                        return reply
-                time.sleep(sleep)
-                sleep = min(2 * sleep, 0.05)
-            return None
+            return wait_for_reply(self.grid, message_id, self.config.job_timeout, self._pacer)
         finally:
             self.stats.relay_seconds -= time.perf_counter() - started
 
@@ -260,16 +251,14 @@ class GossipRelay:
                "sd_accuracy": round(float(np.std(regular)), 6) if regular else "",
                "delayed_mean_accuracy": round(float(np.mean(delayed)), 6) if delayed else ""}
         self.rows.append(row)
-        with open(self.folder / "metrics.csv", "a", newline="") as handle:
-            csv.writer(handle).writerow(list(row.values()))
+        append_csv(self.folder / "metrics.csv", list(row.values()))
         log.info("t=%.2f online=%d events=%d mean acc=%s", at, row["online_peers"], row["events"], row["mean_accuracy"])
         self._write_summary()
 
     def _start_files(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / "metrics.csv", "w", newline="") as handle:
-            csv.writer(handle).writerow(["time", "online_peers", "events", "pushes", "mean_accuracy", "sd_accuracy",
-                                         "delayed_mean_accuracy"])
+        start_csv(self.folder / "metrics.csv", ["time", "online_peers", "events", "pushes", "mean_accuracy",
+                                                "sd_accuracy", "delayed_mean_accuracy"])
 
     def summary(self) -> dict:
         final = next((r for r in reversed(self.rows) if r["mean_accuracy"] != ""), None)
@@ -296,9 +285,8 @@ class GossipRelay:
             "peak-buffered-mb": round(self.stats.peak_buffered_bytes / 2**20, 4),
             "final-time": self.rows[-1]["time"] if self.rows else 0.0,
             "wall-seconds": round(time.monotonic() - self._wall_start, 3),
+            "server-peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
 
     def _write_summary(self) -> None:
-        tmp = self.folder / "summary.json.tmp"
-        tmp.write_text(json.dumps(self.summary(), indent=2))
-        tmp.replace(self.folder / "summary.json")
+        write_json(self.folder / "summary.json", self.summary())
