@@ -77,7 +77,7 @@ def test_ties_are_broken_by_dispatch_order():
     engine = make_engine(FakeGrid(3, plus_one, release=lambda w: list(reversed(w))), strategy, max_arrivals=3)
     engine.run()
     dispatched = [m.metadata.dst_node_id for m in engine.grid.pushed if m.metadata.message_type == "train"][:3]
-    accepted_nodes = [engine._clients[c] for _, c, _ in strategy.seen]
+    accepted_nodes = [engine.clients[c] for _, c, _ in strategy.seen]
     assert accepted_nodes == dispatched
     assert [t for t, _, _ in strategy.seen] == [1.0, 1.0, 1.0]
 
@@ -256,7 +256,7 @@ def test_wall_clock_accepts_in_pull_order():
     # Act
     engine.run()
     # Assert: accepted in the order they became available, not in dispatch order.
-    accepted_nodes = [engine._clients[c] for _, c, _ in strategy.seen]
+    accepted_nodes = [engine.clients[c] for _, c, _ in strategy.seen]
     pushed = [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"][:3]
     assert accepted_nodes == list(reversed(pushed))
 
@@ -347,10 +347,7 @@ def test_size_tied_runtime_categories_make_the_biggest_clients_slow():
     assert [t for t, _, _ in strategy.seen] == [1.0] * 6 + [2.0] * 4
 
 
-def test_wall_clock_gives_work_to_nodes_that_join_and_none_to_nodes_that_left(monkeypatch):
-    import asyncfl.server_app.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "NODE_REFRESH_SECONDS", 0.0)
+def test_wall_clock_gives_work_to_nodes_that_join_and_none_to_nodes_that_left():
     grid = FakeGrid(3, plus_one)
     later = 104  # joins after the first replies
     gone = 101   # leaves after the first replies
@@ -364,6 +361,7 @@ def test_wall_clock_gives_work_to_nodes_that_join_and_none_to_nodes_that_left(mo
     grid.release = membership_change
     strategy = Recording()
     engine = make_engine(grid, strategy, clock="wall", concurrency=2, max_arrivals=12)
+    engine.roster.refresh_every = 0.0  # look at the online nodes at every step
     engine.run()
     trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
     first_after_change = next(i for i, m in enumerate(trains) if m.metadata.dst_node_id == later)
@@ -380,10 +378,7 @@ def test_wall_clock_requests_carry_the_emulated_duration():
     assert seconds and all(s == pytest.approx(0.5) for s in seconds)  # FIXED delays: 1 time unit each
 
 
-def test_wall_clock_job_on_a_node_that_went_offline_is_lost_without_waiting_for_the_timeout(monkeypatch):
-    import asyncfl.server_app.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "NODE_REFRESH_SECONDS", 0.0)
+def test_wall_clock_job_on_a_node_that_went_offline_is_lost_without_waiting_for_the_timeout():
     crashed = 102
 
     def handler(node, message):
@@ -394,6 +389,7 @@ def test_wall_clock_job_on_a_node_that_went_offline_is_lost_without_waiting_for_
 
     grid = FakeGrid(3, handler)
     engine = make_engine(grid, Recording(), clock="wall", concurrency=3, max_arrivals=6, job_timeout=3600.0)
+    engine.roster.refresh_every = 0.0  # look at the online nodes at every step
     engine.run()
     assert engine.stats.rejected == {"node-offline": 1}
     assert engine.stats.arrivals == 6
@@ -518,7 +514,7 @@ def test_pipelined_late_clients_train_every_round_and_each_job_lands_s_rounds_af
     # ... while the on-time clients still report once per round, never stale.
     assert [s[3] for s in on_time][:8] == [1.0] * 4 + [2.0] * 4 and all(s[2] == 0 for s in on_time)
     trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
-    assert sum(engine._clients.index(m.metadata.dst_node_id) in (1, 4) for m in trains) >= 6
+    assert sum(engine.clients.index(m.metadata.dst_node_id) in (1, 4) for m in trains) >= 6
     assert not any(engine._busy[c] < 0 for c in engine._busy)
 
 
@@ -561,14 +557,14 @@ def test_slow_nodes_are_waited_for_so_the_client_order_follows_partition_ids():
     grid = SlowToStart(4, plus_one, delay_s=0.5)
     engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=2, wait_for_nodes=0.0, job_timeout=5.0)
     engine.run()
-    assert engine._clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 0
+    assert engine.clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 0
 
 
 def test_nodes_that_never_answer_are_counted_and_follow_by_node_id(caplog):
     grid = SlowToStart(4, plus_one, delay_s=0.0, silent={101})
     engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=2, wait_for_nodes=0.0, job_timeout=0.5)
     engine.run()
-    assert engine._clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 1
+    assert engine.clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 1
     assert "may not repeat exactly" in caplog.text
 
 

@@ -39,9 +39,9 @@ from asyncfl.errors import ClientAppsFailing, NoNodesConnected, NothingToDispatc
 from asyncfl.options import EngineConfig
 from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
-from asyncfl.server_app.discovery import Identities, query_identities
 from asyncfl.server_app.eligible import EligibleClients
 from asyncfl.server_app.pacing import PollPacer
+from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
@@ -57,7 +57,6 @@ EvaluateFn = Callable[[np.ndarray], tuple]
 """Maps a flat global model to ``(loss, accuracy)`` or ``(loss, accuracy, per-class accuracies)`` on the
 server's test split."""
 
-NODE_REFRESH_SECONDS = 2.0
 
 
 class GridLike(Protocol):
@@ -204,19 +203,12 @@ class AsyncEngine:
         self._pick_rng = np.random.default_rng([config.seed, 3])
         self._in_flight: dict[str, Job] = {}
         self._inbox: dict[str, Message] = {}
-        self._clients: list[int] = []  # client index -> node id
-        self.client_sizes: list[int] = []  # client index -> reported training-set size
-        self._size_of: dict[int, int] = {}
-        self._labels_of: dict[int, list[int]] = {}
-        self._no_data: set[int] = set()
-        # Label counts are private to clients: asked for only when the delay model is defined by them.
-        self._wants_label_counts = bool(getattr(self.delays, "needs_label_counts", False))
+        self.roster = Roster(grid, self.delays, config.identify_nodes)
         self._pulled_at: dict[str, float] = {}
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
         self._busy: Counter[int] = Counter()  # client -> jobs in flight (> 1 only with pipelined late jobs)
         self._eligible = EligibleClients()  # clients a new job may go to (idle, with data, online)
-        self._index_of: dict[int, int] = {}  # node id -> client index
         self._round_start = 0.0
         self._now = 0.0  # the clock at the last accepted event
         self._next_eval = 0.0
@@ -226,9 +218,6 @@ class AsyncEngine:
         self._pacer = PollPacer()
         self._failures_in_a_row = 0
         self._expired_jobs = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
-        self._online: set[int] = set()
-        self._online_checked = float("-inf")
-        self._ask_identities = config.identify_nodes
 
     # ----------------------------------------------------------------- setup
     def discover_clients(self) -> list[int]:
@@ -244,50 +233,12 @@ class AsyncEngine:
             connected, wanted, self.config.concurrency, self.config.wait_for_nodes))
         if not nodes:
             raise NoNodesConnected(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
-        self._clients, self.client_sizes, self._size_of = [], [], {}
         # a node's first answer may wait for its worker to start: allow it as long as a job (job-timeout)
-        self._add_clients(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
-        self._online, self._online_checked = set(nodes), time.monotonic()
-        self._update_eligible(range(len(self._clients)))
-        return self._clients
-
-    def _add_clients(self, nodes: list[int], deadline_s: float) -> None:
-        """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
-        asked = self._ask_identities
-        found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts) if asked else Identities()
-        unknown = [node for node in nodes if node not in found.partition_of]
-        self.stats.unidentified_nodes += len(unknown)
-        if not asked:
-            pass  # identify_nodes off: node-id order, as asked
-        elif found.refused:
-            log.info("clients follow node-id order: the ClientApp has no query handler "
-                     "(asyncfl.client_app.extras.answer_identity adds one); a seeded simulation repeats exactly only "
-                     "when the nodes report their partition-id")
-            self._ask_identities = False  # nodes joining later run the same ClientApp
-        elif found.unanswered:
-            log.warning("%d node(s) did not answer the identity query within %.0fs; they follow in node-id order, "
-                        "which the seed does not fix: this run may not repeat exactly", len(found.unanswered),
-                        deadline_s)
-        elif unknown:
-            log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
-        self._clients += found.ordered(nodes)
-        self._index_of = {node: i for i, node in enumerate(self._clients)}
-        self._eligible.grow(len(self._clients))
-        self._size_of.update(found.size_of)
-        self._labels_of.update(found.labels_of)
-        # Nodes that do not report their sample count count as median-sized for size-tied delays.
-        reported = [self._size_of[node] for node in self._clients if node in self._size_of]
-        fallback = int(np.median(reported)) if reported else 0
-        self.client_sizes = [self._size_of.get(node, fallback) for node in self._clients]
-        # A client that reported an empty training set (e.g. a Dirichlet 0.1 split over 100 clients) gets no jobs.
-        self._no_data = {i for i, node in enumerate(self._clients) if self._size_of.get(node) == 0}
-        if self._no_data:
-            log.info("%d client(s) reported no training data and get no jobs", len(self._no_data))
-        if self._wants_label_counts:
-            self.delays.bind_clients(self.client_sizes, [self._labels_of.get(node) for node in self._clients])
-        else:
-            self.delays.bind_clients(self.client_sizes)
-        self._update_eligible(range(len(self._clients)))
+        self.roster.start(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
+        self.stats.unidentified_nodes = self.roster.unidentified
+        self._eligible.grow(len(self.roster))
+        self._update_eligible(range(len(self.roster)))
+        return self.clients
 
     def _update_eligible(self, clients) -> None:
         """Re-evaluate whether each of ``clients`` may get a new job: idle (or pipelined late clients, who may
@@ -296,29 +247,25 @@ class AsyncEngine:
         tracked = self.clock.nodes_come_and_go
         slots = self.config.jobs_per_client
         for i in clients:
-            self._eligible.set(i, (pipelined or self._busy[i] < slots) and i not in self._no_data
-                               and (not tracked or self._clients[i] in self._online))
+            self._eligible.set(i, (pipelined or self._busy[i] < slots) and i not in self.roster.no_data
+                               and (not tracked or self.roster.nodes[i] in self.roster.online))
 
     def _refresh_nodes(self) -> None:
-        """Where nodes come and go (wall clock): track which are online and take in nodes that joined."""
-        if not self.clock.nodes_come_and_go or time.monotonic() - self._online_checked < NODE_REFRESH_SECONDS:
+        """Where nodes come and go (wall clock): follow who is online and take in nodes that joined."""
+        if not self.clock.nodes_come_and_go:
             return
-        online = set(self.grid.get_node_ids())
-        changed = (online ^ self._online) & self._index_of.keys()
-        self._online = online
-        self._online_checked = time.monotonic()
-        self._update_eligible(self._index_of[node] for node in changed)
-        joined = sorted(self._online - set(self._clients))
-        if joined:
-            self._add_clients(joined, deadline_s=10.0)
-            log.info("%d node(s) joined; %d clients known", len(joined), len(self._clients))
+        changed = self.roster.refresh()
+        if changed:
+            self.stats.unidentified_nodes = self.roster.unidentified
+            self._eligible.grow(len(self.roster))
+            self._update_eligible(changed)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> EngineStats:
         """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
-        if not self._clients:
+        if not len(self.roster):
             self.discover_clients()
-        self.strategy.on_start(len(self._clients), concurrency=self.config.concurrency)
+        self.strategy.on_start(len(self.roster), concurrency=self.config.concurrency)
         self._evaluate_until(0.0)
         if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
             self._record_evaluation(0.0)
@@ -347,7 +294,7 @@ class AsyncEngine:
         """Where nodes come and go, every node may be gone for a while: wait up to ``wait-for-nodes`` for one."""
         deadline = time.monotonic() + (self.config.wait_for_nodes if self.clock.nodes_come_and_go else 0.0)
         while not self._in_flight and time.monotonic() < deadline:
-            time.sleep(NODE_REFRESH_SECONDS)
+            time.sleep(self.roster.refresh_every)
             self._top_up()
         if not self._in_flight:
             raise NothingToDispatch("no job could be dispatched: no idle client online")
@@ -443,12 +390,12 @@ class AsyncEngine:
             messages.append(
                 Message(
                     content,
-                    dst_node_id=self._clients[client],
+                    dst_node_id=self.roster.nodes[client],
                     message_type=MessageType.TRAIN,
                     ttl=self.config.job_timeout,
                 )
             )
-            jobs.append(Job("", self._clients[client], client, version, start, start + duration, seq, 0.0,
+            jobs.append(Job("", self.roster.nodes[client], client, version, start, start + duration, seq, 0.0,
                             sent_model=custom))
         pushing = time.monotonic()
         message_ids = list(self.grid.push_messages(messages))
@@ -499,7 +446,7 @@ class AsyncEngine:
 
     def _pick_ready(self) -> tuple[Job, Message | None] | None:
         self._refresh_nodes()
-        return self.clock.pick(self._in_flight, self._inbox, self._online, self._now, self.config.job_timeout)
+        return self.clock.pick(self._in_flight, self._inbox, self.roster.online, self._now, self.config.job_timeout)
 
     # ---------------------------------------------------------------- accept
     def _complete(self, job: Job, reply: Message | None) -> None:
@@ -638,7 +585,7 @@ class AsyncEngine:
         version, round_ = self.versions.version, self.round
         if self.federated_eval is not None and self._evaluated_remotely != round_:
             self._evaluated_remotely = round_
-            self.federated_eval.dispatch(round_, version, self.versions.record(version), self._clients)
+            self.federated_eval.dispatch(round_, version, self.versions.record(version), self.clients)
         if self.evaluate_fn is None:
             self.stats.evaluations.append({"time": round(at, 6), "server_version": version, "round": round_})
             return
@@ -674,7 +621,12 @@ class AsyncEngine:
     @property
     def clients(self) -> list[int]:
         """Node id of each client index, in the deterministic client order."""
-        return list(self._clients)
+        return list(self.roster.nodes)
+
+    @property
+    def client_sizes(self) -> list[int]:
+        """Each client's reported training-set size (the median where a node reported none)."""
+        return list(self.roster.sizes)
 
     @property
     def now(self) -> float:

@@ -37,8 +37,8 @@ from asyncfl import protocol
 from asyncfl.decentralized.buffer import DedupBuffer
 from asyncfl.errors import TooFewPeers
 from asyncfl.decentralized.settings import GossipConfig
-from asyncfl.server_app.discovery import query_identities
 from asyncfl.server_app.pacing import PollPacer
+from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.run_folder import append_csv, start_csv, write_json
 from asyncfl.server_app.transport import wait_for_nodes, wait_for_reply
 from asyncfl.simulation.presets import delay_sampler
@@ -110,14 +110,11 @@ class GossipRelay:
         nodes = wait_for_nodes(self.grid, 2, self.config.wait_for_nodes)
         if len(nodes) < 2:
             raise TooFewPeers("gossip needs at least two peers (SuperNodes)")
-        found = query_identities(self.grid, nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
-        if found.unanswered:
-            log.warning("%d peer(s) did not answer the identity query; they follow in node-id order, which the seed "
-                        "does not fix", len(found.unanswered))
-        self.unidentified = len([node for node in nodes if node not in found.partition_of])
-        self.peers = found.ordered(nodes)
+        roster = Roster(self.grid, self.delays, identify=True)  # peers ordered by partition id; delays bound
+        roster.start(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
+        self.unidentified = roster.unidentified
+        self.peers = roster.nodes
         n = len(self.peers)
-        self.delays.bind_clients([found.size_of.get(node, 0) for node in self.peers])
         late = self.rng.choice(n, size=int(math.floor(self.gossip.delayed_fraction * n)), replace=False)
         self.delayed = {int(i) for i in late}
         for i in range(n):

@@ -1,0 +1,114 @@
+"""Who the clients are: node ids in a seed-stable order, their sizes and labels, and who is online.
+
+Clients are ordered by the ``partition-id`` their nodes report (the identity query,
+:mod:`asyncfl.server_app.discovery`), so a seeded run picks the same data whatever node
+ids the SuperLink assigned; nodes that report none follow by node id. The delay sampler
+is told every client's size (and label counts, when its model is tied to labels) as
+clients are added. Where nodes come and go (the wall clock), :meth:`Roster.refresh`
+tracks the online set and takes in nodes that joined.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from asyncfl.server_app.discovery import Identities, query_identities
+
+log = logging.getLogger("asyncfl.engine")
+
+#: Seconds between looks at which nodes are online (wall clock).
+REFRESH_SECONDS = 2.0
+
+
+class Roster:
+    """The run's clients, by client index.
+
+    Parameters
+    ----------
+    grid : GridLike
+        Where the nodes are.
+    delays : sampler
+        Told the clients' sizes (``bind_clients``); asked whether it needs label counts.
+    identify : bool
+        Ask nodes for their identity (off: node-id order).
+    """
+
+    def __init__(self, grid, delays, identify: bool) -> None:
+        self.grid = grid
+        self.delays = delays
+        self.nodes: list[int] = []  # client index -> node id
+        self.sizes: list[int] = []  # client index -> reported training-set size (median when unreported)
+        self.index_of: dict[int, int] = {}  # node id -> client index
+        self.no_data: set[int] = set()  # clients that reported an empty training set: they get no jobs
+        self.online: set[int] = set()
+        self.unidentified = 0  # nodes that reported no partition-id
+        self.refresh_every = REFRESH_SECONDS
+        self._size_of: dict[int, int] = {}
+        self._labels_of: dict[int, list[int]] = {}
+        self._ask = identify
+        # label counts are private to clients: asked for only when the delay model is defined by them
+        self._wants_label_counts = bool(getattr(delays, "needs_label_counts", False))
+        self._checked = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def start(self, nodes: list[int], deadline_s: float) -> None:
+        """The first clients: identify ``nodes`` (waiting up to ``deadline_s``) and mark them online."""
+        self.nodes, self.sizes, self._size_of = [], [], {}
+        self.add(nodes, deadline_s)
+        self.online, self._checked = set(nodes), time.monotonic()
+
+    def add(self, nodes: list[int], deadline_s: float) -> None:
+        """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
+        asked = self._ask
+        found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts) if asked else Identities()
+        unknown = [node for node in nodes if node not in found.partition_of]
+        self.unidentified += len(unknown)
+        if not asked:
+            pass  # identify_nodes off: node-id order, as asked
+        elif found.refused:
+            log.info("clients follow node-id order: the ClientApp has no query handler "
+                     "(asyncfl.client_app.extras.answer_identity adds one); a seeded simulation repeats exactly only "
+                     "when the nodes report their partition-id")
+            self._ask = False  # nodes joining later run the same ClientApp
+        elif found.unanswered:
+            log.warning("%d node(s) did not answer the identity query within %.0fs; they follow in node-id order, "
+                        "which the seed does not fix: this run may not repeat exactly", len(found.unanswered),
+                        deadline_s)
+        elif unknown:
+            log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
+        self.nodes += found.ordered(nodes)
+        self.index_of = {node: i for i, node in enumerate(self.nodes)}
+        self._size_of.update(found.size_of)
+        self._labels_of.update(found.labels_of)
+        # nodes that do not report their sample count count as median-sized for size-tied delays
+        reported = [self._size_of[node] for node in self.nodes if node in self._size_of]
+        fallback = int(np.median(reported)) if reported else 0
+        self.sizes = [self._size_of.get(node, fallback) for node in self.nodes]
+        self.no_data = {i for i, node in enumerate(self.nodes) if self._size_of.get(node) == 0}
+        if self.no_data:
+            log.info("%d client(s) reported no training data and get no jobs", len(self.no_data))
+        if self._wants_label_counts:
+            self.delays.bind_clients(self.sizes, [self._labels_of.get(node) for node in self.nodes])
+        else:
+            self.delays.bind_clients(self.sizes)
+
+    def refresh(self) -> list[int]:
+        """Look at who is online (at most every :attr:`refresh_every` seconds) and take in nodes that joined;
+        returns the client indices whose online state changed or that are new."""
+        if time.monotonic() - self._checked < self.refresh_every:
+            return []
+        online = set(self.grid.get_node_ids())
+        changed = [self.index_of[node] for node in (online ^ self.online) & self.index_of.keys()]
+        self.online, self._checked = online, time.monotonic()
+        joined = sorted(online - set(self.nodes))
+        if joined:
+            known = len(self.nodes)
+            self.add(joined, deadline_s=10.0)
+            changed += list(range(known, len(self.nodes)))
+            log.info("%d node(s) joined; %d clients known", len(joined), len(self.nodes))
+        return changed
