@@ -26,21 +26,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
-from flwr.common.constant import ErrorCode
 
 from asyncfl import protocol
 from asyncfl.errors import ClientAppsFailing, NoNodesConnected, NothingToDispatch
 from asyncfl.options import EngineConfig
 from asyncfl.server_app.clock import clock_for
-from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
+from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.eligible import EligibleClients
+from asyncfl.server_app.jobs import EngineStats, FederatedEvaluator, GridLike, Job, Recorder, TrainMetricsSink
 from asyncfl.server_app.pacing import PollPacer
+from asyncfl.server_app.replies import RejectedReply, read_train_reply
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.versions import VersionStore
@@ -57,91 +57,6 @@ EvaluateFn = Callable[[np.ndarray], tuple]
 """Maps a flat global model to ``(loss, accuracy)`` or ``(loss, accuracy, per-class accuracies)`` on the
 server's test split."""
 
-
-
-class GridLike(Protocol):
-    """The part of ``flwr.serverapp.Grid`` the engine uses."""
-
-    def get_node_ids(self): ...
-
-    def push_messages(self, messages): ...
-
-    def pull_messages(self, message_ids): ...
-
-
-class Recorder(Protocol):
-    """Where the engine reports what happened (see :mod:`asyncfl.server_app.recorder`)."""
-
-    def on_evaluation(self, row: dict) -> None: ...
-
-    def on_progress(self, clock: float, arrivals: int) -> None: ...
-
-
-class TrainMetricsSink(Protocol):
-    """Collects the ClientApps' train metrics per round (see :mod:`asyncfl.server_app.client_metrics`)."""
-
-    def add(self, content: RecordDict) -> None: ...
-
-    def on_round(self, round_: int) -> None: ...
-
-
-class FederatedEvaluator(Protocol):
-    """Sends the model to a sample of nodes for evaluation (see :mod:`asyncfl.server_app.federated_eval`)."""
-
-    def dispatch(self, round_: int, version: int, record, nodes: list[int]) -> None: ...
-
-    def poll(self) -> None: ...
-
-    def finish(self) -> None: ...
-
-
-@dataclass
-class Job:
-    """One dispatched train request."""
-
-    message_id: str
-    node_id: int
-    client: int
-    version: int
-    start: float
-    finish: float
-    seq: int
-    sent_wall: float
-    lost_reason: str = "lost"
-    sent_model: np.ndarray | None = None  # set when the strategy sent something other than the global model
-
-
-@dataclass
-class EngineStats:
-    """Counters the summary is built from."""
-
-    arrivals: int = 0
-    dispatched: int = 0
-    staleness: list[int] = field(default_factory=list)
-    rejected: dict[str, int] = field(default_factory=dict)
-    server_seconds: float = 0.0
-    evaluations: list[dict] = field(default_factory=list)
-    round_trip_seconds: list[float] = field(default_factory=list)  # push -> reply pulled, wall seconds
-    client_train_seconds: list[float] = field(default_factory=list)  # as the ClientApps report it
-    reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
-    clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
-    unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
-    # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
-    by_client: dict[int, list[float]] = field(default_factory=dict)
-    by_worker: dict[str, int] = field(default_factory=dict)  # accepted replies per Ray node (simulation on a cluster)
-    first_push_wall: float | None = None  # time.monotonic() when the first train job was pushed
-    last_arrival_wall: float | None = None  # time.monotonic() when the last accepted reply was taken in
-
-    def reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-    def tally(self, client: int) -> list[float]:
-        """The client's running figures (created at its first reply)."""
-        return self.by_client.setdefault(client, [0, 0, 0.0, 0])
-
-    @property
-    def rejected_total(self) -> int:
-        return sum(self.rejected.values())
 
 
 class AsyncEngine:
@@ -483,24 +398,14 @@ class AsyncEngine:
                 self._expired_jobs += 1
             self.stats.reject(job.lost_reason)
             return None
-        if reply.has_error():
-            reason = (reply.error.reason or "").strip().splitlines()
-            log.warning("client %d replied with error: %s", job.client, reason[-1][:300] if reason else "?")
-            self.stats.reject("error-reply")
-            if reply.error.code in (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
-                self._expired_jobs += 1
+        try:
+            weights = read_train_reply(reply, self.codec, self.keys)
+        except RejectedReply as rejected:
+            log.warning("client %d reply rejected (%s): %s", job.client, rejected.reason, rejected)
+            self.stats.reject(rejected.reason)
+            self._expired_jobs += rejected.expired
             return None
         content = reply.content
-        if self.keys.arrays not in content.array_records:
-            log.warning("client %d reply lacks %r; rejected", job.client, self.keys.arrays)
-            self.stats.reject("no-arrays")
-            return None
-        try:
-            weights = self.codec.decode(content.array_records[self.keys.arrays])
-        except MalformedUpdate as exc:
-            log.warning("client %d reply rejected: %s", job.client, exc)
-            self.stats.reject(exc.reason)
-            return None
         metrics = self.keys.metrics_of(content)
         num_examples = int(metrics.get(self.keys.weight, 0)) if metrics is not None else 0
         train_loss = next((float(metrics[k]) for k in protocol.TRAIN_LOSS_ALIASES if k in metrics), float("nan")) \

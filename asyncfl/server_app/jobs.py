@@ -1,0 +1,99 @@
+"""What the engine tracks and counts, and the parts it talks to (as protocols, so fakes can stand in).
+
+``Job`` is one dispatched train request; ``EngineStats`` the counters a run's summary is
+built from. The protocols name exactly what the engine calls on Flower's Grid, on the
+run folder's recorder, on the train-metrics sink and on federated evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from flwr.app import RecordDict
+
+
+class GridLike(Protocol):
+    """The part of ``flwr.serverapp.Grid`` the engine uses."""
+
+    def get_node_ids(self): ...
+
+    def push_messages(self, messages): ...
+
+    def pull_messages(self, message_ids): ...
+
+
+class Recorder(Protocol):
+    """Where the engine reports what happened (see :mod:`asyncfl.server_app.recorder`)."""
+
+    def on_evaluation(self, row: dict) -> None: ...
+
+    def on_progress(self, clock: float, arrivals: int) -> None: ...
+
+
+class TrainMetricsSink(Protocol):
+    """Collects the ClientApps' train metrics per round (see :mod:`asyncfl.server_app.client_metrics`)."""
+
+    def add(self, content: RecordDict) -> None: ...
+
+    def on_round(self, round_: int) -> None: ...
+
+
+class FederatedEvaluator(Protocol):
+    """Sends the model to a sample of nodes for evaluation (see :mod:`asyncfl.server_app.federated_eval`)."""
+
+    def dispatch(self, round_: int, version: int, record, nodes: list[int]) -> None: ...
+
+    def poll(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@dataclass
+class Job:
+    """One dispatched train request."""
+
+    message_id: str
+    node_id: int
+    client: int
+    version: int
+    start: float
+    finish: float
+    seq: int
+    sent_wall: float
+    lost_reason: str = "lost"
+    sent_model: np.ndarray | None = None  # set when the strategy sent something other than the global model
+
+
+@dataclass
+class EngineStats:
+    """Counters the summary is built from."""
+
+    arrivals: int = 0
+    dispatched: int = 0
+    staleness: list[int] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+    server_seconds: float = 0.0
+    evaluations: list[dict] = field(default_factory=list)
+    round_trip_seconds: list[float] = field(default_factory=list)  # push -> reply pulled, wall seconds
+    client_train_seconds: list[float] = field(default_factory=list)  # as the ClientApps report it
+    reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
+    clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
+    unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
+    # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
+    by_client: dict[int, list[float]] = field(default_factory=dict)
+    by_worker: dict[str, int] = field(default_factory=dict)  # accepted replies per Ray node (simulation on a cluster)
+    first_push_wall: float | None = None  # time.monotonic() when the first train job was pushed
+    last_arrival_wall: float | None = None  # time.monotonic() when the last accepted reply was taken in
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def tally(self, client: int) -> list[float]:
+        """The client's running figures (created at its first reply)."""
+        return self.by_client.setdefault(client, [0, 0, 0.0, 0])
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
