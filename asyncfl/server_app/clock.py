@@ -6,7 +6,9 @@
   only when the engine accepts an event (and by measured server compute, when asked).
 * :class:`WallClock` (deployments): time is seconds since the run started; replies are
   accepted in the order they were pulled; nodes come and go, and a job on a node that left
-  is lost at once.
+  is lost at once. With ``emulate-delay-scale > 0`` each request carries ``emulate-seconds``
+  (the delay model's duration times the scale) and a ClientApp that pads its reply to it
+  shows asynchrony on uniform hardware.
 
 Both time jobs out on wall seconds (``timeout``): a reply that never comes is lost in a
 simulation too.

@@ -6,19 +6,11 @@ local queue (pulls are destructive), accepts replies in clock order, validates
 them, hands them to the strategy as :class:`~asyncfl.strategies.base.Arrival`
 objects and evaluates the global model on a schedule.
 
-Clocks
-------
-``virtual``
-    A job's duration is sampled from the client's delay profile when it is
-    dispatched; replies are accepted strictly in (virtual finish, dispatch
-    number) order, whatever order they physically come back in.
-``wall``
-    Replies are accepted in the order they are pulled; time is wall seconds.
-    The engine re-reads the SuperLink's online nodes every few seconds: jobs
-    go only to online nodes, and nodes that join mid-run are identified and
-    get work. With ``emulate-delay-scale > 0`` every train request carries
-    ``emulate-seconds`` (the delay model's duration times the scale) and the
-    ClientApp pads its reply to that long, so asynchrony shows on fast hardware.
+The parts around the loop live beside it: the clock (:mod:`~asyncfl.server_app.clock`:
+virtual or wall time, which reply is accepted next), the roster of clients
+(:mod:`~asyncfl.server_app.roster`), reply checks (:mod:`~asyncfl.server_app.replies`),
+the scoring schedule (:mod:`~asyncfl.server_app.scoring`) and the Grid waits
+(:mod:`~asyncfl.server_app.transport`).
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -42,6 +34,7 @@ from asyncfl.server_app.jobs import EngineStats, FederatedEvaluator, GridLike, J
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.replies import RejectedReply, read_train_reply
 from asyncfl.server_app.roster import Roster
+from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
 from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
@@ -52,11 +45,6 @@ if TYPE_CHECKING:  # the engine drives any Strategy; it needs the class only for
     from asyncfl.strategies.base import Strategy
 
 log = logging.getLogger("asyncfl.engine")
-
-EvaluateFn = Callable[[np.ndarray], tuple]
-"""Maps a flat global model to ``(loss, accuracy)`` or ``(loss, accuracy, per-class accuracies)`` on the
-server's test split."""
-
 
 
 class AsyncEngine:
@@ -126,9 +114,7 @@ class AsyncEngine:
         self._eligible = EligibleClients()  # clients a new job may go to (idle, with data, online)
         self._round_start = 0.0
         self._now = 0.0  # the clock at the last accepted event
-        self._next_eval = 0.0
-        self._last_eval: tuple | None = None
-        self._evaluated_remotely = -1  # the last round whose model was sent out for federated evaluation
+        self.scoring = Scoring(config.eval_every, evaluate_fn, self.stats, recorder, federated_eval)
         self._seq = 0
         self._pacer = PollPacer()
         self._failures_in_a_row = 0
@@ -199,7 +185,7 @@ class AsyncEngine:
             self._complete(job, reply)
             if self.recorder is not None:
                 self.recorder.on_progress(self._now, self.stats.arrivals)
-        self._final_evaluation()
+        self.scoring.final(self._now, self._state(), by_rounds=bool(self.config.eval_every_rounds))
         self._abandon_in_flight()
         if self.federated_eval is not None:
             self.federated_eval.finish()
@@ -473,48 +459,16 @@ class AsyncEngine:
             self._record_evaluation(self._now)
 
     # ------------------------------------------------------------- evaluate
-    def _evaluate_until(self, clock: float) -> None:
-        """Evaluate the model in effect at every scheduled point ``<= clock`` (``eval-every`` 0: none)."""
-        while self.config.eval_every and self._next_eval <= clock:
-            self._record_evaluation(self._next_eval)
-            self._next_eval += self.config.eval_every
+    def _state(self) -> ModelState:
+        version = self.versions.version
+        return ModelState(version, self.round, self.versions.current, lambda: self.versions.record(version),
+                          self.clients)
 
-    def _final_evaluation(self) -> None:
-        last = self.stats.evaluations[-1] if self.stats.evaluations else None
-        new_round = bool(self.config.eval_every_rounds) and last is not None \
-            and (last["round"], last["server_version"]) != (self.round, self.versions.version)
-        if last is None or last["time"] < self._now or new_round:
-            self._record_evaluation(self._now)
+    def _evaluate_until(self, clock: float) -> None:
+        self.scoring.until(clock, self._state)
 
     def _record_evaluation(self, at: float) -> None:
-        version, round_ = self.versions.version, self.round
-        if self.federated_eval is not None and self._evaluated_remotely != round_:
-            self._evaluated_remotely = round_
-            self.federated_eval.dispatch(round_, version, self.versions.record(version), self.clients)
-        if self.evaluate_fn is None:
-            self.stats.evaluations.append({"time": round(at, 6), "server_version": version, "round": round_})
-            return
-        # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
-        key = (version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
-        if self._last_eval is None or self._last_eval[0] != key:
-            result = self.evaluate_fn(self.versions.current)
-            per_class = [round(float(a), 6) for a in result[2]] if len(result) > 2 else None
-            self._last_eval = (key, float(result[0]), float(result[1]), per_class)
-        _, loss, accuracy, per_class = self._last_eval
-        row = {
-            "time": round(at, 6),
-            "server_version": version,
-            "arrivals": self.stats.arrivals,
-            "rejected": self.stats.rejected_total,
-            "accuracy": round(accuracy, 6),
-            "loss": round(loss, 6),
-            "round": round_,
-        }
-        if per_class is not None:
-            row["class_accuracy"] = per_class
-        self.stats.evaluations.append(row)
-        if self.recorder is not None:
-            self.recorder.on_evaluation(row)
+        self.scoring.score(at, self._state())
 
     def _abandon_in_flight(self) -> None:
         for job in list(self._in_flight.values()):

@@ -1,0 +1,95 @@
+"""When the global model is scored, and the row each score becomes.
+
+The model is scored at every multiple of ``eval-every`` clock time, at the end of every
+``evaluate_every`` rounds, at the start and at the end, and never twice for the same
+version and test data (a repeated point reuses the last score). Each point also sends the
+model out for federated evaluation once per round, when a strategy evaluates on clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from asyncfl.server_app.jobs import EngineStats, FederatedEvaluator, Recorder
+
+EvaluateFn = Callable[[np.ndarray], tuple]
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What a scoring point needs to know about the server at that moment."""
+
+    version: int
+    round: int
+    model: np.ndarray
+    record: Callable[[], object]  # the version's ArrayRecord, built only if federated evaluation needs it
+    clients: list[int]
+
+
+class Scoring:
+    """Scores the global model on the engine's schedule and records the rows.
+
+    Parameters
+    ----------
+    every_time : float
+        Clock units between scheduled points (0: none by the clock).
+    evaluate_fn : EvaluateFn or None
+        ``flat model -> (loss, accuracy[, per-class accuracies])``; None: rows without scores.
+    stats : EngineStats
+        Where rows go (``evaluations``) and the counts they carry.
+    recorder, federated_eval : optional
+        The run folder; federated evaluation on a sample of nodes.
+    """
+
+    def __init__(self, every_time: float, evaluate_fn: EvaluateFn | None, stats: EngineStats,
+                 recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None) -> None:
+        self.every_time = every_time
+        self.evaluate_fn = evaluate_fn
+        self.stats = stats
+        self.recorder = recorder
+        self.federated_eval = federated_eval
+        self._next = 0.0
+        self._last: tuple | None = None
+        self._sent_round = -1  # the last round whose model went out for federated evaluation
+
+    def until(self, clock: float, state: Callable[[], ModelState]) -> None:
+        """Score at every scheduled point ``<= clock`` (the model in effect is the current one)."""
+        while self.every_time and self._next <= clock:
+            self.score(self._next, state())
+            self._next += self.every_time
+
+    def score(self, at: float, state: ModelState) -> None:
+        """One row at clock ``at``."""
+        if self.federated_eval is not None and self._sent_round != state.round:
+            self._sent_round = state.round
+            self.federated_eval.dispatch(state.round, state.version, state.record(), state.clients)
+        if self.evaluate_fn is None:
+            self.stats.evaluations.append({"time": round(at, 6), "server_version": state.version,
+                                           "round": state.round})
+            return
+        # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
+        key = (state.version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
+        if self._last is None or self._last[0] != key:
+            result = self.evaluate_fn(state.model)
+            per_class = [round(float(a), 6) for a in result[2]] if len(result) > 2 else None
+            self._last = (key, float(result[0]), float(result[1]), per_class)
+        _, loss, accuracy, per_class = self._last
+        row = {"time": round(at, 6), "server_version": state.version, "arrivals": self.stats.arrivals,
+               "rejected": self.stats.rejected_total, "accuracy": round(accuracy, 6), "loss": round(loss, 6),
+               "round": state.round}
+        if per_class is not None:
+            row["class_accuracy"] = per_class
+        self.stats.evaluations.append(row)
+        if self.recorder is not None:
+            self.recorder.on_evaluation(row)
+
+    def final(self, at: float, state: ModelState, by_rounds: bool) -> None:
+        """The last row, unless the last scheduled one already scored this time, round and version."""
+        last = self.stats.evaluations[-1] if self.stats.evaluations else None
+        new_round = by_rounds and last is not None and (last["round"], last["server_version"]) != (
+            state.round, state.version)
+        if last is None or last["time"] < at or new_round:
+            self.score(at, state)
