@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 
-from asyncfl.cli import CONNECTION, LocalSuperLink, run_failed
+from asyncfl.deploy.simulation import CONNECTION, LocalSuperLink, run_failed
 
 
 def _address(flwr_home) -> str:
