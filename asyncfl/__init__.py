@@ -11,6 +11,7 @@ Names are imported on first use, so a ClientApp process that imports
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,30 @@ _PUBLIC = {
 }
 
 __all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC (a test keeps them equal)
+    from asyncfl.strategies.base import Strategy, Arrival
+    from asyncfl.server_app.launch import AsyncResult
+    from asyncfl.strategies.fedavg import FedAvg
+    from asyncfl.strategies.fedasync import FedAsync
+    from asyncfl.strategies.fedbuff import FedBuff
+    from asyncfl.strategies.afl_dw import AFLDW
+    from asyncfl.strategies.ca2fl import CA2FL
+    from asyncfl.strategies.fadas import FADAS
+    from asyncfl.strategies.fedfa import FedFa
+    from asyncfl.strategies.fedadt import FedADT
+    from asyncfl.strategies.fedecho import FedEcho
+    from asyncfl.strategies.fedrevive import FedRevive, DDFedRevive
+    from asyncfl.strategies.gi import GICompensation
+    from asyncfl.strategies.stale_compensation import StaleWeighted, DCASGD, WPred, AsynTiers
+    from asyncfl.strategies.gi.unrolled import LocalProgram
+    from asyncfl.strategies.settings import ConfigError, StrategyConfig
+    from asyncfl.options import RunOptions
+    from asyncfl.errors import (
+        RunFailed, NoNodesConnected, NothingToDispatch, ClientAppsFailing, TooFewPeers, MissingClientInfo,
+    )
+    from asyncfl.client_app.extras import answer_identity, pad_to_emulated_duration
+    from asyncfl.simulation.delays import DelayModel, ComponentDelay
 
 
 def __getattr__(name: str):

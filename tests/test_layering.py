@@ -98,3 +98,10 @@ def test_the_engine_names_no_clock():
     tree = ast.parse(source)
     literals = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)}
     assert not literals & {"virtual", "wall"}
+
+
+def test_the_names_ides_see_are_the_public_names_loaded_on_first_use():
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
+    seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert seen == asyncfl._PUBLIC
