@@ -67,6 +67,11 @@ STRATEGIES = {
     # later round stale; "fedavg-deadline" is the paper's "Unweighted" baseline on the same clock
     "gi": ("GICompensation", {}),
     "fedavg-deadline": ("FedAvg", {}),
+    # the GI paper's other baselines for late updates, on the same semi-asynchronous rounds
+    "staleweighted": ("StaleWeighted", {}),
+    "dcasgd": ("DCASGD", {}),
+    "wpred": ("WPred", {}),
+    "asyntiers": ("AsynTiers", {}),
     "fedbuff-before": ("FedBuff", {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"}),
     "afl-dw-before": ("AFLDW", {"server_lr": 0.1}),
     "ca2fl-before": ("CA2FL", {"buffer_size": 5, "server_lr": 1.0}),
@@ -75,7 +80,8 @@ STRATEGIES = {
 DELAYS = "fedrevive-default"
 #: engine keywords per strategy (on top of the clock, delays and seed every asyncfl cell gets)
 ROUND_DEADLINE = 1.5  # fedrevive-default: a job takes 0.1 + Exp(1.0-1.6) + ~0.2, so about a third are late
-ENGINE = {"gi": {"round_deadline": ROUND_DEADLINE}, "fedavg-deadline": {"round_deadline": ROUND_DEADLINE}}
+ENGINE = {name: {"round_deadline": ROUND_DEADLINE}
+          for name in ("gi", "fedavg-deadline", "staleweighted", "dcasgd", "wpred", "asyntiers")}
 
 
 def parse_strategy(name: str) -> tuple[str, dict]:
