@@ -4,7 +4,7 @@
 # Layout as in Flower's images: a venv at /python/venv first on PATH, user `app` (uid 49999), workdir /app.
 ARG BASE=asyncfl-base:bookworm
 FROM ${BASE}
-ARG FLWR_VERSION=1.41.0
+ARG FLWR_VERSION=1.42.0
 # A CA bundle for pip where the package index is reached through a TLS-inspecting proxy (docker/trust/, filled by
 # `asyncfl docker build --ca-bundle`); with none there, pip keeps the system's certificates.
 COPY docker/trust/ /etc/pip-trust/

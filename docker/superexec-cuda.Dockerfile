@@ -1,7 +1,7 @@
 # SuperExec image for ClientApps on NVIDIA GPUs: PyPI's default PyTorch wheel brings its CUDA runtime; the host
 # needs the NVIDIA container toolkit (the compose file reserves one GPU per ClientApp container). Documented, not
 # run here: the machines this project is developed and tested on have no GPU and no image registry.
-ARG FLOWER_IMAGE=flwr/superexec:1.41.0
+ARG FLOWER_IMAGE=flwr/superexec:1.42.0
 FROM ${FLOWER_IMAGE}
 USER root
 RUN python -m pip install --no-cache-dir torch==2.14.1

@@ -1,8 +1,8 @@
 # SuperExec image: runs the ServerApp and the ClientApps (PyTorch, the data and ML packages, asyncfl) against the
 # Runtime API of a SuperLink or a SuperNode. FLOWER_IMAGE is the Flower image built here by `asyncfl docker build`
-# (asyncfl-flower:1.41.0) or Flower's own flwr/superexec:1.41.0 where a registry is reachable.
+# (asyncfl-flower:1.42.0) or Flower's own flwr/superexec:1.42.0 where a registry is reachable.
 # Layers go from what changes least to what changes most: a code change rebuilds only the last one.
-ARG FLOWER_IMAGE=asyncfl-flower:1.41.0
+ARG FLOWER_IMAGE=asyncfl-flower:1.42.0
 FROM ${FLOWER_IMAGE}
 USER root
 # 1. PyTorch: a wheel from docker/wheels/ in the build context if there is one (CPU builds are ~10x smaller than the

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FLOWER_VERSION = "1.41.0"
+FLOWER_VERSION = "1.42.0"
 SUPERLINK_PORT = 9093
 SUPERNODE_RUNTIME_PORT = 9094
 CERT_DIR = "/app/certificates"

@@ -3,7 +3,7 @@
 Flower's ``Grid.pull_messages`` returns a reply only once all its objects
 (the arrays) are downloaded; when a SuperNode dies while uploading a reply,
 the pull keeps retrying until the SuperLink's object-push session expires
-(``OBJECT_PUSH_SESSION_TTL_SECONDS`` = 180 s in Flower 1.41) and only then
+(``OBJECT_PUSH_SESSION_TTL_SECONDS`` = 180 s in Flower 1.41 and 1.42) and only then
 yields an error message. A batch pull that contains that reply blocks every
 other reply with it; measured on loopback: a killed SuperNode stalled the
 engine for ~3 minutes.
@@ -21,7 +21,7 @@ HTTP request that costs the SuperLink and the ServerApp CPU the ClientApps on
 the same cores then lack: pulling every message every 0.2 s cost 48 CPU
 seconds more than Flower's own loop over a 60-job loopback run
 (``benchmarks/deploy``). The later notice costs the next job nothing as long
-as it stays under Flower 1.41's SuperNode idle sleep (3 s between pulls when it
+as it stays under Flower 1.41 and 1.42's SuperNode idle sleep (3 s between pulls when it
 has no message), which it is.
 """
 
