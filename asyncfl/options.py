@@ -141,10 +141,7 @@ class RunOptions(Knobs):
     def check(self) -> None:
         """Conditions between options (single values are checked from the fields' ranges)."""
         object.__setattr__(self, "target_accuracy", parse_targets(self.target_accuracy))  # a list becomes a tuple
-        _whole("concurrency", self.concurrency, minimum=1, optional=True)
-        _whole("jobs_per_client", self.jobs_per_client, minimum=1)
-        _whole("evaluate_every", self.evaluate_every, minimum=0)
-        _whole("max_arrivals", self.max_arrivals, minimum=0)
+        _whole("concurrency", self.concurrency, minimum=1, optional=True)  # the other integers are typed fields
         if self.identify_nodes is not None and not isinstance(self.identify_nodes, bool):
             raise ConfigError(f"identify_nodes={self.identify_nodes!r} must be True, False or None (run-config "
                               "identify-nodes)")
@@ -188,8 +185,8 @@ class RunOptions(Knobs):
     def engine_config(self, *, num_rounds: int, timeout: float, concurrency: int, round_arrivals: int,
                       node_wait: float) -> "EngineConfig":
         """What the engine runs with, once the nodes are known (``concurrency``: resolved ``K``;
-        ``round_arrivals``: accepted updates per round, 0 = a round is a server version)."""
-        self.check_run(num_rounds, timeout)
+        ``round_arrivals``: accepted updates per round, 0 = a round is a server version); call
+        :meth:`check_run` first, before anything waits for nodes."""
         preset, model = resolve_delays(self.clock, self.delays)
         identify = (self.clock == "virtual" or self.emulate_delay_scale > 0) if self.identify_nodes is None \
             else self.identify_nodes
