@@ -13,8 +13,8 @@ from flwr.supercore.exit import ExitCode
 
 from asyncfl.strategies.settings import ConfigError
 
-__all__ = ["ClientAppsFailing", "ConfigError", "MissingClientInfo", "NoNodesConnected", "NothingToDispatch",
-           "RunFailed", "TooFewPeers"]
+__all__ = ["CheckpointError", "ClientAppsFailing", "ConfigError", "MissingClientInfo", "NoNodesConnected",
+           "NothingToDispatch", "RunFailed", "TooFewPeers"]
 
 
 class RunFailed(RuntimeError, AppExitException):
@@ -41,3 +41,8 @@ class TooFewPeers(RunFailed):
 
 class MissingClientInfo(RunFailed):
     """A setting needs something every client must report (e.g. label counts) and one did not."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be written or resumed from: missing, damaged, or made by another strategy, model
+    layout or incompatible settings (the message says what differs). Raised before anything is overwritten."""

@@ -86,6 +86,18 @@ class RunOptions(Knobs):
     output_dir, run_name : str, optional
         The run folder ``<output_dir>/<run_name>`` (metrics.csv, summary.json, accuracy.png), written
         as the run goes; no folder when ``output_dir`` is None. ``output-dir``, ``run-name``.
+    checkpoint_every : int
+        Write the server's whole state every this many server versions, and when the run stops
+        (0 = never). ``checkpoint-every``.
+    checkpoint_dir : str, optional
+        Where checkpoints go; None (or ""): ``<run folder>/checkpoints``. ``checkpoint-dir``.
+    checkpoint_keep : int
+        How many of the newest checkpoints to keep. ``checkpoint-keep``.
+    resume_from : str, optional
+        Go on from a checkpoint: a checkpoint file, a folder of them or a run folder (its newest).
+        The strategy, model layout and scheduling settings must be the checkpoint's (a mismatch is
+        refused, saying what differs); stops may change, so a finished run can be extended. The
+        run folder defaults to the checkpoint's. ``resume-from``.
     """
 
     label: ClassVar[str] = "run option"
@@ -111,6 +123,10 @@ class RunOptions(Knobs):
     emulate_delay_scale: float = knob(0.0, minimum=0)
     output_dir: str | None = knob(None)
     run_name: str = knob("")
+    checkpoint_every: int = knob(0, minimum=0)
+    checkpoint_dir: str | None = knob(None)
+    checkpoint_keep: int = knob(2, minimum=1)
+    resume_from: str | None = knob(None)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -167,6 +183,9 @@ class RunOptions(Knobs):
             raise ConfigError("overlap-server-compute (overlap_server_compute) hides server time from clients; set "
                               "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
                               "time to the virtual clock")
+        if self.checkpoint_every and not (self.checkpoint_dir or self.output_dir or self.resume_from):
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} (checkpoint-every) needs a place to write: "
+                              "set checkpoint_dir, or output_dir (checkpoints go to <run folder>/checkpoints)")
         if self.jobs_per_client > 1 and self.clock != "wall":
             raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
                               "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "

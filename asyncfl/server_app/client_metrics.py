@@ -52,6 +52,15 @@ class TrainMetrics:
         self.by_round: dict[int, MetricRecord] = {}
         self._pending: list[RecordDict] = []
 
+    def state_dict(self) -> dict:
+        """The rounds aggregated so far and the open round's replies, as plain values (a checkpoint's part)."""
+        return {"by_round": [[r, dict(m)] for r, m in self.by_round.items()],
+                "pending": [dict(m) for content in self._pending for m in content.metric_records.values()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
+        self._pending = [RecordDict({"metrics": MetricRecord(m)}) for m in state["pending"]]
+
     def add(self, content: RecordDict) -> None:
         """One accepted reply's metrics (a RecordDict holding its MetricRecord)."""
         self._pending.append(content)

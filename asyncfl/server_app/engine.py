@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,8 +26,9 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
 
 from asyncfl import protocol
-from asyncfl.errors import ClientAppsFailing, NoNodesConnected, NothingToDispatch
+from asyncfl.errors import CheckpointError, ClientAppsFailing, NoNodesConnected, NothingToDispatch
 from asyncfl.options import EngineConfig
+from asyncfl.server_app.checkpoint import layout_of, resume_settings
 from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.eligible import EligibleClients
@@ -38,10 +40,12 @@ from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
 from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
+from asyncfl.state import capture, restore
 from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys
 
 if TYPE_CHECKING:  # the engine drives any Strategy; it needs the class only for annotations
+    from asyncfl.server_app.checkpoint import Checkpoints  # noqa: F401 (annotation)
     from asyncfl.strategies.base import Strategy
 
 log = logging.getLogger("asyncfl.engine")
@@ -74,6 +78,10 @@ class AsyncEngine:
         Receives each accepted reply's content and the end of every round.
     federated_eval : FederatedEvaluator, optional
         Evaluates the model on a sample of nodes at every evaluation point.
+    checkpoints : Checkpoints, optional
+        Writes :meth:`snapshot` every ``checkpoints.every`` server versions and when the run stops.
+    resume : dict, optional
+        A checkpoint's state (:func:`asyncfl.server_app.checkpoint.read`): the run goes on from it.
     """
 
     def __init__(
@@ -89,6 +97,8 @@ class AsyncEngine:
         keys: MessageKeys | None = None,
         train_metrics: TrainMetricsSink | None = None,
         federated_eval: FederatedEvaluator | None = None,
+        checkpoints: Checkpoints | None = None,
+        resume: dict | None = None,
     ) -> None:
         self.grid = grid
         self.strategy = strategy
@@ -119,6 +129,8 @@ class AsyncEngine:
         self._pacer = PollPacer()
         self._failures_in_a_row = 0
         self._expired_jobs = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
+        self.checkpoints = checkpoints
+        self._resume = resume
 
     # ----------------------------------------------------------------- setup
     def discover_clients(self) -> list[int]:
@@ -167,10 +179,15 @@ class AsyncEngine:
         if not len(self.roster):
             self.discover_clients()
         self.strategy.on_start(len(self.roster), concurrency=self.config.concurrency)
-        self._evaluate_until(0.0)
-        if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
-            self._record_evaluation(0.0)
+        if self._resume is not None:
+            self._restore(self._resume)
+        else:
+            self._evaluate_until(0.0)
+            if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
+                self._record_evaluation(0.0)
         while not self._should_stop():
+            if self.checkpoints is not None and self.checkpoints.due(self.versions.version):
+                self._checkpoint()
             self._top_up()
             if not self._in_flight:
                 self._wait_for_an_online_node()
@@ -185,6 +202,8 @@ class AsyncEngine:
             self._complete(job, reply)
             if self.recorder is not None:
                 self.recorder.on_progress(self._now, self.stats.arrivals)
+        if self.checkpoints is not None:  # the stopped run's state: resume it with a later stop to extend it
+            self._checkpoint()
         self.scoring.final(self._now, self._state(), by_rounds=bool(self.config.eval_every_rounds))
         self._abandon_in_flight()
         if self.federated_eval is not None:
@@ -297,7 +316,7 @@ class AsyncEngine:
                 )
             )
             jobs.append(Job("", self.roster.nodes[client], client, version, start, start + duration, seq, 0.0,
-                            sent_model=custom))
+                            sent_model=custom, request=config))
         pushing = time.monotonic()
         message_ids = list(self.grid.push_messages(messages))
         sent = time.monotonic()
@@ -475,6 +494,116 @@ class AsyncEngine:
             self.versions.release(job.version)
         self._in_flight.clear()
         self._inbox.clear()
+
+    # ------------------------------------------------------------ checkpoint
+    def _stateful_parts(self) -> dict[str, object]:
+        """The parts around the engine that carry state of their own (each has state_dict/load_state_dict or
+        state_attributes); the recorder last, so that it cuts its files back only once all else fitted."""
+        parts = {"delays": self.delays, "scoring": self.scoring, "train_metrics": self.train_metrics,
+                 "federated_eval": self.federated_eval, "evaluate_fn": self.evaluate_fn, "recorder": self.recorder}
+        return {name: part for name, part in parts.items()
+                if part is not None and (hasattr(part, "state_dict") or hasattr(type(part), "state_attributes"))}
+
+    def snapshot(self) -> dict:
+        """The whole server state at this moment, as a plain tree (:mod:`asyncfl.state`): global model and the
+        versions jobs in flight were sent, those jobs (client, times, dispatch number, request as sent), the
+        strategy's state, counters, random streams, the scoring schedule and the run folder's position.
+
+        Taken between events (no reply half-accepted), so a run resumed from it repeats exactly what this one
+        does next: on the virtual clock, byte for byte.
+        """
+        jobs = sorted(self._in_flight.values(), key=lambda j: j.seq)
+        return {
+            "settings": resume_settings(self.config),
+            "layout": layout_of(self.codec),
+            "clients": {"sizes": [int(s) for s in self.roster.sizes]},
+            "strategy": self.strategy.state_dict(),
+            "engine": capture({"now": self._now, "round_start": self._round_start, "seq": self._seq,
+                               "failures_in_a_row": self._failures_in_a_row, "expired_jobs": self._expired_jobs,
+                               "pick_rng": self._pick_rng}),
+            "stats": capture({f.name: getattr(self.stats, f.name) for f in fields(EngineStats)
+                              if f.name not in EngineStats.process_fields}),
+            "versions": capture(self.versions.state_dict()),
+            "jobs": [capture({"client": j.client, "version": j.version, "start": j.start, "finish": j.finish,
+                              "seq": j.seq, "sent_model": j.sent_model, "request": j.request}) for j in jobs],
+            "parts": {name: part.state_dict() if hasattr(part, "state_dict") else capture(part, name)
+                      for name, part in self._stateful_parts().items()},
+        }
+
+    def _checkpoint(self) -> None:
+        path = self.checkpoints.save(self.snapshot, self.versions.version, self.stats.arrivals)
+        log.debug("checkpoint %s", path)
+
+    def _restore(self, state: dict) -> None:
+        """Continue from a checkpoint's :meth:`snapshot` (after discovery and ``on_start``)."""
+        sizes = [int(s) for s in self.roster.sizes]
+        if state["clients"]["sizes"] != sizes:
+            raise CheckpointError(
+                f"the checkpoint was made with {len(state['clients']['sizes'])} client(s) of sizes "
+                f"{state['clients']['sizes'][:8]}..., this run has {len(sizes)} of sizes {sizes[:8]}...: "
+                "resume with the same nodes and data")
+        self.strategy.load_state_dict(state["strategy"])
+        engine = restore(None, state["engine"])
+        self._now, self._round_start, self._seq = engine["now"], engine["round_start"], engine["seq"]
+        self._failures_in_a_row, self._expired_jobs = engine["failures_in_a_row"], engine["expired_jobs"]
+        self._pick_rng = engine["pick_rng"]
+        for name, value in restore(None, state["stats"]).items():
+            setattr(self.stats, name, value)
+        self.versions.load_state_dict(restore(None, state["versions"]))
+        parts = self._stateful_parts()
+        missing = sorted(set(parts) - set(state["parts"]))
+        if missing:
+            raise CheckpointError(f"the checkpoint has no state for {', '.join(missing)}: it was made by a run "
+                                  "set up otherwise (federated evaluation, evaluate_fn, run folder)")
+        for name, part in parts.items():
+            if hasattr(part, "load_state_dict"):
+                part.load_state_dict(state["parts"][name])
+            else:
+                restore(part, state["parts"][name], name)
+        if self.checkpoints is not None:
+            self.checkpoints.last_version = self.versions.version
+        self._reissue([restore(None, job) for job in state["jobs"]])
+        log.info("resumed at server version %d after %d accepted updates (clock %.3f): %d job(s) in flight "
+                 "re-sent", self.versions.version, self.stats.arrivals, self._now, len(self._in_flight))
+
+    def _reissue(self, saved: list[dict]) -> None:
+        """Send again the jobs that were in flight at the checkpoint, as they were sent (same client, model,
+        seed and clock times), so their replies are the ones the first run would have accepted.
+
+        On the wall clock a job's reply depends on when it comes back: those jobs are counted lost
+        (``lost-in-restart``) and their slots filled anew.
+        """
+        if self.clock.nodes_come_and_go:
+            for job in saved:
+                self.versions.release(job["version"])
+                self.stats.reject("lost-in-restart")
+            if saved:
+                log.warning("%d job(s) in flight at the checkpoint were lost with the run that wrote it "
+                            "(lost-in-restart); their slots are filled anew", len(saved))
+            return
+        messages, jobs = [], []
+        for entry in saved:
+            client = entry["client"]
+            if client >= len(self.roster.nodes):
+                raise CheckpointError(f"the checkpoint has a job for client {client}; this run has "
+                                      f"{len(self.roster.nodes)} clients")
+            custom = entry["sent_model"]
+            arrays = self.codec.to_record(custom) if custom is not None else self.versions.record(entry["version"])
+            content = RecordDict({self.keys.arrays: arrays, self.keys.config: ConfigRecord(entry["request"])})
+            messages.append(Message(content, dst_node_id=self.roster.nodes[client], message_type=MessageType.TRAIN,
+                                    ttl=self.config.job_timeout))
+            jobs.append(Job("", self.roster.nodes[client], client, entry["version"], entry["start"], entry["finish"],
+                            entry["seq"], 0.0, sent_model=custom, request=entry["request"]))
+        message_ids = list(self.grid.push_messages(messages)) if messages else []
+        sent = time.monotonic()
+        for job, message_id in zip(jobs, message_ids):
+            job.message_id, job.sent_wall = message_id, sent
+            self._in_flight[message_id] = job
+            self._busy[job.client] += 1
+        for job in jobs[len(message_ids):]:
+            self.versions.release(job.version)
+            self.stats.reject("push-refused")
+        self._update_eligible(range(len(self.roster)))
 
     # -------------------------------------------------------------- summary
     @property

@@ -67,6 +67,8 @@ class RecordEvaluator:
     tells it the clock before each evaluation.
     """
 
+    state_attributes = ("best_accuracy",)  # what a checkpoint keeps: best_model.pt is rewritten only on a new best
+
     def __init__(self, evaluator: CentralEvaluator, best_model_path: Path | None = None) -> None:
         self.evaluator = evaluator
         self.best_model_path = best_model_path

@@ -21,6 +21,7 @@ from flwr.common import MessageType
 from flwr.common.logger import log as flwr_log
 
 from asyncfl import protocol
+from asyncfl.state import capture, restore
 from asyncfl.server_app.client_metrics import aggregate_replies
 from asyncfl.strategies.flower_options import FlowerOptions
 
@@ -102,6 +103,25 @@ class FederatedEvaluation:
             self._count("lost", len(point.pending))
             point.pending.clear()
         self._round_of.clear()
+        self._close_finished(force=True)
+
+    def state_dict(self) -> dict:
+        """Aggregated rounds, rejections, the node-sampling stream, and each open point's replies so far."""
+        return {"rng": capture(self._rng), "rejected": dict(self.rejected),
+                "by_round": [[r, dict(m)] for r, m in self.by_round.items()],
+                "open": [[r, len(p.pending), [dict(m) for c in p.replies for m in c.metric_records.values()]]
+                         for r, p in self._points.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take a checkpoint's state; a point that was still waiting then is closed now with the replies it had
+        (its requests went to the run that died: counted ``lost-in-restart``)."""
+        self._rng = restore(self._rng, state["rng"])
+        self.rejected = dict(state["rejected"])
+        self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
+        for round_, pending, replies in state["open"]:
+            self._count("lost-in-restart", int(pending))
+            self._points[int(round_)] = _Point(time.monotonic(), set(),
+                                               [RecordDict({"metrics": MetricRecord(m)}) for m in replies])
         self._close_finished(force=True)
 
     @property

@@ -64,6 +64,7 @@ class Job:
     sent_wall: float
     lost_reason: str = "lost"
     sent_model: np.ndarray | None = None  # set when the strategy sent something other than the global model
+    request: dict | None = None  # the request's config record as sent (a resumed run re-sends it as it was)
 
 
 @dataclass
@@ -86,6 +87,9 @@ class EngineStats:
     by_worker: dict[str, int] = field(default_factory=dict)  # accepted replies per Ray node (simulation on a cluster)
     first_push_wall: float | None = None  # time.monotonic() when the first train job was pushed
     last_arrival_wall: float | None = None  # time.monotonic() when the last accepted reply was taken in
+
+    #: Fields that are moments of this process's monotonic clock: not carried into a resumed run.
+    process_fields = ("first_push_wall", "last_arrival_wall")
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -24,13 +24,15 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Result
 
 from asyncfl.options import EngineConfig, RunOptions
-from asyncfl.errors import NoNodesConnected
+from asyncfl.errors import CheckpointError, NoNodesConnected
+from asyncfl.server_app import checkpoint
 from asyncfl.server_app.client_metrics import TrainMetrics
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
 from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
+from asyncfl.state import capture, restore
 
 if TYPE_CHECKING:
     from asyncfl.strategies.base import Strategy
@@ -68,6 +70,18 @@ class ServerEvaluation:
         self.by_round: dict[int, MetricRecord] = {}
         if hasattr(evaluate_fn, "select"):
             self.select = evaluate_fn.select
+
+    def state_dict(self) -> dict:
+        """The scores so far, and the user's evaluator's own state when it declares ``state_attributes`` (the
+        built-in app's best accuracy so far): a checkpoint's part."""
+        inner = self.evaluate_fn
+        return {"by_round": [[r, dict(m)] for r, m in self.by_round.items()],
+                "evaluate_fn": capture(inner) if hasattr(type(inner), "state_attributes") else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
+        if state["evaluate_fn"] is not None:
+            restore(self.evaluate_fn, state["evaluate_fn"], "evaluate_fn")
 
     def __call__(self, flat: np.ndarray) -> tuple:
         round_ = self.round()
@@ -149,14 +163,28 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn)
     federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout)
                  if flower.evaluates_on_clients else None)
+    resume, resumed_from = None, None
+    if options.resume_from:
+        resumed_from = checkpoint.find(options.resume_from)
+        resume = checkpoint.read(resumed_from)
+        checkpoint.check_fits(resume, strategy, codec, config)  # before anything in a run folder changes
+    folder = _run_folder(options, name, resumed_from)
     recorder = None
-    if options.output_dir is not None:
-        folder = Path(options.output_dir).expanduser().resolve() / (
-            options.run_name or f"{name.lower()}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if folder is not None:
         recorder = RunRecorder(folder, run_config or _run_settings(name, config, flower, num_rounds),
-                               config.target_accuracy, options.progress, options.max_arrivals, options.max_time)
+                               config.target_accuracy, options.progress, options.max_arrivals, options.max_time,
+                               resuming=resume is not None)
+    checkpoints = None
+    if options.checkpoint_every:
+        if not strategy.checkpointable:
+            raise CheckpointError(f"checkpoint_every={options.checkpoint_every}: {name} does not say what its state "
+                                  "is (state_attributes, or state_dict/load_state_dict), so it cannot be checkpointed")
+        where = options.checkpoint_dir or (folder / checkpoint.FOLDER if folder is not None else None)
+        checkpoints = checkpoint.Checkpoints(Path(where).expanduser().resolve(), options.checkpoint_every,
+                                             options.checkpoint_keep)
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
-                         keys=flower.keys, train_metrics=train_metrics, federated_eval=federated)
+                         keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
+                         checkpoints=checkpoints, resume=resume)
     if server_eval is not None:
         server_eval.round, server_eval.version = (lambda: engine.round), (lambda: engine.versions.version)
     flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
@@ -181,6 +209,10 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         out["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         if federated is not None and federated.rejected:
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
+        if checkpoints is not None:
+            out.update(checkpoints.summary())
+        if resumed_from is not None:
+            out["resumed-from"] = str(resumed_from)
         return out
 
     if recorder is not None:
@@ -206,6 +238,16 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     for line in str(result).splitlines():  # Flower's closing report, keyed by round
         flwr_log(logging.INFO, "\t%s", line)
     return result
+
+
+def _run_folder(options: RunOptions, name: str, resumed_from: Path | None) -> Path | None:
+    """``<output_dir>/<run_name>``; when resuming without an output_dir, the run folder the checkpoint is in."""
+    if options.output_dir is not None:
+        return Path(options.output_dir).expanduser().resolve() / (
+            options.run_name or f"{name.lower()}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if resumed_from is not None and resumed_from.parent.name == checkpoint.FOLDER:
+        return resumed_from.parent.parent.resolve()
+    return None
 
 
 def _stops_text(num_rounds: int, max_arrivals: int, max_time: float, round_arrivals: int,

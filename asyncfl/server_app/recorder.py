@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asyncfl.errors import CheckpointError
 from asyncfl.server_app.run_folder import append_csv, start_csv, write_json
 
 log = logging.getLogger("asyncfl.recorder")
@@ -39,7 +40,8 @@ class RunRecorder:
     """Writes a run's folder incrementally and draws a progress line."""
 
     def __init__(self, folder: Path, config: dict, targets: tuple[float, ...], progress: bool,
-                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0, num_classes: int | None = None) -> None:
+                 max_arrivals: int, max_time: float, plot_every_s: float = 20.0, num_classes: int | None = None,
+                 resuming: bool = False) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.targets = targets
@@ -55,9 +57,30 @@ class RunRecorder:
         self._plot_every_s = plot_every_s
         #: Set by the ServerApp: builds the current summary, rewritten after every evaluation.
         self.summary_source = None
+        if resuming:  # the folder's files are the run's so far: load_state_dict cuts them back to the checkpoint
+            return
         write_json(folder / "config.json", config)
         if self.class_columns is not None:
             self._write_headers()
+
+    def state_dict(self) -> dict:
+        """The rows written so far (a checkpoint's part)."""
+        return {"rows": [dict(r) for r in self.rows], "class_columns": self.class_columns}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue a run from a checkpoint: its rows, and ``metrics.csv`` / ``timing.csv`` cut back to them
+        (rows written after the checkpoint are written again, identically on the virtual clock)."""
+        self.rows = [dict(r) for r in state["rows"]]
+        self.class_columns = state["class_columns"]
+        if self.class_columns is None:  # nothing was scored before the checkpoint
+            return
+        if not all((self.folder / name).exists() for name in ("metrics.csv", "timing.csv")):
+            raise CheckpointError(f"{self.folder} lacks metrics.csv or timing.csv: resume into the run folder the "
+                                  "checkpoint was written in")
+        for name in ("metrics.csv", "timing.csv"):
+            path = self.folder / name
+            lines = path.read_bytes().splitlines(keepends=True)  # bytes: csv's \r\n line ends stay as written
+            path.write_bytes(b"".join(lines[: 1 + len(self.rows)]))
 
     @staticmethod
     def _class_columns(num_classes: int) -> list[str]:

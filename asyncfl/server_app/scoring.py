@@ -44,6 +44,8 @@ class Scoring:
         The run folder; federated evaluation on a sample of nodes.
     """
 
+    state_attributes = ("_next", "_last", "_sent_round")  # what a checkpoint keeps (asyncfl.state)
+
     def __init__(self, every_time: float, evaluate_fn: EvaluateFn | None, stats: EngineStats,
                  recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None) -> None:
         self.every_time = every_time

@@ -65,6 +65,19 @@ class VersionStore:
             self._models.pop(version, None)
             self._records.pop(version, None)
 
+    def state_dict(self) -> dict:
+        """The current version number, every stored model and the pins on them (a checkpoint's part)."""
+        return {"version": self.version, "models": dict(self._models), "refs": dict(self._refs),
+                "peak_versions": self.peak_versions}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take the versions a checkpoint stored; their records are re-encoded on first use."""
+        self.version = int(state["version"])
+        self._models = {int(v): m for v, m in state["models"].items()}
+        self._refs = {int(v): int(n) for v, n in state["refs"].items()}
+        self._records = {}
+        self.peak_versions = int(state["peak_versions"])
+
     @property
     def stored(self) -> int:
         """How many versions are held now."""

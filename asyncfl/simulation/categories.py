@@ -104,6 +104,8 @@ class CategorySampler:
     discovery with every client's sample count.
     """
 
+    state_attributes = ("_jobs_done",)  # categories follow from the seed; job numbers are the only history
+
     def __init__(self, spec: RuntimeCategories, seed: int) -> None:
         self.spec = spec
         self.seed = seed

@@ -121,6 +121,8 @@ class DelaySampler:
     not depend on the order in which other clients are sampled.
     """
 
+    state_attributes = ("_jobs_done",)  # profiles follow from the seed; job numbers are the only history
+
     def __init__(self, model: DelayModel, seed: int) -> None:
         self.model = model
         self.seed = seed

@@ -67,6 +67,7 @@ def most_holding(label_counts: np.ndarray, label: int, count: int) -> np.ndarray
 class IntertwinedSampler:
     """Deterministic durations: ``on_time`` for most clients, ``staleness + 0.5`` for the delayed ones."""
 
+    state_attributes = ()  # durations follow from the bound clients alone
     needs_label_counts = True
 
     def __init__(self, spec: IntertwinedDelays, seed: int) -> None:

@@ -54,6 +54,7 @@ class AFLDW(Strategy):
     """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``. Knobs: :class:`AFLDWConfig`."""
 
     config_class = AFLDWConfig
+    state_attributes = ()  # each update depends on the arrival and the current model only
 
     def __init__(self, server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
                  beta_constant: float = 0.5, **flower_options: Any) -> None:

@@ -24,6 +24,13 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
 _DEFAULT_OPTIONS = FlowerOptions()
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Knob values equal (arrays and nested values compared by content)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    return bool(a == b)
+
+
 class Strategy(ABC):
     """A server-side method: turns arrivals into new global models.
 
@@ -123,6 +130,70 @@ class Strategy(ABC):
     def summary(self) -> dict[str, float | int | str]:
         """Strategy-specific figures for ``summary.json``."""
         return {}
+
+    #: The attributes that change as arrivals come in (buffers, caches, moments, networks, random
+    #: generators): what :meth:`state_dict` saves; ``()`` for a method without any. A subclass with
+    #: more state names it here, or overrides :meth:`state_dict` / :meth:`load_state_dict` (as a torch
+    #: ``Module`` does). ``None`` (a strategy that has not said): it cannot be checkpointed.
+    state_attributes: tuple[str, ...] | None = None
+
+    @property
+    def checkpointable(self) -> bool:
+        """Whether this strategy says what its state is (:attr:`state_attributes`, or its own :meth:`state_dict`)."""
+        return self.state_attributes is not None or type(self).state_dict is not Strategy.state_dict
+
+    def state_dict(self) -> dict:
+        """Everything that makes this strategy's next updates what they will be, as a plain copy.
+
+        A fresh strategy built with the same keywords, started with :meth:`on_start` and given
+        this dict through :meth:`load_state_dict` makes the same updates from the same arrivals:
+        what a checkpoint saves and a resumed run restores. Contents: the class, its knobs
+        (a checkpoint refuses another class or other knobs) and :attr:`state_attributes`.
+        """
+        from asyncfl.state import StateError, capture
+
+        if self.state_attributes is None:
+            raise StateError(f"{type(self).__qualname__} does not say what its state is, so it cannot be "
+                             "checkpointed: give it a state_attributes tuple (() when it keeps none), or "
+                             "state_dict()/load_state_dict() methods")
+        self.settle()
+        return {"class": type(self).__qualname__, "config": capture(self.config.keywords(), "config"),
+                "state": {name: capture(getattr(self, name), name) for name in self.state_attributes}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take the state :meth:`state_dict` saved (after :meth:`on_start`, before the first arrival).
+
+        Raises
+        ------
+        StateError
+            When ``state`` is another class's, or was saved with other knobs (naming what differs).
+        """
+        from asyncfl.state import restore
+
+        self.check_state(state)
+        for name in self.state_attributes:
+            setattr(self, name, restore(getattr(self, name, None), state["state"][name], name))
+
+    def check_state(self, state: dict) -> None:
+        """Raise :class:`~asyncfl.state.StateError` unless ``state`` is this class's, saved with the same knobs
+        and holding every one of :attr:`state_attributes` (the message says what differs)."""
+        from asyncfl.state import StateError, capture, restore
+
+        ours_name = type(self).__qualname__
+        if state.get("class") != ours_name:
+            raise StateError(f"the checkpoint's strategy is {state.get('class')}, this run's is {ours_name}")
+        ours = restore(None, capture(self.config.keywords()))
+        theirs = restore(None, state["config"])
+        differ = sorted(k for k in set(ours) | set(theirs) if not _same(ours.get(k), theirs.get(k)))
+        if differ:
+            raise StateError(f"the checkpoint's {ours_name} has other settings: " + ", ".join(
+                f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in differ))
+        missing = sorted(set(self.state_attributes or ()) - set(state["state"]))
+        if missing:
+            raise StateError(f"the checkpoint's {ours_name} state lacks {', '.join(missing)}")
+
+    def settle(self) -> None:
+        """Finish any background work (a thread computing logits or teachers) so the state is complete."""
 
     def start(
         self,

@@ -54,6 +54,7 @@ class CA2FL(Strategy):
     """CA2FL (Wang et al., 2024): FedBuff whose step is calibrated by cached client updates. Knobs: :class:`CA2FLConfig`."""
 
     config_class = CA2FLConfig
+    state_attributes = ("_cache", "_cache_sum", "_h_bar", "_sum", "_count", "aggregations")
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 0.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)

@@ -30,6 +30,8 @@ def delay_adaptive_lr(server_lr: float, tau_max: int, tau_c: int) -> float:
 class AMSGrad:
     """Server-side AMSGrad state over flat vectors (FADAS, Algorithm 1)."""
 
+    state_attributes = ("m", "v", "v_hat")
+
     def __init__(self, beta1: float, beta2: float, eps: float) -> None:
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.m: np.ndarray | None = None
@@ -79,6 +81,7 @@ class FADAS(Strategy):
     """FADAS (Wang et al., 2024): buffered updates, AMSGrad server step, delay-adaptive rate. Knobs: :class:`FADASConfig`."""
 
     config_class = FADASConfig
+    state_attributes = ("optimizer", "_sum", "_count", "_tau_max", "aggregations", "reduced_steps")
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.99,
                  epsilon: float = 1e-8, staleness_threshold: int = 5, **flower_options: Any) -> None:

@@ -114,6 +114,8 @@ class FedADT(Strategy):
     """
 
     config_class = FedADTConfig
+    # the teacher and student are loaded afresh for every correction: only the order stream and counters persist
+    state_attributes = ("_generator", "timestamp", "corrected")
 
     def __init__(self, model_fn: Callable[[], nn.Module], server_data: Any, temperature: float = 3.0,
                  alpha_min: float = 0.2, alpha_max: float = 0.6, ramp_arrivals: int = 1000, kd_lr: float = 0.01,

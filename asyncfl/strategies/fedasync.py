@@ -51,6 +51,7 @@ class FedAsync(Strategy):
     """FedAsync (Xie et al., 2019) with constant, polynomial or hinge staleness. Knobs: :class:`FedAsyncConfig`."""
 
     config_class = FedAsyncConfig
+    state_attributes = ()  # each update depends on the arrival and the current model only
 
     def __init__(self, alpha: float = 0.6, staleness: str = "polynomial", staleness_decay: float = 0.5,
                  staleness_cutoff: float = 4.0, **flower_options: Any) -> None:

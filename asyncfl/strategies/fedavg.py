@@ -58,6 +58,7 @@ class FedAvg(Strategy):
 
     synchronous = True
     config_class = FedAvgConfig
+    state_attributes = ("_arrivals", "rounds", "stale_arrivals")
 
     def __init__(self, server_lr: float = 1.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)

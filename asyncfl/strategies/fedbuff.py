@@ -74,6 +74,7 @@ class FedBuff(Strategy):
     """
 
     config_class = FedBuffConfig
+    state_attributes = ("_sum", "_count", "aggregations")
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 0.0, staleness_weighting: str = "none",
                  **flower_options: Any) -> None:

@@ -70,6 +70,8 @@ class ClientLogitBank:
     Memory is ``clients x |U| x classes x 2`` bytes (:attr:`nbytes`).
     """
 
+    state_attributes = ("_logits", "_sum")
+
     def __init__(self) -> None:
         self._logits: dict[int, np.ndarray] = {}
         self._sum: np.ndarray | None = None
@@ -168,6 +170,9 @@ class FedEcho(Strategy):
     """
 
     config_class = FedEchoConfig
+    # the student is loaded from the candidate model at every distillation; its Adam moments carry over
+    state_attributes = ("bank", "optimizer", "_generator", "_sum", "_count", "aggregations", "_alpha_sum",
+                        "_alpha_count")
 
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 5,
                  server_lr: float = 0.0, distill_steps: int = 10, distill_batch_size: int = 64,
@@ -254,6 +259,9 @@ class FedEcho(Strategy):
         self.aggregations += 1
         self.wait_for_logits()
         return self.distill(candidate) if cfg.distill_steps else candidate
+
+    def settle(self) -> None:
+        self.wait_for_logits()
 
     def summary(self) -> dict[str, float | int | str]:
         self.wait_for_logits()

@@ -50,6 +50,7 @@ class FedFa(Strategy):
     """
 
     config_class = FedFaConfig
+    state_attributes = ("_queue", "_sum", "_arrivals")
 
     def __init__(self, queue_size: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)

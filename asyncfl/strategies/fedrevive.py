@@ -193,6 +193,10 @@ class FedRevive(Strategy):
     """
 
     config_class = FedReviveConfig
+    # the student and probe network are loaded afresh for every use; the generator, pool, proxies, teachers and
+    # random streams carry over (the buffer as (client, teacher network) pairs: see teacher_slots)
+    state_attributes = ("_teacher_nets", "teacher_slots", "_next_slot", "proxies", "generator", "pool", "_torch_rng",
+                        "_np_rng", "updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds")
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
                  server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
@@ -265,6 +269,15 @@ class FedRevive(Strategy):
     def on_start(self, num_clients: int, concurrency: int = 1) -> None:
         super().on_start(num_clients, concurrency)
         self.num_clients = num_clients
+
+    @property
+    def teacher_slots(self) -> list[tuple[int, int]]:
+        """The teacher buffer as ``(client, index into the teacher networks)``, oldest first."""
+        return [(client, next(i for i, n in enumerate(self._teacher_nets) if n is net)) for client, net in self._buffer]
+
+    @teacher_slots.setter
+    def teacher_slots(self, slots: list[tuple[int, int]]) -> None:
+        self._buffer = deque((int(client), self._teacher_nets[int(index)]) for client, index in slots)
 
     # ------------------------------------------------------------------ parts
     def _proportions(self, client: int) -> np.ndarray:

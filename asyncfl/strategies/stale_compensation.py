@@ -186,6 +186,8 @@ class WPred(DCASGD):
     """
 
     config_class = WPredConfig
+    state_attributes = FedAvg.state_attributes + (
+        "_expected_staleness", "_step_average", "_steps_seen", "predicted_dispatches")
 
     def __init__(self, server_lr: float = 1.0, compensation_strength: float = 4.0, step_average_decay: float = 0.9,
                  **flower_options: Any) -> None:

@@ -118,6 +118,10 @@ class GICompensation(FedAvg):
     """
 
     config_class = GICompensationConfig
+    # the replicas and the layout's network are scratch space, loaded afresh for every inversion
+    state_attributes = FedAvg.state_attributes + (
+        "switch", "_recovered", "_thresholds", "_pending", "inversions", "warm_starts", "not_unique", "after_switch",
+        "no_sample_count", "inversion_seconds", "inversion_wall_seconds", "disparity_ratios")
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], input_shape: tuple[int, ...], num_classes: int,
                  local_program: LocalProgram, *, server_lr: float = 1.0, reconstruction_fraction: float = 0.5,

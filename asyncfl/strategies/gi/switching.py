@@ -43,6 +43,8 @@ class SwitchBack:
         Window of the ``"mean"`` rule (>= 1).
     """
 
+    state_attributes = ("switched_at", "comparisons")
+
     def __init__(self, window_fraction: float = 0.1, rule: str = "first", min_comparisons: int = 3) -> None:
         # the values are checked by GICompensationConfig, where users set them
         self.window_fraction = window_fraction

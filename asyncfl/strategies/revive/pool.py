@@ -15,6 +15,8 @@ import torch
 class KDPool:
     """FIFO pool of at most ``capacity`` samples."""
 
+    state_attributes = ("x", "y")
+
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"KD pool capacity must be >= 1, got {capacity}")

@@ -19,6 +19,8 @@ from asyncfl.models.inference import chunked_forward
 class ClassProportionProxies:
     """Online proxies ``pi_hat_i``; ``true_proportions`` (ablation only) replaces them with the real histograms."""
 
+    state_attributes = ("_sum", "_count")
+
     def __init__(self, num_classes: int, input_shape: tuple[int, int, int], t_est: int = 2, t_probe: float = 1.0,
                  probe_size: int = 256, seed: int = 0, true_proportions: dict[int, np.ndarray] | None = None) -> None:
         self.num_classes, self.t_est, self.t_probe = num_classes, t_est, t_probe

@@ -1,0 +1,311 @@
+"""Checkpoints: every strategy's state round-trips, a crashed run resumes to identical files, bad checkpoints
+are refused before anything is overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from asyncfl.errors import CheckpointError
+from asyncfl.models import build_model
+from asyncfl.models.flat import model_to_flat
+from asyncfl.server_app import checkpoint
+from asyncfl.state import capture, restore
+from asyncfl.strategies import AFLDW, CA2FL, FADAS, FedAsync, FedAvg, FedBuff, FedFa, Strategy
+from asyncfl.strategies.arrival import Arrival
+from asyncfl.strategies.fedadt import FedADT, ServerSet
+from asyncfl.strategies.fedecho import FedEcho
+from asyncfl.strategies.fedrevive import DDFedRevive, FedRevive
+from asyncfl.strategies.gi.strategy import GICompensation
+from asyncfl.strategies.gi.unrolled import LocalProgram
+from asyncfl.strategies.registry import STRATEGY_CLASSES
+from asyncfl.strategies.stale_compensation import DCASGD, AsynTiers, StaleWeighted, WPred
+from tests.fake_grid import FakeGrid, trained_reply
+
+SHAPE, CLASSES = (1, 8, 8), 3
+
+
+def _mlp():
+    return build_model("mlp", SHAPE, CLASSES)
+
+
+def _inputs(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, *SHAPE)).astype(np.float32)
+
+
+#: One of every registered class, set so that each mechanism acts within a dozen arrivals.
+STRATEGIES = {
+    "fedavg": lambda: FedAvg(server_lr=0.9),
+    "fedasync": lambda: FedAsync(),
+    "fedbuff": lambda: FedBuff(buffer_size=3, staleness_weighting="sqrt"),
+    "afl-dw": lambda: AFLDW(max_staleness=6.0),
+    "ca2fl": lambda: CA2FL(buffer_size=3),
+    "fadas": lambda: FADAS(buffer_size=2, staleness_threshold=2),
+    "fedfa": lambda: FedFa(queue_size=3),
+    "fedadt": lambda: FedADT(_mlp, ServerSet(_inputs(24), np.arange(24) % CLASSES), kd_batch_size=8, seed=3),
+    "fedecho": lambda: FedEcho(_mlp, _inputs(30), buffer_size=2, distill_steps=2, distill_batch_size=8, seed=3),
+    "fedrevive": lambda: FedRevive(_mlp, CLASSES, SHAPE, max_staleness=6.0, synthesis_start=0, synthesis_every=2,
+                                   kd_start=2, kd_steps=2, latent_dim=8, synthesis_batch_size=8,
+                                   teacher_buffer_size=3, seed=3),
+    "dd-fedrevive": lambda: DDFedRevive(_mlp, CLASSES, SHAPE, (_inputs(24), np.arange(24) % CLASSES),
+                                        lambda client, n: np.arange(1, CLASSES + 1), kd_start=1, kd_steps=2, seed=3),
+    "stale-weighted": lambda: StaleWeighted(),
+    "dc-asgd": lambda: DCASGD(),
+    "w-pred": lambda: WPred(),
+    "asyn-tiers": lambda: AsynTiers(boundary=1),
+    "gi-compensation": lambda: GICompensation(_mlp, SHAPE, CLASSES, LocalProgram(epochs=1, steps=0, batch_size=10,
+                                                                                 lr=0.1),
+                                              inversion_iterations=3, warm_iterations=2, max_reconstruction=6,
+                                              uniqueness=False, switch_window=0.5, seed=3),
+}
+STALENESS = [0, 2, 3, 0, 1, 4, 0, 2, 5, 1, 0, 3, 2, 0, 1, 4]
+
+
+def _drive(strategy: Strategy, model: np.ndarray, steps: range) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Arrivals ``steps`` (each a function of its index and the model in effect), rounds of 3 for synchronous
+    strategies; returns the final model and every model (and dispatched look-ahead) along the way."""
+    seen = []
+    for step in steps:
+        rng = np.random.default_rng(step)
+        staleness = STALENESS[step % len(STALENESS)]
+        base = model - np.float32(0.002) * staleness
+        weights = (base + np.float32(0.01) * rng.standard_normal(model.size).astype(np.float32)).astype(np.float32)
+        arrival = Arrival(step % 5, max(0, step - staleness), staleness, weights, base.astype(np.float32),
+                          10 + step % 3, 0.1, float(step))
+        new = strategy.on_arrival(arrival, model)
+        if new is not None:
+            model = new
+        if strategy.synchronous and step % 3 == 2:
+            new = strategy.on_round_end(model)
+            if new is not None:
+                model = new
+        lookahead = strategy.dispatch_model(step % 5, model)
+        seen += [model.copy()] + ([lookahead] if lookahead is not None else [])
+    return model, seen
+
+
+def test_every_registered_strategy_is_covered():
+    assert set(STRATEGIES) == set(STRATEGY_CLASSES)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_state_dict_round_trip_gives_identical_later_updates(name, tmp_path):
+    # Prepare: one strategy runs 8 arrivals; its state goes through a checkpoint file into a fresh one
+    torch.manual_seed(0)
+    initial = model_to_flat(build_model("mlp", SHAPE, CLASSES, seed=1))
+    first = STRATEGIES[name]()
+    first.on_start(5, concurrency=3)
+    model, _ = _drive(first, initial, range(8))
+    path = tmp_path / "state.npz"
+    checkpoint.write(path, {"strategy": first.state_dict()})
+    second = STRATEGIES[name]()
+    second.on_start(5, concurrency=3)
+    second.load_state_dict(checkpoint.read(path)["strategy"])
+    # Execute: both take the same next 10 arrivals
+    torch.manual_seed(123)  # a strategy's draws must come from its own saved streams, not the global one
+    end_first, along_first = _drive(first, model, range(8, 18))
+    torch.manual_seed(456)
+    end_second, along_second = _drive(second, model, range(8, 18))
+    # Assert: bit for bit the same models and summaries
+    assert len(along_first) == len(along_second)
+    assert all(np.array_equal(a, b) for a, b in zip(along_first, along_second))
+    assert not np.array_equal(end_first, model) or name == "fedavg"
+    drop = ("seconds", "ms-per", "-ms-", "wall")  # wall-clock figures
+    same = lambda s: repr({k: v for k, v in s.items() if not any(d in k for d in drop)})  # noqa: E731 (NaN == NaN)
+    assert same(first.summary()) == same(second.summary())
+
+
+def test_a_strategy_that_does_not_declare_its_state_cannot_be_checkpointed():
+    class Mine(Strategy):
+        def on_arrival(self, arrival, current):
+            return None
+
+    with pytest.raises(CheckpointError, match="state_attributes"):
+        Mine().state_dict()
+    assert not Mine().checkpointable and FedBuff().checkpointable
+
+
+def test_state_from_another_class_or_other_knobs_is_refused():
+    state = FedBuff(buffer_size=3).state_dict()
+    with pytest.raises(CheckpointError, match="FedBuff, this run's is CA2FL"):
+        CA2FL(buffer_size=3).load_state_dict(state)
+    with pytest.raises(CheckpointError, match="buffer_size=3 there, 4 here"):
+        FedBuff(buffer_size=4).load_state_dict(state)
+
+
+def test_capture_copies_and_restore_loads_in_place():
+    net = _mlp()
+    generator = torch.Generator().manual_seed(5)
+    saved = capture({"net": net, "gen": generator, "rng": np.random.default_rng(2), "bytes": b"ab", 3: (1, [2.5])})
+    with torch.no_grad():
+        next(net.parameters()).add_(1.0)
+    torch.rand(3, generator=generator)
+    back = restore({"net": net}, saved)
+    assert back[3] == (1, [2.5]) and back["bytes"] == b"ab"
+    live = restore(net, saved["items"][0][1])
+    assert live is net and torch.equal(next(net.parameters()), next(iter(restore(_mlp(), saved["items"][0][1])
+                                                                        .parameters())))
+    assert torch.equal(torch.rand(2, generator=restore(generator, saved["items"][1][1])),
+                       torch.rand(2, generator=torch.Generator().manual_seed(5)))
+
+
+# ------------------------------------------------------------------ engine: crash and resume
+NODES = 6
+
+
+def _initial() -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(2, 3)),
+                        "steps": Array(np.zeros(1, dtype=np.int64))})
+
+
+class Crash(RuntimeError):
+    """Stands in for the ServerApp process dying."""
+
+
+def _grid(first_node: int = 101, crash_after: int | None = None) -> FakeGrid:
+    """A client whose update depends on its partition, the model it got and its job seed; the server "dies"
+    when the ``crash_after``-th train job is pushed."""
+    pushed = {"train": 0}
+
+    def client(node: int, message: Message) -> Message:
+        partition = grid.nodes.index(node)
+        record = message.content.array_records["arrays"]
+        w = record["w"].numpy()
+        if message.metadata.message_type == "evaluate":
+            return Message(RecordDict({"metrics": MetricRecord({"num-examples": 5, "accuracy": float(np.abs(w).mean())})}),
+                           reply_to=message)
+        pushed["train"] += 1
+        if crash_after is not None and pushed["train"] > crash_after:
+            raise Crash("the server process died")
+        seed = int(message.content.config_records["config"]["job-seed"])
+        target = np.float32((seed % 89) / 89.0 + 0.05 * partition)
+        out = ArrayRecord({"w": Array(w + np.float32(0.3) * (target - w)), "steps": Array(record["steps"].numpy() + 1)})
+        return trained_reply(message, out, num_examples=10 + partition)
+
+    grid = FakeGrid(NODES, client)
+    grid.nodes = list(range(first_node, first_node + NODES))  # a resumed run meets new node ids
+    return grid
+
+
+def _evaluate(round_, arrays):
+    w = arrays["w"].numpy()
+    return MetricRecord({"accuracy": float(1.0 / (1.0 + np.abs(w - 0.5).sum())), "loss": float(np.square(w).sum())})
+
+
+def _start(strategy, grid, folder, **options):
+    return strategy.start(grid, _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
+                          evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+                          max_arrivals=40, evaluate_every_time=1.0, output_dir=str(folder.parent),
+                          run_name=folder.name, **options)
+
+
+def _files(folder):
+    return (folder / "metrics.csv").read_bytes()
+
+
+def _digest(result) -> str:
+    return hashlib.sha256(result.arrays["w"].numpy().tobytes() + result.arrays["steps"].numpy().tobytes()).hexdigest()
+
+
+RUNS = {
+    "fedbuff": (lambda: FedBuff(buffer_size=3), {}),
+    "fedasync-overlap": (lambda: FedAsync(), {"overlap_server_compute": True}),
+    "fedavg-deadline-pipelined": (lambda: FedAvg(), {"round_deadline": 1.5, "pipeline_late_clients": True}),
+    "wpred": (lambda: WPred(), {"round_deadline": 1.5}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("crash_after", [10, 23])
+def test_a_crashed_run_resumes_to_the_same_metrics_and_model(name, crash_after, tmp_path):
+    make, options = RUNS[name]
+    # Prepare: the uninterrupted run
+    whole = _start(make(), _grid(), tmp_path / "whole", **options)
+    # Execute: the same run, checkpointing every version, dies after some jobs; a new process resumes it
+    with pytest.raises(Crash):
+        _start(make(), _grid(crash_after=crash_after), tmp_path / "broken", checkpoint_every=1, **options)
+    assert checkpoint.listed(tmp_path / "broken" / "checkpoints")
+    resumed = make().start(_grid(first_node=501), _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
+                           evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+                           max_arrivals=40, evaluate_every_time=1.0, checkpoint_every=1,
+                           resume_from=str(tmp_path / "broken"), **options)
+    # Assert: byte-identical metrics.csv, the same final model and per-round results
+    assert _files(tmp_path / "broken") == _files(tmp_path / "whole")
+    assert _digest(resumed) == _digest(whole)
+    assert resumed.summary["arrivals"] == whole.summary["arrivals"] == 40
+    assert resumed.summary["staleness-histogram"] == whole.summary["staleness-histogram"]
+    assert {r: dict(m) for r, m in resumed.evaluate_metrics_serverapp.items()} == \
+        {r: dict(m) for r, m in whole.evaluate_metrics_serverapp.items()}
+    assert resumed.summary["resumed-from"].startswith(str(tmp_path / "broken"))
+
+
+def test_a_finished_run_resumed_with_a_later_stop_equals_the_longer_run(tmp_path):
+    whole = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
+                                         delays="fedrevive-default", seed=5, max_arrivals=60, evaluate_every_time=1.0,
+                                         output_dir=str(tmp_path), run_name="long")
+    _start(FedBuff(buffer_size=3), _grid(), tmp_path / "short", checkpoint_every=4)
+    extended = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate,
+                                            clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=60,
+                                            evaluate_every_time=1.0, resume_from=str(tmp_path / "short"))
+    assert _digest(extended) == _digest(whole)
+    assert _files(tmp_path / "short") == _files(tmp_path / "long")
+
+
+def _broken_run(tmp_path):
+    with pytest.raises(Crash):
+        _start(FedBuff(buffer_size=3), _grid(crash_after=20), tmp_path / "run", checkpoint_every=2)
+    return tmp_path / "run"
+
+
+def _resume(strategy, folder, initial=None, **options):
+    return strategy.start(_grid(), initial or _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
+                          delays=options.pop("delays", "fedrevive-default"), seed=options.pop("seed", 5),
+                          max_arrivals=40, evaluate_every_time=1.0, resume_from=str(folder), **options)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("other strategy", "strategy is FedBuff, this run's is CA2FL"),
+    ("other knobs", "buffer_size=3 there, 4 here"),
+    ("other layout", "model layout differs"),
+    ("other seed", "seed=5 there, 6 here"),
+    ("other delays", "delay_preset='fedrevive-default' there, 'uniform-speed' here"),
+    ("truncated", "not a readable checkpoint"),
+    ("no checkpoint", "no checkpoint in"),
+])
+def test_a_checkpoint_that_does_not_fit_is_refused_and_nothing_is_overwritten(tmp_path, case, message):
+    folder = _broken_run(tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    newest = checkpoint.find(folder)
+    location = folder
+    if case == "truncated":
+        newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+        location = newest
+        before[newest.name] = newest.read_bytes()
+    elif case == "no checkpoint":
+        location = tmp_path / "elsewhere"
+        location.mkdir()
+    strategy = {"other strategy": CA2FL(buffer_size=3), "other knobs": FedBuff(buffer_size=4)}.get(
+        case, FedBuff(buffer_size=3))
+    initial = ArrayRecord({"w": Array(np.zeros((3, 2), np.float32)), "steps": Array(np.zeros(1, np.int64))}) \
+        if case == "other layout" else None
+    options = {"other seed": {"seed": 6}, "other delays": {"delays": "uniform-speed"}}.get(case, {})
+    with pytest.raises(CheckpointError, match=message):
+        _resume(strategy, location, initial, **options)
+    assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+def test_checkpoints_are_written_atomically_and_only_the_newest_are_kept(tmp_path):
+    store = checkpoint.Checkpoints(tmp_path, every=2, keep=2)
+    assert store.due(2) and not store.due(1)
+    for version in (2, 4, 6):
+        store.save(lambda: {"x": np.arange(version)}, version, 10 * version)
+    names = [p.name for p in checkpoint.listed(tmp_path)]
+    assert names == ["checkpoint-v000004-a00000040.npz", "checkpoint-v000006-a00000060.npz"]
+    assert not list(tmp_path.glob("*.partial"))
+    assert np.array_equal(checkpoint.read(checkpoint.find(tmp_path))["x"], np.arange(6))
+    assert not store.due(7) and store.due(8)
+    assert store.summary()["checkpoints-written"] == 3
