@@ -38,6 +38,9 @@ _PUBLIC = {
     "LocalProgram": "asyncfl.strategies.gi.unrolled",
     "ConfigError": "asyncfl.strategies.settings",
     "RunOptions": "asyncfl.options",
+    "Callback": "asyncfl.callbacks",
+    "VersionInfo": "asyncfl.callbacks",
+    "CheckpointError": "asyncfl.errors",
     "RunFailed": "asyncfl.errors",
     "NoNodesConnected": "asyncfl.errors",
     "NothingToDispatch": "asyncfl.errors",
@@ -71,8 +74,10 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC 
     from asyncfl.strategies.gi.unrolled import LocalProgram
     from asyncfl.strategies.settings import ConfigError, StrategyConfig
     from asyncfl.options import RunOptions
+    from asyncfl.callbacks import Callback, VersionInfo
     from asyncfl.errors import (
         RunFailed, NoNodesConnected, NothingToDispatch, ClientAppsFailing, TooFewPeers, MissingClientInfo,
+        CheckpointError,
     )
     from asyncfl.client_app.extras import answer_identity, pad_to_emulated_duration
     from asyncfl.simulation.delays import DelayModel, ComponentDelay

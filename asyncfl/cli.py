@@ -62,13 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the Flower app as a local Ray simulation (default: FedBuff on mnist5k)")
     run.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
-    run.add_argument("--num-supernodes", type=int, default=50, help="simulated clients (default: 50)")
+    run.add_argument("--num-supernodes", type=int, default=None,
+                     help="simulated clients (default: 50, or the resumed run's)")
     run.add_argument("--cpus-per-client", type=float, default=1, help="Ray CPUs per ClientApp (default: 1)")
     run.add_argument("--ray-address", default=None,
                      help="attach the simulation to a running Ray cluster (HEAD:6379, as for `ray start "
                           "--address`) instead of starting Ray on this machine")
     run.add_argument("--run-config", "-c", action="append", default=[],
                      help="run-config overrides, as for flwr run (repeatable), or a TOML file such as conf/x.toml")
+    run.add_argument("--resume", type=Path, default=None, metavar="RUN_FOLDER",
+                     help="go on from the newest checkpoint of a built-in app run folder, with the run-config it "
+                          "was started with (-c key=value changes a stop, e.g. max-arrivals=600)")
     deploy = commands.add_parser("deploy", help="run the app on a real SuperLink + N SuperNode processes (wall clock)")
     deploy.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
     deploy.add_argument("--supernodes", type=int, default=4, help="SuperNode processes, one partition each (default: 4)")
@@ -92,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. a test timeout) unwinds like Ctrl-C, so the SuperLink is stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.command == "run":
+        if args.resume is not None:
+            try:
+                args.run_config, resumed_nodes = resume_run_config(args.resume, args.run_config)
+            except (OSError, ValueError) as exc:
+                parser.error(f"--resume {args.resume}: {exc}")
+            args.num_supernodes = args.num_supernodes or resumed_nodes
+        args.num_supernodes = args.num_supernodes or 50
         if args.num_supernodes < 1:
             parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
         if not (args.app / "pyproject.toml").exists():
@@ -120,6 +131,36 @@ def main(argv: list[str] | None = None) -> int:
 
     print(compare_runs(args.runs, args.out, args.target))
     return 0
+
+
+def resume_run_config(folder: Path, overrides: list[str]) -> tuple[list[str], int | None]:
+    """The run-config to resume ``folder`` with, as one TOML file (Flower takes a file or key=value pairs, not
+    both): the one the run was started with, ``overrides`` applied, ``resume-from`` and the run folder set;
+    and the number of clients the run had (its summary's ``clients``), if it says."""
+    import json
+
+    from flwr.common.config import parse_config_args
+
+    from asyncfl.server_app import checkpoint
+    from asyncfl.server_app.run_folder import RUN_CONFIG_FILE, read_run_config, write_run_config
+
+    folder = folder.expanduser().resolve()
+    if not (folder / RUN_CONFIG_FILE).exists():
+        raise ValueError(f"no {RUN_CONFIG_FILE} in {folder}: not a run folder of the built-in app (a library run "
+                         "resumes with start(..., resume_from=...))")
+    checkpoint.find(folder)  # says so now if there is none
+    if any(item.endswith(".toml") for item in overrides):
+        raise ValueError("with --resume, -c takes key=value changes only (the run's own run-config is the file)")
+    run_config = read_run_config(folder)
+    run_config.update(parse_config_args(overrides) if overrides else {})
+    run_config.update({"resume-from": str(folder), "output-dir": str(folder.parent), "run-name": folder.name})
+    resume_folder = folder / "resume"
+    resume_folder.mkdir(exist_ok=True)
+    write_run_config(resume_folder, run_config)
+    clients = None
+    if (folder / "summary.json").exists():
+        clients = json.loads((folder / "summary.json").read_text()).get("clients")
+    return [str(resume_folder / RUN_CONFIG_FILE)], clients
 
 
 def deployment_run_config(app_dir: Path, run_config: list[str]) -> list[str]:

@@ -309,3 +309,81 @@ def test_checkpoints_are_written_atomically_and_only_the_newest_are_kept(tmp_pat
     assert np.array_equal(checkpoint.read(checkpoint.find(tmp_path))["x"], np.arange(6))
     assert not store.due(7) and store.due(8)
     assert store.summary()["checkpoints-written"] == 3
+
+
+# ------------------------------------------------------------------ Flower's hooks
+class HalvingFedBuff(FedBuff):
+    """Flower's advanced-pytorch pattern: halve the learning rate every 2 rounds, node 1 of the list trains
+    with a tag (a per-node config through the returned messages)."""
+
+    state_attributes = FedBuff.state_attributes
+    calls: list[int]
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.calls = getattr(self, "calls", []) + [server_round]
+        if server_round % 2 == 0:
+            config["lr"] *= 0.5
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        messages[1] = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({**dict(config), "tag": 1})}),
+                              dst_node_id=messages[1].metadata.dst_node_id, message_type="train")
+        return messages
+
+
+def test_a_configure_train_override_sets_every_jobs_config_per_round(tmp_path):
+    strategy = HalvingFedBuff(buffer_size=3)
+    grid = _grid()
+    strategy.start(grid, _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.8}), evaluate_fn=_evaluate,
+                   clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0)
+    jobs = [m.content.config_records["config"] for m in grid.pushed if m.metadata.message_type == "train"]
+    assert strategy.calls == sorted(set(strategy.calls)) and strategy.calls[0] == 1  # once per round, in order
+    for config in jobs:  # halved for good at rounds 2, 4, 6: as under Flower's FedAvg
+        assert config["lr"] == 0.8 * 0.5 ** (config["server-round"] // 2)
+    tagged = [c for c, m in zip(jobs, [m for m in grid.pushed if m.metadata.message_type == "train"])
+              if m.metadata.dst_node_id == grid.nodes[1]]
+    assert tagged and all(c.get("tag") == 1 for c in tagged)
+    assert all("tag" not in c for c, m in zip(jobs, [m for m in grid.pushed if m.metadata.message_type == "train"])
+               if m.metadata.dst_node_id != grid.nodes[1])
+
+
+def test_a_resumed_run_keeps_what_configure_train_changed(tmp_path):
+    whole = HalvingFedBuff(buffer_size=3)
+    grid = _grid()
+    _start(whole, grid, tmp_path / "whole")
+    with pytest.raises(Crash):
+        _start(HalvingFedBuff(buffer_size=3), _grid(crash_after=23), tmp_path / "broken", checkpoint_every=1)
+    resumed_grid = _grid(first_node=501)
+    HalvingFedBuff(buffer_size=3).start(resumed_grid, _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
+                                        evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+                                        max_arrivals=40, evaluate_every_time=1.0, resume_from=str(tmp_path / "broken"))
+    assert _files(tmp_path / "broken") == _files(tmp_path / "whole")
+    lrs = lambda g: [m.content.config_records["config"]["lr"] for m in g.pushed  # noqa: E731
+                     if m.metadata.message_type == "train"]
+    assert lrs(resumed_grid) == lrs(grid)[-len(lrs(resumed_grid)):]
+
+
+def test_callbacks_hear_every_version_and_every_evaluation_with_its_model():
+    from asyncfl import Callback
+
+    class Tracker(Callback):
+        def __init__(self):
+            self.versions, self.rows, self.best = [], [], (-1.0, None)
+
+        def on_version(self, info):
+            self.versions.append((info.version, info.round, info.arrivals))
+
+        def on_evaluation(self, info, metrics):
+            self.rows.append(metrics)
+            if metrics["accuracy"] > self.best[0]:
+                self.best = (metrics["accuracy"], info.arrays["w"].numpy().copy())
+
+    tracker = Tracker()
+    result = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
+                                          delays="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0,
+                                          callbacks=[tracker])
+    assert [v for v, _, _ in tracker.versions] == list(range(1, result.summary["server-versions"] + 1))
+    assert all(arrivals == 3 * v for v, _, arrivals in tracker.versions)  # FedBuff: a version per 3 updates
+    assert len(tracker.rows) >= 10 and [r["server_version"] for r in tracker.rows] == sorted(
+        r["server_version"] for r in tracker.rows)
+    best_accuracy, best_w = tracker.best
+    assert best_accuracy == result.summary["best-accuracy"]
+    assert _evaluate(0, ArrayRecord({"w": Array(best_w)}))["accuracy"] == pytest.approx(best_accuracy)

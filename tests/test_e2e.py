@@ -2,8 +2,11 @@
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,17 +37,76 @@ def asyncfl_run(app: Path, overrides: str, supernodes: int = 6) -> str:
     return output
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def asyncfl_run_killed(app: Path, overrides: str, folder: Path, version: int, supernodes: int = 6) -> None:
+    """Start a run that checkpoints every version and SIGKILL its ServerApp process (Flower's simulation
+    process, which runs the ServerApp) once the checkpoint of ``version`` is on disk; then stop the rest."""
+    command = [sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes", str(supernodes),
+               "-c", f"{overrides} checkpoint-every=1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    checkpoints = folder / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not list(checkpoints.glob(f"checkpoint-v{version:06d}-*.npz")):
+        assert process.poll() is None, "the run ended before its checkpoint of version %d" % version
+        assert time.monotonic() < deadline, "no checkpoint of version %d within 240 s" % version
+        time.sleep(0.02)
+    simulation = [pid for pid in _descendants(process.pid)
+                  if b"flwr-simulation" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert simulation, "no flwr-simulation process under the run"
+    groups = {os.getpgid(pid) for pid in simulation}
+    for pid in simulation:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(1.0)
+    process.terminate()  # the wrapper stops its SuperLink on SIGTERM
+    process.communicate(timeout=60)
+    for group in groups:  # Ray helpers the killed process left behind (all started by this test)
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def asyncfl_run_resumed(folder: Path) -> str:
+    """``asyncfl run --resume folder`` (the run's own run-config and node count); returns its output."""
+    command = [sys.executable, "-m", "asyncfl.cli", "run", "--app", str(ROOT), "--resume", str(folder)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout + result.stderr
+
+
 def interop_app(tmp_path: Path, serverapp: str, clientapp: str) -> Path:
     """A copy of our Flower app whose components are swapped for the interop modules."""
     modules = [ROOT / "tests" / "interop" / name for name in ("stock_client.py", "flower_fedavg_server.py")]
     return write_app_copy(tmp_path / "app", ROOT, modules, serverapp=serverapp, clientapp=clientapp)
 
 
-def test_fedbuff_run_writes_results_and_is_deterministic(tmp_path):
-    runs = []
-    for name in ("a", "b"):
-        asyncfl_run(ROOT, f"{SMALL} max-arrivals=24 output-dir='{tmp_path}' run-name='{name}' seed=3")
-        runs.append(tmp_path / name)
+def test_fedbuff_run_writes_results_and_is_deterministic_and_resumes_after_a_kill(tmp_path):
+    # run a goes through; run b is killed (SIGKILL of the ServerApp process) after version 2 and resumed
+    runs = [tmp_path / "a", tmp_path / "b"]
+    config = f"{SMALL} max-arrivals=24 output-dir='{tmp_path}' seed=3"
+    asyncfl_run(ROOT, f"{config} run-name='a'")
+    asyncfl_run_killed(ROOT, f"{config} run-name='b'", runs[1], version=2)
+    assert not (runs[1] / "final_model.pt").exists()
+    output = asyncfl_run_resumed(runs[1])
+    assert "resumed at server version 2" in output
     for run in runs:
         assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.csv", "summary.json", "accuracy.png"}
     summary = json.loads((runs[0] / "summary.json").read_text())
@@ -63,8 +125,9 @@ def test_fedbuff_run_writes_results_and_is_deterministic(tmp_path):
     model.load_state_dict(torch.load(runs[0] / "final_model.pt"))
     _, accuracy, _ = evaluate_per_class(model, splits.x_test, splits.y_test, splits.num_classes)
     assert accuracy == pytest.approx(summary["final-accuracy"], abs=1e-6)
-    # Same seed -> byte-identical metrics, whatever Ray did physically.
-    assert (runs[0] / "metrics.csv").read_text() == (runs[1] / "metrics.csv").read_text()
+    # Same seed -> byte-identical metrics and final model, whatever Ray did physically, killed and resumed or not.
+    assert (runs[0] / "metrics.csv").read_bytes() == (runs[1] / "metrics.csv").read_bytes()
+    assert (runs[0] / "final_model.pt").read_bytes() == (runs[1] / "final_model.pt").read_bytes()
     rows = list(csv.DictReader(open(runs[0] / "metrics.csv")))
     assert [float(r["time"]) for r in rows] == sorted(float(r["time"]) for r in rows)
 
@@ -113,13 +176,20 @@ def test_gradient_inversion_compensation_in_the_intertwined_scenario(tmp_path):
     assert header[-10:] == [f"acc_class_{k}" for k in range(10)]
 
 
-def test_fedrevive_synthesises_and_distils_in_a_real_run(tmp_path):
+def test_fedrevive_synthesises_and_distils_in_a_real_run_and_resumes_after_a_kill(tmp_path):
     # Tiny budget: synthesis from update 2 every 2 updates, KD from update 4, 2 KD steps, 4 teachers.
     overrides = (f"{SMALL} strategy='fedrevive' max-arrivals=10 fedrevive.synthesis-start=2 fedrevive.kd-start=4 "
                  "fedrevive.synthesis-every=2 fedrevive.kd-steps=2 fedrevive.teacher-buffer-size=4 fedrevive.synthesis-batch-size=16 "
                  "fedrevive.beta='constant' fedrevive.beta-constant=0.5 "
-                 f"output-dir='{tmp_path}' run-name='revive'")
-    asyncfl_run(ROOT, overrides)
+                 f"output-dir='{tmp_path}'")
+    asyncfl_run(ROOT, f"{overrides} run-name='revive'")
+    # killed after version 5 (synthesis, pool and KD already under way), resumed: the same files
+    asyncfl_run_killed(ROOT, f"{overrides} run-name='killed'", tmp_path / "killed", version=5)
+    asyncfl_run_resumed(tmp_path / "killed")
+    for name in ("metrics.csv", "final_model.pt"):
+        assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "revive" / name).read_bytes()
+    resumed = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert resumed["kd-updates"] == 6 and resumed["checkpoint-mb"] > 0
     summary = json.loads((tmp_path / "revive" / "summary.json").read_text())
     assert summary["strategy"] == "fedrevive" and summary["arrivals"] == 10
     assert summary["synthesis-rounds"] == 4  # updates 2, 4, 6, 8

@@ -16,9 +16,10 @@ from asyncfl.client_app.task import node_data
 from asyncfl.config import RunConfig, parse_run_config
 from asyncfl.data import load_dataset
 from asyncfl.models import build_model
+from asyncfl.server_app import checkpoint
 from asyncfl.server_app.evaluation import CentralEvaluator, DriftingEvaluator, RecordEvaluator, save_state_dict
 from asyncfl.server_app.relay import GossipRelay
-from asyncfl.server_app.run_folder import write_json
+from asyncfl.server_app.run_folder import write_json, write_run_config
 from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.resources import StrategyResources
 
@@ -30,7 +31,12 @@ BEST_MODEL_FILE = "best_model.pt"  # the model of the best server-side accuracy,
 
 
 def run_folder(cfg: RunConfig) -> Path:
-    """``<output-dir>/<run-name>``; the run name defaults to strategy, dataset, seed and a timestamp."""
+    """``<output-dir>/<run-name>``; the run name defaults to strategy, dataset, seed and a timestamp, or when
+    resuming to the run folder the checkpoint is in."""
+    if cfg.options.resume_from and not cfg.output.run_name:
+        found = checkpoint.find(cfg.options.resume_from)
+        if found.parent.name == checkpoint.FOLDER:
+            return found.parent.parent.resolve()
     name = cfg.output.run_name or f"{cfg.strategy}-{cfg.data.dataset}-seed{cfg.engine.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     return Path(cfg.output.output_dir).expanduser().resolve() / name
 
@@ -96,6 +102,9 @@ def main(grid: Grid, context: Context) -> None:
         evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.data.eval_batch_size, splits.num_classes)
 
     folder = run_folder(cfg)
+    if not cfg.options.resume_from:  # a resumed run keeps the run-config it was started with
+        folder.mkdir(parents=True, exist_ok=True)
+        write_run_config(folder, dict(context.run_config))
     engine = cfg.engine
     log.info("asyncfl: strategy=%s dataset=%s model=%s clock=%s concurrency=%d -> %s", cfg.strategy,
              cfg.data.dataset, cfg.data.model, engine.clock, engine.concurrency, folder)

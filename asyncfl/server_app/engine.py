@@ -19,13 +19,14 @@ import logging
 import time
 from collections import Counter
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
 
 from asyncfl import protocol
+from asyncfl.callbacks import Callback, VersionInfo
 from asyncfl.errors import CheckpointError, ClientAppsFailing, NoNodesConnected, NothingToDispatch
 from asyncfl.options import EngineConfig
 from asyncfl.server_app.checkpoint import layout_of, resume_settings
@@ -82,6 +83,8 @@ class AsyncEngine:
         Writes :meth:`snapshot` every ``checkpoints.every`` server versions and when the run stops.
     resume : dict, optional
         A checkpoint's state (:func:`asyncfl.server_app.checkpoint.read`): the run goes on from it.
+    callbacks : sequence of Callback
+        Told of every new server version and every scored evaluation (:mod:`asyncfl.callbacks`).
     """
 
     def __init__(
@@ -99,13 +102,16 @@ class AsyncEngine:
         federated_eval: FederatedEvaluator | None = None,
         checkpoints: Checkpoints | None = None,
         resume: dict | None = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
         self.grid = grid
         self.strategy = strategy
         self.codec = codec
         self.versions = VersionStore(codec, initial)
         self.config = config
-        self.train_config = dict(train_config)
+        # one record for the whole run, as Flower passes it to configure_train every round (changes made there last)
+        self.train_config = ConfigRecord(dict(train_config))
+        self._round_configs: tuple[int, dict[int, dict], dict] | None = None  # round, client -> config, default
         self.evaluate_fn = evaluate_fn
         self.recorder = recorder
         self.keys = keys or MessageKeys()
@@ -124,7 +130,9 @@ class AsyncEngine:
         self._eligible = EligibleClients()  # clients a new job may go to (idle, with data, online)
         self._round_start = 0.0
         self._now = 0.0  # the clock at the last accepted event
-        self.scoring = Scoring(config.eval_every, evaluate_fn, self.stats, recorder, federated_eval)
+        self.callbacks = list(callbacks)
+        self.scoring = Scoring(config.eval_every, evaluate_fn, self.stats, recorder, federated_eval,
+                               on_row=self._tell_evaluation if self.callbacks else None)
         self._seq = 0
         self._pacer = PollPacer()
         self._failures_in_a_row = 0
@@ -295,10 +303,8 @@ class AsyncEngine:
             seq = self._seq
             self._seq += 1
             duration = self.clock.job_duration(client)
-            config = dict(self.train_config)
+            config = self._config_for(client)
             config[protocol.MODEL_VERSION] = version
-            config[protocol.SERVER_ROUND] = self.round + 1  # Flower's key: the round in progress (a schedule on it
-            # advances with client work, as under FedAvg)
             config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
             config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (variant data drifts with it)
             config.update(self.clock.request_keys(client))
@@ -334,6 +340,33 @@ class AsyncEngine:
                         job.client)
         self.stats.dispatched += len(message_ids)
         return len(message_ids)
+
+    def _config_for(self, client: int) -> dict:
+        """The train config of a job to ``client``: what the strategy's ``configure_train`` said for the round in
+        progress (Flower's hook, called once per round), ``server-round`` being that round (a schedule on it
+        advances with client work, as under FedAvg)."""
+        round_ = self.round + 1
+        if self._round_configs is None or self._round_configs[0] != round_:
+            if not self.strategy.overrides("configure_train"):  # Flower's default: no messages to build
+                self.train_config[protocol.SERVER_ROUND] = round_
+                self._round_configs = (round_, {}, dict(self.train_config))
+            else:
+                messages = self.strategy.configure_train(round_, self.versions.record(self.versions.version),
+                                                         self.train_config, self.grid)
+                by_client: dict[int, dict] = {}  # by client index: node ids change when a run is resumed
+                default = None
+                for message in messages or ():
+                    record = message.content.config_records.get(self.keys.config)
+                    config = dict(record) if record is not None else {}
+                    default = config if default is None else default
+                    index = self.roster.index_of.get(message.metadata.dst_node_id)
+                    if index is not None:
+                        by_client.setdefault(index, config)
+                self._round_configs = (round_, by_client, dict(self.train_config) if default is None else default)
+        _, by_client, default = self._round_configs
+        config = dict(by_client.get(client, default))
+        config.setdefault(protocol.SERVER_ROUND, round_)
+        return config
 
     # -------------------------------------------------------------- receive
     def _pull(self) -> int:
@@ -465,9 +498,19 @@ class AsyncEngine:
 
     def _advance(self, new_model: np.ndarray) -> None:
         """Make ``new_model`` the next server version (a round, when rounds are versions)."""
-        self.versions.advance(new_model)
+        version = self.versions.advance(new_model)
+        if self.callbacks:
+            info = VersionInfo(version, self.round, self.stats.arrivals, self._now,
+                               lambda: self.versions.record(version))
+            for callback in self.callbacks:
+                callback.on_version(info)
         if not self.config.round_arrivals:
             self._round_done()
+
+    def _tell_evaluation(self, state: ModelState, row: dict) -> None:
+        info = VersionInfo(state.version, state.round, self.stats.arrivals, row["time"], state.record)
+        for callback in self.callbacks:
+            callback.on_evaluation(info, dict(row))
 
     def _round_done(self) -> None:
         """Close round :attr:`round`: aggregate its train metrics; evaluate when the round schedule says so."""
@@ -524,6 +567,7 @@ class AsyncEngine:
             "stats": capture({f.name: getattr(self.stats, f.name) for f in fields(EngineStats)
                               if f.name not in EngineStats.process_fields}),
             "versions": capture(self.versions.state_dict()),
+            "train_config": capture({"record": dict(self.train_config), "round": self._round_configs}),
             "jobs": [capture({"client": j.client, "version": j.version, "start": j.start, "finish": j.finish,
                               "seq": j.seq, "sent_model": j.sent_model, "request": j.request}) for j in jobs],
             "parts": {name: part.state_dict() if hasattr(part, "state_dict") else capture(part, name)
@@ -550,6 +594,9 @@ class AsyncEngine:
         for name, value in restore(None, state["stats"]).items():
             setattr(self.stats, name, value)
         self.versions.load_state_dict(restore(None, state["versions"]))
+        train = restore(None, state["train_config"])
+        self.train_config = ConfigRecord(train["record"])
+        self._round_configs = train["round"]
         parts = self._stateful_parts()
         missing = sorted(set(parts) - set(state["parts"]))
         if missing:

@@ -16,13 +16,14 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Result
 
+from asyncfl.callbacks import Callback
 from asyncfl.options import EngineConfig, RunOptions
 from asyncfl.errors import CheckpointError, NoNodesConnected
 from asyncfl.server_app import checkpoint
@@ -145,7 +146,7 @@ def _wait_for_first_nodes(grid, minimum: int, timeout: float) -> list[int]:
 def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
                    train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
                    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, options: RunOptions,
-                   run_config: dict | None = None) -> AsyncResult:
+                   run_config: dict | None = None, callbacks: Sequence[Callback] = ()) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); ``options`` were checked
     when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent."""
     options.check_run(num_rounds, timeout)
@@ -184,7 +185,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
                                              options.checkpoint_keep)
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                          keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
-                         checkpoints=checkpoints, resume=resume)
+                         checkpoints=checkpoints, resume=resume, callbacks=callbacks)
     if server_eval is not None:
         server_eval.round, server_eval.version = (lambda: engine.round), (lambda: engine.versions.version)
     flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
@@ -197,7 +198,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
 
     def summary() -> dict:
         rows = engine.stats.evaluations
-        extra = {**strategy.summary(), **(affected_class_summary(rows, affected) if affected is not None else {})}
+        extra = {**(strategy.summary() or {}), **(affected_class_summary(rows, affected) if affected is not None else {})}
         out = run_summary(name, engine.stats, engine.versions.version, extra, engine.now, rows,
                           config.target_accuracy, started)
         out["rounds"] = engine.round

@@ -30,3 +30,31 @@ def append_csv(path: Path, row: list) -> None:
     """Append one row to ``path``."""
     with open(path, "a", newline="") as handle:
         csv.writer(handle).writerow(row)
+
+
+#: The run-config a built-in app run was started with, as Flower handed it: what ``asyncfl run --resume`` reuses.
+RUN_CONFIG_FILE = "run_config.toml"
+
+
+def write_run_config(folder: Path, run_config: dict) -> None:
+    """``run_config.toml``: Flower's flat run-config (dotted keys quoted), a TOML file ``flwr run`` accepts."""
+    lines = [f"{json.dumps(str(key))} = {_toml_value(value)}" for key, value in sorted(run_config.items())]
+    partial = folder / (RUN_CONFIG_FILE + ".tmp")
+    partial.write_text("\n".join(lines) + "\n")
+    os.replace(partial, folder / RUN_CONFIG_FILE)
+
+
+def read_run_config(folder: Path) -> dict:
+    """The flat run-config :func:`write_run_config` wrote in ``folder``."""
+    import tomllib
+
+    with open(folder / RUN_CONFIG_FILE, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a TOML basic string

@@ -42,17 +42,21 @@ class Scoring:
         Where rows go (``evaluations``) and the counts they carry.
     recorder, federated_eval : optional
         The run folder; federated evaluation on a sample of nodes.
+    on_row : callable, optional
+        Called with the model state and each scored row (the run's callbacks).
     """
 
     state_attributes = ("_next", "_last", "_sent_round")  # what a checkpoint keeps (asyncfl.state)
 
     def __init__(self, every_time: float, evaluate_fn: EvaluateFn | None, stats: EngineStats,
-                 recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None) -> None:
+                 recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None,
+                 on_row: Callable[[ModelState, dict], None] | None = None) -> None:
         self.every_time = every_time
         self.evaluate_fn = evaluate_fn
         self.stats = stats
         self.recorder = recorder
         self.federated_eval = federated_eval
+        self.on_row = on_row
         self._next = 0.0
         self._last: tuple | None = None
         self._sent_round = -1  # the last round whose model went out for federated evaluation
@@ -87,6 +91,8 @@ class Scoring:
         self.stats.evaluations.append(row)
         if self.recorder is not None:
             self.recorder.on_evaluation(row)
+        if self.on_row is not None:
+            self.on_row(state, row)
 
     def final(self, at: float, state: ModelState, by_rounds: bool) -> None:
         """The last row, unless the last scheduled one already scored this time, round and version."""

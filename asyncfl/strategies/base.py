@@ -14,9 +14,12 @@ from asyncfl.strategies.pace import paced_server_lr
 from asyncfl.strategies.settings import StrategyConfig
 
 if TYPE_CHECKING:  # the engine side is imported only when a run starts
-    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+    from collections.abc import Iterable, Sequence
+
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
     from flwr.serverapp import Grid
 
+    from asyncfl.callbacks import Callback
     from asyncfl.options import RunOptions
     from asyncfl.server_app.launch import AsyncResult
     from asyncfl.strategies.resources import StrategyResources
@@ -128,8 +131,39 @@ class Strategy(ABC):
         return None
 
     def summary(self) -> dict[str, float | int | str]:
-        """Strategy-specific figures for ``summary.json``."""
+        """Strategy-specific figures for ``summary.json`` (Flower's ``summary()`` logs and returns None; an
+        override of that shape is called too, and adds nothing)."""
         return {}
+
+    # ------------------------------------------------------------ Flower's hooks
+    def overrides(self, hook: str) -> bool:
+        """Whether this strategy's class overrides ``hook`` (a Flower hook the engine then calls; it skips
+        building requests for one that is not overridden)."""
+        return getattr(type(self), hook) is not getattr(Strategy, hook)
+
+    def configure_train(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
+                        grid: "Grid") -> "Iterable[Message]":
+        """Flower's hook: the train requests of round ``server_round``, one per node.
+
+        Called as Flower calls it: once per round of client work (see :meth:`start`'s
+        ``num_rounds``), when the round's first job is dispatched, with the global model then
+        in effect and the same ``train_config`` record every round (so an override that
+        changes it in place, e.g. halving ``config["lr"]`` every 5 rounds, changes it for good,
+        as under Flower's ``FedAvg``). Every job of the round carries the config of the
+        returned message addressed to its node (or of the first message, for a node without
+        one); the engine adds ``model-version``, ``job-seed`` and ``dispatch-time``. Which
+        node trains when is the engine's choice (whoever is idle), not this method's; the
+        arrays of the returned messages are not used (a job carries the model version it is
+        sent with).
+        """
+        from flwr.app import Message, RecordDict
+        from flwr.common import MessageType
+
+        from asyncfl import protocol
+
+        config[protocol.SERVER_ROUND] = server_round
+        content = RecordDict({self.flower.arrayrecord_key: arrays, self.flower.configrecord_key: config})
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in grid.get_node_ids()]
 
     #: The attributes that change as arrivals come in (buffers, caches, moments, networks, random
     #: generators): what :meth:`state_dict` saves; ``()`` for a method without any. A subclass with
@@ -207,6 +241,7 @@ class Strategy(ABC):
         *,
         options: "RunOptions | None" = None,
         run_config: dict | None = None,
+        callbacks: "Sequence[Callback]" = (),
         **option_keywords: Any,
     ) -> "AsyncResult":
         """Run this strategy asynchronously on ``grid``: Flower's ``Strategy.start`` parameters, plus run options.
@@ -240,6 +275,9 @@ class Strategy(ABC):
         run_config : dict, optional
             What the run folder's ``config.json`` records (default: the strategy's name, Flower
             options and the resolved engine settings).
+        callbacks : sequence of asyncfl.Callback, optional
+            Told of every new server version and every evaluation (logging, an experiment
+            tracker, best-model files): :mod:`asyncfl.callbacks`.
         **option_keywords
             Any :class:`~asyncfl.options.RunOptions` field by name (``clock="virtual"``,
             ``delays="fedrevive-default"``, ``seed=1``, ...), changing ``options`` or the defaults.
@@ -259,4 +297,4 @@ class Strategy(ABC):
 
         run_options = RunOptions.from_keywords(options, **option_keywords)
         return start_strategy(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
-                              evaluate_fn, run_options, run_config)
+                              evaluate_fn, run_options, run_config, callbacks)
