@@ -387,3 +387,41 @@ def test_callbacks_hear_every_version_and_every_evaluation_with_its_model():
     best_accuracy, best_w = tracker.best
     assert best_accuracy == result.summary["best-accuracy"]
     assert _evaluate(0, ArrayRecord({"w": Array(best_w)}))["accuracy"] == pytest.approx(best_accuracy)
+
+
+def test_configure_evaluate_and_aggregate_evaluate_overrides_take_effect():
+    class Custom(FedBuff):
+        def configure_evaluate(self, server_round, arrays, config, grid):
+            config["split"] = f"val-{server_round}"
+            return super().configure_evaluate(server_round, arrays, config, grid)
+
+        def aggregate_evaluate(self, server_round, replies):
+            replies = list(replies)
+            return MetricRecord({"replies": len(replies),
+                                 "best": max(float(r.content["metrics"]["accuracy"]) for r in replies)})
+
+    grid = _grid()
+    result = Custom(buffer_size=3, fraction_evaluate=0.5).start(
+        grid, _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5)
+    sent = [m.content.config_records["config"] for m in grid.pushed if m.metadata.message_type == "evaluate"]
+    assert sent and all(c["split"] == f"val-{c['server-round']}" for c in sent)
+    assert set(result.evaluate_metrics_clientapp) == set(range(5))
+    assert all(dict(m)["replies"] == 3 for m in result.evaluate_metrics_clientapp.values())
+
+
+def test_a_wall_clock_run_resumes_from_its_checkpoint_and_counts_the_jobs_lost_in_the_crash(tmp_path):
+    def run(grid, **options):
+        return FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall",
+                                            seed=5, max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path),
+                                            run_name="wall", checkpoint_every=1, **options)
+
+    with pytest.raises(Crash):
+        run(_grid(crash_after=20))
+    saved = checkpoint.read(checkpoint.find(tmp_path / "wall"))
+    in_flight, accepted = len(saved["jobs"]), restore(None, saved["stats"])["arrivals"]
+    assert in_flight and accepted
+    resumed = run(_grid(first_node=501), resume_from=str(tmp_path / "wall"))
+    assert resumed.summary["arrivals"] == 30  # the checkpoint's accepted updates count: only the rest is trained
+    assert resumed.summary["dispatched"] >= restore(None, saved["stats"])["dispatched"] + 30 - accepted
+    assert resumed.summary["rejected-by-reason"] == {"lost-in-restart": in_flight}
+    assert resumed.summary["server-versions"] == 10

@@ -54,10 +54,13 @@ class FederatedEvaluation:
         Seconds after which a missing reply counts as lost.
     """
 
-    def __init__(self, grid, options: FlowerOptions, evaluate_config: dict, seed: int, timeout: float) -> None:
+    def __init__(self, grid, options: FlowerOptions, evaluate_config: dict, seed: int, timeout: float,
+                 strategy=None) -> None:
         self.grid = grid
         self.options = options
-        self.evaluate_config = dict(evaluate_config)
+        self.strategy = strategy  # its configure_evaluate / aggregate_evaluate (Flower's hooks), when overridden
+        # one record for the whole run, as Flower passes it to configure_evaluate every round
+        self.evaluate_config = ConfigRecord(dict(evaluate_config))
         self.timeout = timeout
         self._rng = np.random.default_rng([seed, 11])
         self._points: dict[int, _Point] = {}
@@ -73,15 +76,30 @@ class FederatedEvaluation:
         if count == 0 or round_ in self._points:
             return
         chosen = sorted(self._rng.choice(len(nodes), size=count, replace=False))
-        config = ConfigRecord({**self.evaluate_config, protocol.SERVER_ROUND: round_, protocol.MODEL_VERSION: version})
-        content = RecordDict({self.options.arrayrecord_key: record, self.options.configrecord_key: config})
-        messages = [Message(content, dst_node_id=nodes[i], message_type=MessageType.EVALUATE, ttl=self.timeout)
-                    for i in chosen]
+        by_node = self._configs(round_, record)
+        default = dict(self.evaluate_config)
+        messages = []
+        for i in chosen:
+            config = ConfigRecord({**by_node.get(nodes[i], default), protocol.SERVER_ROUND: round_,
+                                   protocol.MODEL_VERSION: version})
+            content = RecordDict({self.options.arrayrecord_key: record, self.options.configrecord_key: config})
+            messages.append(Message(content, dst_node_id=nodes[i], message_type=MessageType.EVALUATE, ttl=self.timeout))
         ids = list(self.grid.push_messages(messages))
         self._points[round_] = _Point(time.monotonic(), set(ids))
         self._round_of.update((message_id, round_) for message_id in ids)
         self._count("push-refused", len(messages) - len(ids))
         self._close_finished()
+
+    def _configs(self, round_: int, record: ArrayRecord) -> dict[int, dict]:
+        """Node -> evaluate config from the strategy's ``configure_evaluate`` (Flower's hook; the sample of nodes
+        stays this class's seeded one), when it overrides it."""
+        if self.strategy is None or not self.strategy.overrides("configure_evaluate"):
+            return {}
+        by_node: dict[int, dict] = {}
+        for message in self.strategy.configure_evaluate(round_, record, self.evaluate_config, self.grid) or ():
+            config = message.content.config_records.get(self.options.configrecord_key)
+            by_node.setdefault(message.metadata.dst_node_id, dict(config) if config is not None else {})
+        return by_node
 
     def poll(self) -> None:
         """Take in replies that arrived (at most every 50 ms) and close points that are complete or timed out."""
@@ -107,7 +125,7 @@ class FederatedEvaluation:
 
     def state_dict(self) -> dict:
         """Aggregated rounds, rejections, the node-sampling stream, and each open point's replies so far."""
-        return {"rng": capture(self._rng), "rejected": dict(self.rejected),
+        return {"rng": capture(self._rng), "rejected": dict(self.rejected), "config": dict(self.evaluate_config),
                 "by_round": [[r, dict(m)] for r, m in self.by_round.items()],
                 "open": [[r, len(p.pending), [dict(m) for c in p.replies for m in c.metric_records.values()]]
                          for r, p in self._points.items()]}
@@ -117,6 +135,7 @@ class FederatedEvaluation:
         (its requests went to the run that died: counted ``lost-in-restart``)."""
         self._rng = restore(self._rng, state["rng"])
         self.rejected = dict(state["rejected"])
+        self.evaluate_config = ConfigRecord(state["config"])
         self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
         for round_, pending, replies in state["open"]:
             self._count("lost-in-restart", int(pending))
@@ -150,8 +169,12 @@ class FederatedEvaluation:
             for message_id in point.pending:  # timed out
                 self._round_of.pop(message_id, None)
             self._count("lost", len(point.pending))
-            record = aggregate_replies(point.replies, self.options.weighted_by_key,
-                                       self.options.evaluate_metrics_aggr_fn, "evaluate")
+            if self.strategy is not None and self.strategy.overrides("aggregate_evaluate"):
+                record = self.strategy.aggregate_evaluate(round_, [
+                    Message(content, dst_node_id=0, message_type=MessageType.EVALUATE) for content in point.replies])
+            else:
+                record = aggregate_replies(point.replies, self.options.weighted_by_key,
+                                           self.options.evaluate_metrics_aggr_fn, "evaluate")
             if record is not None:
                 self.by_round[round_] = record
                 flwr_log(logging.INFO, "federated evaluation of round %d on %d node(s): %s", round_,

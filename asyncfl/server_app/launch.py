@@ -162,7 +162,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
                                    round_arrivals=cohort if asynchronous else 0, node_wait=node_wait)
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn)
-    federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout)
+    federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout, strategy)
                  if flower.evaluates_on_clients else None)
     resume, resumed_from = None, None
     if options.resume_from:

@@ -208,6 +208,34 @@ class Strategy(ABC):
         for name in self.state_attributes:
             setattr(self, name, restore(getattr(self, name, None), state["state"][name], name))
 
+    def configure_evaluate(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
+                           grid: "Grid") -> "Iterable[Message]":
+        """Flower's hook: the federated-evaluation requests of round ``server_round``, one per node.
+
+        Called at each federated evaluation point (``fraction_evaluate > 0``) with the model in
+        effect then and the same ``evaluate_config`` record every time. Each sampled node gets the
+        config of the returned message addressed to it (the sample itself is the engine's, seeded);
+        ``server-round`` and ``model-version`` are added.
+        """
+        from flwr.app import Message, RecordDict
+        from flwr.common import MessageType
+
+        content = RecordDict({self.flower.arrayrecord_key: arrays, self.flower.configrecord_key: config})
+        return [Message(content, dst_node_id=node, message_type=MessageType.EVALUATE) for node in grid.get_node_ids()]
+
+    def aggregate_evaluate(self, server_round: int, replies: "Iterable[Message]") -> "MetricRecord | None":
+        """Flower's hook: one round's federated-evaluation replies -> its ``evaluate_metrics_clientapp`` entry.
+
+        Default: ``evaluate_metrics_aggr_fn`` over the replies (Flower's weighted average by
+        ``weighted_by_key``). Called when every reply of the point is in or lost; each reply's
+        content holds its metric record under ``"metrics"``.
+        """
+        from asyncfl.server_app.client_metrics import aggregate_replies
+
+        flower = self.flower
+        return aggregate_replies([reply.content for reply in replies], flower.weighted_by_key,
+                                 flower.evaluate_metrics_aggr_fn, "evaluate")
+
     def check_state(self, state: dict) -> None:
         """Raise :class:`~asyncfl.state.StateError` unless ``state`` is this class's, saved with the same knobs
         and holding every one of :attr:`state_attributes` (the message says what differs)."""
