@@ -409,6 +409,45 @@ def test_configure_evaluate_and_aggregate_evaluate_overrides_take_effect():
     assert all(dict(m)["replies"] == 3 for m in result.evaluate_metrics_clientapp.values())
 
 
+class Logged(FedBuff):
+    """FedBuff that logs every update it takes in (client, examples, the update's bytes)."""
+
+    state_attributes = FedBuff.state_attributes
+
+    def __init__(self, log, **knobs):
+        super().__init__(**knobs)
+        self.log = log
+
+    def on_arrival(self, arrival, current):
+        self.log.append((arrival.client_index, arrival.num_examples, arrival.weights.tobytes()))
+        return super().on_arrival(arrival, current)
+
+
+def test_a_wall_clock_run_resumes_without_losing_an_accepted_update(tmp_path):
+    def run(strategy, grid, **options):
+        return strategy.start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
+                              max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
+                              checkpoint_every=3, **options)
+
+    before, after = [], []
+    with pytest.raises(Crash):
+        run(Logged(before, buffer_size=3), _grid(crash_after=22))
+    newest = checkpoint.find(tmp_path / "wall")
+    saved = checkpoint.read(newest)
+    at_checkpoint = restore(None, saved["stats"])["arrivals"]
+    journal = checkpoint.read_journal(newest)
+    assert len(before) > at_checkpoint and len(journal) >= len(before) - at_checkpoint  # accepted after it
+    resumed = run(Logged(after, buffer_size=3), _grid(first_node=501), resume_from=str(tmp_path / "wall"))
+    # every update the dead run accepted after its checkpoint is taken in again, first and in order
+    assert after[: len(before) - at_checkpoint] == before[at_checkpoint:]
+    assert resumed.summary["arrivals"] == 30 and resumed.summary["server-versions"] == 10
+    replayed = {h["seq"] for h, _ in journal}
+    lost = [job for job in saved["jobs"] if restore(None, job)["seq"] not in replayed]
+    assert resumed.summary["rejected-by-reason"].get("lost-in-restart", 0) == len(lost)
+    rows = [float(r.split(",")[0]) for r in (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]]
+    assert rows == sorted(rows)  # the wall clock goes on from the checkpoint's time, never back
+
+
 def test_a_wall_clock_run_resumes_from_its_checkpoint_and_counts_the_jobs_lost_in_the_crash(tmp_path):
     def run(grid, **options):
         return FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall",

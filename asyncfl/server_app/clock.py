@@ -54,6 +54,9 @@ class Clock(Protocol):
     def puller(self, grid, concurrency: int) -> ThreadedPuller | None:
         """How replies are pulled: ``None`` for one ``pull_messages`` call over every waiting message."""
 
+    def resume_at(self, clock: float) -> None:
+        """A resumed run goes on from ``clock`` (the checkpoint's time)."""
+
 
 class VirtualClock:
     """Simulated time: durations drawn per job, replies accepted in virtual finish order."""
@@ -86,6 +89,9 @@ class VirtualClock:
 
     def puller(self, grid, concurrency: int) -> None:
         return None
+
+    def resume_at(self, clock: float) -> None:
+        pass  # the virtual clock is the engine's own: restored with it
 
 
 class WallClock:
@@ -129,6 +135,9 @@ class WallClock:
                 job.finish = self.now(last_event)
                 return job, None
         return None
+
+    def resume_at(self, clock: float) -> None:
+        self.started = time.monotonic() - clock  # wall time goes on from the checkpoint's, never back
 
     def puller(self, grid, concurrency: int) -> ThreadedPuller:
         # message by message in threads, so one reply whose upload died with its SuperNode cannot stall every

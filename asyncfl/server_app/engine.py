@@ -138,6 +138,9 @@ class AsyncEngine:
         self._failures_in_a_row = 0
         self._expired_jobs = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
         self.checkpoints = checkpoints
+        self._journaling = checkpoints is not None and self.clock.nodes_come_and_go  # replies cannot be had again
+        if self._journaling:
+            checkpoints.journaling = True
         self._resume = resume
 
     # ----------------------------------------------------------------- setup
@@ -212,6 +215,7 @@ class AsyncEngine:
                 self.recorder.on_progress(self._now, self.stats.arrivals)
         if self.checkpoints is not None:  # the stopped run's state: resume it with a later stop to extend it
             self._checkpoint()
+            self.checkpoints.close()
         self.scoring.final(self._now, self._state(), by_rounds=bool(self.config.eval_every_rounds))
         self._abandon_in_flight()
         if self.federated_eval is not None:
@@ -412,6 +416,8 @@ class AsyncEngine:
         try:
             arrival = self._to_arrival(job, reply)
             self._failures_in_a_row = 0 if arrival is not None else self._failures_in_a_row + 1
+            if self._journaling:
+                self._journal(job, arrival)
             if arrival is not None:
                 if self.config.overlap and not self.strategy.synchronous and not self._last_arrival():
                     self._top_up()  # the freed slot gets the pre-update model: server compute hidden, +1 staleness
@@ -422,11 +428,24 @@ class AsyncEngine:
         finally:
             self.versions.release(job.version)
         if self.strategy.synchronous and not self._round_open():
+            if self._journaling:
+                self.checkpoints.record({"kind": "round-end"})
             new_model = self.strategy.on_round_end(self.versions.current)
             if new_model is not None:
                 self._advance(new_model)
         self.stats.server_seconds += time.perf_counter() - started
 
+    def _journal(self, job: Job, arrival: Arrival | None) -> None:
+        """Wall clock: log the event about to be accepted (an arrival with its update, or a job that failed), so
+        that a run resumed from the last checkpoint replays it instead of losing it."""
+        if arrival is None:
+            self.checkpoints.record({"kind": "failed", "seq": job.seq, "rejected": dict(self.stats.rejected),
+                                     "expired": self._expired_jobs, "dispatched": self.stats.dispatched})
+            return
+        arrays = (arrival.weights,) if job.sent_model is None else (arrival.weights, job.sent_model)
+        self.checkpoints.record({"kind": "arrival", "seq": job.seq, "client": job.client, "version": job.version,
+                                 "num_examples": arrival.num_examples, "train_loss": arrival.train_loss,
+                                 "time": job.finish, "dispatched": self.stats.dispatched}, *arrays)
     def _to_arrival(self, job: Job, reply: Message | None) -> Arrival | None:
         if reply is None:
             if job.lost_reason == "node-offline":
@@ -609,9 +628,46 @@ class AsyncEngine:
                 restore(part, state["parts"][name], name)
         if self.checkpoints is not None:
             self.checkpoints.last_version = self.versions.version
-        self._reissue([restore(None, job) for job in state["jobs"]])
+        self.clock.resume_at(self._now)
+        jobs = [restore(None, job) for job in state["jobs"]]
+        if state.get("journal"):
+            jobs = self._replay(state["journal"], jobs)
+        self._reissue(jobs)
         log.info("resumed at server version %d after %d accepted updates (clock %.3f): %d job(s) in flight "
                  "re-sent", self.versions.version, self.stats.arrivals, self._now, len(self._in_flight))
+
+    def _replay(self, events: list[tuple[dict, list[np.ndarray]]], saved: list[dict]) -> list[dict]:
+        """Accept again, in order, what the run accepted after its checkpoint (the wall clock's journal); returns
+        the checkpoint's jobs whose outcome the journal does not hold (still out when the run died)."""
+        pending = {job["seq"]: job for job in saved}
+        made: dict[int, np.ndarray] = {}  # versions made during the replay: bases of later replayed jobs
+        for header, arrays in events:
+            if header["kind"] == "round-end":
+                new_model = self.strategy.on_round_end(self.versions.current)
+                if new_model is not None:
+                    self._advance(new_model)
+                    made[self.versions.version] = self.versions.current
+                continue
+            job = pending.pop(header["seq"], None)
+            self.stats.dispatched = max(self.stats.dispatched, int(header["dispatched"]))
+            if header["kind"] == "failed":
+                self.stats.rejected, self._expired_jobs = dict(header["rejected"]), int(header["expired"])
+            else:
+                version = int(header["version"])
+                base = arrays[1] if len(arrays) > 1 else made.get(version)
+                base = self.versions.model(version) if base is None else base
+                arrival = Arrival(int(header["client"]), version, self.versions.version - version, arrays[0], base,
+                                  int(header["num_examples"]), float(header["train_loss"]), float(header["time"]))
+                self._evaluate_until(arrival.time)
+                self._now = max(self._now, arrival.time)
+                self._accepted(arrival, self.strategy.on_arrival(arrival, self.versions.current))
+                made.setdefault(self.versions.version, self.versions.current)
+            if job is not None:
+                self.versions.release(job["version"])
+        if events:
+            log.info("replayed %d event(s) accepted after the checkpoint (the journal): %d accepted updates now",
+                     len(events), self.stats.arrivals)
+        return list(pending.values())
 
     def _reissue(self, saved: list[dict]) -> None:
         """Send again the jobs that were in flight at the checkpoint, as they were sent (same client, model,

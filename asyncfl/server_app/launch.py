@@ -168,6 +168,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     if options.resume_from:
         resumed_from = checkpoint.find(options.resume_from)
         resume = checkpoint.read(resumed_from)
+        resume["journal"] = checkpoint.read_journal(resumed_from)
         checkpoint.check_fits(resume, strategy, codec, config)  # before anything in a run folder changes
     folder = _run_folder(options, name, resumed_from)
     recorder = None
