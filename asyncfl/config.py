@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from asyncfl.data.datasets import DATASETS
+from asyncfl.data.datasets import DATASETS, check_files
+from asyncfl.data.readers import DatasetNotFoundError
 from asyncfl.data.drift import DriftConfig, check_source
 from asyncfl.data.partition import PARTITIONINGS
 from asyncfl.models.zoo import MODELS
@@ -210,6 +211,10 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     strategy_config = None
     if strategy_settings and strategy in STRATEGY_CLASSES:
         strategy_config = strategy_class(strategy).config_class.from_run_config(cfg)
+    try:  # last, once every value is valid: an on-disk dataset's files must be there before anything starts
+        check_files(data.dataset, data.data_dir)
+    except DatasetNotFoundError as exc:
+        raise ConfigError(str(exc)) from exc
     return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift, options)
 
 

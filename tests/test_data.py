@@ -158,3 +158,38 @@ def test_split_slice_is_array_splits_piece(length, parts):
     pieces = np.array_split(np.arange(length), parts)
     for index in {0, parts // 2, parts - 1}:
         assert np.array_equal(np.arange(length)[split_slice(length, parts, index)], pieces[index])
+
+
+def _write_fashion(folder, n=20):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    images, labels = rng.integers(0, 255, (n, 28, 28)), np.arange(n) % 10
+    _write_idx(folder / "train-images-idx3-ubyte.gz", images, 2051)
+    _write_idx(folder / "train-labels-idx1-ubyte.gz", labels, 2049)
+    _write_idx(folder / "t10k-images-idx3-ubyte.gz", images[:10], 2051)
+    _write_idx(folder / "t10k-labels-idx1-ubyte.gz", labels[:10], 2049)
+
+
+@pytest.mark.parametrize("layout", ["debian (files side by side)", "torchvision (FashionMNIST/raw)"])
+def test_fashion_mnist_is_read_in_debians_layout_and_torchvisions(tmp_path, layout):
+    _write_fashion(tmp_path if layout.startswith("debian") else tmp_path / "FashionMNIST" / "raw")
+    data = load_dataset("fashion-mnist", str(tmp_path))
+    assert data.x_train.shape == (20, 1, 28, 28) and data.num_classes == 10
+
+
+def test_missing_fashion_mnist_is_refused_before_anything_starts_naming_the_debian_package(tmp_path, monkeypatch):
+    from asyncfl.config import ConfigError, parse_run_config
+    from asyncfl.data.datasets import check_files
+    from asyncfl.data.readers import DEBIAN_FOLDERS
+    from tests.test_config import defaults
+
+    # this machine may have the package installed: look in an empty stand-in for its folder
+    monkeypatch.setitem(DEBIAN_FOLDERS, "FashionMNIST", (tmp_path / "debian", "dataset-fashion-mnist"))
+
+    with pytest.raises(DatasetNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        check_files("fashion-mnist", str(tmp_path))
+    with pytest.raises(ConfigError, match=f"none of {tmp_path / 'FashionMNIST' / 'raw'}, {tmp_path}, "
+                                          f"{DEBIAN_FOLDERS['FashionMNIST'][0]}"):
+        parse_run_config(defaults(**{"dataset": "fashion-mnist", "data-dir": str(tmp_path)}))
+    _write_fashion(tmp_path)
+    check_files("fashion-mnist", str(tmp_path))  # there now

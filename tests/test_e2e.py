@@ -213,7 +213,12 @@ def test_pushcen_gossip_through_the_relay(tmp_path):
 
 
 def test_a_run_that_fails_on_the_superlink_exits_non_zero(tmp_path):
-    # Valid config, but the ServerApp cannot load the data: `flwr run --stream` itself exits 0 here.
+    # Valid config and the files are there, but the ServerApp cannot read them (damaged): `flwr run --stream`
+    # itself exits 0 here.
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(b"not a pickle")
     command = [sys.executable, "-m", "asyncfl.cli", "run", "--num-supernodes", "2", "-c",
                f"dataset='cifar10' data-dir='{tmp_path}' model='mlp' max-arrivals=4 output-dir='{tmp_path}'"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)

