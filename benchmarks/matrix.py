@@ -396,9 +396,14 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
     """One real ``asyncfl run`` (or, ``in_process``, the same apps in one process); skipped when its summary
     exists."""
     run_name = f"{name}__s{seed}"
-    if finished(runs_dir / run_name):
-        return
     config = {**overrides, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name}
+    if finished(runs_dir / run_name):
+        done = json.loads((runs_dir / run_name / "summary.json").read_text())["arrivals"]
+        if not overrides.get("max-arrivals") or done >= overrides["max-arrivals"]:
+            return
+        # a longer horizon than the run had: go on from the checkpoint it wrote when it stopped (the same run as
+        # one made with the longer horizon from the start, on the virtual clock)
+        config["resume-from"] = str(runs_dir / run_name)
     text = " ".join(f"{key if '.' not in key else json.dumps(key)}={_toml_value(v)}" for key, v in config.items())
     command = [str(ROOT / ".venv/bin/asyncfl"), "run", "--num-supernodes", str(study.supernodes), "-c", text]
     if in_process:
