@@ -29,3 +29,35 @@ def test_two_local_superlinks_side_by_side_each_keep_their_own_address_and_clean
     assert not first_home.exists() and not second_home.exists()
     assert sorted(p.name for p in base.iterdir()) == sorted(
         [f"superlink-{first.port}.log", f"superlink-{second.port}.log"])
+
+
+def test_resume_reuses_the_runs_own_run_config_with_changes_and_its_node_count(tmp_path):
+    import json
+
+    import numpy as np
+    import pytest
+
+    from asyncfl.cli import main, resume_run_config
+    from asyncfl.server_app import checkpoint
+    from asyncfl.server_app.run_folder import read_run_config, write_run_config
+
+    run = tmp_path / "outputs" / "my-run"
+    run.mkdir(parents=True)
+    with pytest.raises(ValueError, match="no run_config.toml"):
+        resume_run_config(run, [])
+    write_run_config(run, {"strategy": "fedbuff", "max-arrivals": 300, "model.batchnorm": False, "lr": 0.001,
+                           "run-name": "", "target-accuracy": "0.8,0.9"})
+    with pytest.raises(ValueError, match="no checkpoint in"):
+        resume_run_config(run, [])
+    (run / "checkpoints").mkdir()
+    checkpoint.write(run / "checkpoints" / "checkpoint-v000010-a00000050.npz", {"x": np.zeros(1)})
+    (run / "summary.json").write_text(json.dumps({"clients": 12}))
+    files, clients = resume_run_config(run, ["max-arrivals=600"])
+    resumed = read_run_config(run / "resume")
+    assert files == [str(run / "resume" / "run_config.toml")]
+    assert clients == 12
+    assert resumed["max-arrivals"] == 600 and resumed["model.batchnorm"] is False and resumed["lr"] == 0.001
+    assert resumed["resume-from"] == str(run) and resumed["run-name"] == "my-run"
+    assert resumed["output-dir"] == str(run.parent) and resumed["target-accuracy"] == "0.8,0.9"
+    with pytest.raises(SystemExit):  # a folder that is not a run folder: a usage error before anything starts
+        main(["run", "--resume", str(tmp_path)])
