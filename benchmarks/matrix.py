@@ -297,6 +297,17 @@ FEDADT_FMNIST = Study(
     scenarios={"dir0.5": {"dirichlet-alpha": 0.5}},
     seeds=(1, 2, 3),
     targets=(0.7, 0.75),
+    extra={  # FedADT Table III: a fixed KD weight instead of the adaptive 0.2 -> 0.6 ramp
+        "fedadt-fixed0.2__dir0.5": {"strategy": "fedadt", "fedadt.alpha-min": 0.2, "fedadt.alpha-max": 0.2,
+                                    "dirichlet-alpha": 0.5},
+        "fedadt-fixed0.6__dir0.5": {"strategy": "fedadt", "fedadt.alpha-min": 0.6, "fedadt.alpha-max": 0.6,
+                                    "dirichlet-alpha": 0.5},
+        # the correction without its teacher: KD weight 0 leaves plain supervised steps on the 300 labeled server
+        # images, which separates distillation from the extra labeled data FedADT has and the baselines do not
+        "fedadt-ce-only__dir0.5": {"strategy": "fedadt", "fedadt.alpha-min": 0.0, "fedadt.alpha-max": 0.0,
+                                   "dirichlet-alpha": 0.5},
+    },
+    extra_seeds=(1, 2, 3),
 )
 
 STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "fedadt-fmnist": FEDADT_FMNIST, "gi": GI, "pushcen": PUSHCEN, "pushcen100": PUSHCEN100,
