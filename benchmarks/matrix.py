@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from asyncfl.server_app.run_folder import toml_value  # noqa: E402 (the repository's package, from a script)
 
 
 @dataclass(frozen=True)
@@ -355,14 +358,6 @@ def gossip_table(study: Study) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)
-
-
 def cells(study: Study) -> list[tuple[str, dict, int]]:
     """``(cell name, run-config overrides, seed)``, seed-major, ablations last within each seed."""
     out = []
@@ -415,7 +410,7 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
         # a longer horizon than the run had: go on from the checkpoint it wrote when it stopped (the same run as
         # one made with the longer horizon from the start, on the virtual clock)
         config["resume-from"] = str(runs_dir / run_name)
-    text = " ".join(f"{key if '.' not in key else json.dumps(key)}={_toml_value(v)}" for key, v in config.items())
+    text = " ".join(f"{key if '.' not in key else json.dumps(key)}={toml_value(v)}" for key, v in config.items())
     command = [str(ROOT / ".venv/bin/asyncfl"), "run", "--num-supernodes", str(study.supernodes), "-c", text]
     if in_process:
         command = [sys.executable, str(Path(__file__).resolve()), "--run-one", json.dumps(config),

@@ -43,6 +43,15 @@ def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: Met
         return None
 
 
+def rounds_state(by_round: dict[int, MetricRecord]) -> list:
+    """``{round: MetricRecord}`` as plain values (a checkpoint's part); :func:`rounds_from_state` reverses it."""
+    return [[r, dict(m)] for r, m in by_round.items()]
+
+
+def rounds_from_state(state: list) -> dict[int, MetricRecord]:
+    return {int(r): MetricRecord(m) for r, m in state}
+
+
 class TrainMetrics:
     """Collects accepted train replies' metrics and aggregates them into ``by_round`` as each round closes."""
 
@@ -54,11 +63,11 @@ class TrainMetrics:
 
     def state_dict(self) -> dict:
         """The rounds aggregated so far and the open round's replies, as plain values (a checkpoint's part)."""
-        return {"by_round": [[r, dict(m)] for r, m in self.by_round.items()],
+        return {"by_round": rounds_state(self.by_round),
                 "pending": [dict(m) for content in self._pending for m in content.metric_records.values()]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
+        self.by_round = rounds_from_state(state["by_round"])
         self._pending = [RecordDict({"metrics": MetricRecord(m)}) for m in state["pending"]]
 
     def add(self, content: RecordDict) -> None:

@@ -41,7 +41,7 @@ from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
-from asyncfl.strategies.flower_options import MessageKeys
+from asyncfl.strategies.flower_options import MessageKeys, configs_by_node
 
 if TYPE_CHECKING:  # the engine drives any Strategy; it needs the class only for annotations
     from asyncfl.server_app.checkpoint import Checkpoints  # noqa: F401 (annotation)
@@ -353,18 +353,13 @@ class AsyncEngine(Resumable):
                 self.train_config[protocol.SERVER_ROUND] = round_
                 self._round_configs = (round_, {}, dict(self.train_config))
             else:
-                messages = self.strategy.configure_train(round_, self.versions.record(self.versions.version),
-                                                         self.train_config, self.grid)
-                by_client: dict[int, dict] = {}  # by client index: node ids change when a run is resumed
-                default = None
-                for message in messages or ():
-                    record = message.content.config_records.get(self.keys.config)
-                    config = dict(record) if record is not None else {}
-                    default = config if default is None else default
-                    index = self.roster.index_of.get(message.metadata.dst_node_id)
-                    if index is not None:
-                        by_client.setdefault(index, config)
-                self._round_configs = (round_, by_client, dict(self.train_config) if default is None else default)
+                by_node = configs_by_node(self.strategy.configure_train(
+                    round_, self.versions.record(self.versions.version), self.train_config, self.grid), self.keys.config)
+                # by client index: node ids change when a run is resumed
+                by_client = {self.roster.index_of[node]: config for node, config in by_node.items()
+                             if node in self.roster.index_of}
+                default = next(iter(by_node.values()), dict(self.train_config))
+                self._round_configs = (round_, by_client, default)
         _, by_client, default = self._round_configs
         config = dict(by_client.get(client, default))
         config.setdefault(protocol.SERVER_ROUND, round_)

@@ -22,8 +22,8 @@ from flwr.common.logger import log as flwr_log
 
 from asyncfl import protocol
 from asyncfl.state import capture, restore
-from asyncfl.server_app.client_metrics import aggregate_replies
-from asyncfl.strategies.flower_options import FlowerOptions
+from asyncfl.server_app.client_metrics import aggregate_replies, rounds_from_state, rounds_state
+from asyncfl.strategies.flower_options import FlowerOptions, configs_by_node
 
 POLL_EVERY_S = 0.05
 
@@ -95,11 +95,8 @@ class FederatedEvaluation:
         stays this class's seeded one), when it overrides it."""
         if self.strategy is None or not self.strategy.overrides("configure_evaluate"):
             return {}
-        by_node: dict[int, dict] = {}
-        for message in self.strategy.configure_evaluate(round_, record, self.evaluate_config, self.grid) or ():
-            config = message.content.config_records.get(self.options.configrecord_key)
-            by_node.setdefault(message.metadata.dst_node_id, dict(config) if config is not None else {})
-        return by_node
+        return configs_by_node(self.strategy.configure_evaluate(round_, record, self.evaluate_config, self.grid),
+                               self.options.configrecord_key)
 
     def poll(self) -> None:
         """Take in replies that arrived (at most every 50 ms) and close points that are complete or timed out."""
@@ -126,7 +123,7 @@ class FederatedEvaluation:
     def state_dict(self) -> dict:
         """Aggregated rounds, rejections, the node-sampling stream, and each open point's replies so far."""
         return {"rng": capture(self._rng), "rejected": dict(self.rejected), "config": dict(self.evaluate_config),
-                "by_round": [[r, dict(m)] for r, m in self.by_round.items()],
+                "by_round": rounds_state(self.by_round),
                 "open": [[r, len(p.pending), [dict(m) for c in p.replies for m in c.metric_records.values()]]
                          for r, p in self._points.items()]}
 
@@ -136,7 +133,7 @@ class FederatedEvaluation:
         self._rng = restore(self._rng, state["rng"])
         self.rejected = dict(state["rejected"])
         self.evaluate_config = ConfigRecord(state["config"])
-        self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
+        self.by_round = rounds_from_state(state["by_round"])
         for round_, pending, replies in state["open"]:
             self._count("lost-in-restart", int(pending))
             self._points[int(round_)] = _Point(time.monotonic(), set(),

@@ -27,7 +27,7 @@ from asyncfl.callbacks import Callback
 from asyncfl.options import EngineConfig, RunOptions
 from asyncfl.errors import CheckpointError, NoNodesConnected
 from asyncfl.server_app import checkpoint
-from asyncfl.server_app.client_metrics import TrainMetrics
+from asyncfl.server_app.client_metrics import TrainMetrics, rounds_from_state, rounds_state
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
@@ -76,11 +76,11 @@ class ServerEvaluation:
         """The scores so far, and the user's evaluator's own state when it declares ``state_attributes`` (the
         built-in app's best accuracy so far): a checkpoint's part."""
         inner = self.evaluate_fn
-        return {"by_round": [[r, dict(m)] for r, m in self.by_round.items()],
+        return {"by_round": rounds_state(self.by_round),
                 "evaluate_fn": capture(inner) if hasattr(type(inner), "state_attributes") else None}
 
     def load_state_dict(self, state: dict) -> None:
-        self.by_round = {int(r): MetricRecord(m) for r, m in state["by_round"]}
+        self.by_round = rounds_from_state(state["by_round"])
         if state["evaluate_fn"] is not None:
             restore(self.evaluate_fn, state["evaluate_fn"], "evaluate_fn")
 

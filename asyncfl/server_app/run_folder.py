@@ -13,11 +13,16 @@ import os
 from pathlib import Path
 
 
-def write_json(path: Path, data) -> None:
-    """Write ``data`` as indented JSON to ``path`` atomically (a temporary file, then a rename)."""
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file, then a rename): a reader never sees half of it."""
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(data, indent=2, default=str))
+    partial.write_text(text)
     os.replace(partial, path)
+
+
+def write_json(path: Path, data) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically."""
+    write_text(path, json.dumps(data, indent=2, default=str))
 
 
 def start_csv(path: Path, header: list[str]) -> None:
@@ -38,10 +43,8 @@ RUN_CONFIG_FILE = "run_config.toml"
 
 def write_run_config(folder: Path, run_config: dict) -> None:
     """``run_config.toml``: Flower's flat run-config (dotted keys quoted), a TOML file ``flwr run`` accepts."""
-    lines = [f"{json.dumps(str(key))} = {_toml_value(value)}" for key, value in sorted(run_config.items())]
-    partial = folder / (RUN_CONFIG_FILE + ".tmp")
-    partial.write_text("\n".join(lines) + "\n")
-    os.replace(partial, folder / RUN_CONFIG_FILE)
+    lines = [f"{json.dumps(str(key))} = {toml_value(value)}" for key, value in sorted(run_config.items())]
+    write_text(folder / RUN_CONFIG_FILE, "\n".join(lines) + "\n")
 
 
 def read_run_config(folder: Path) -> dict:
@@ -52,7 +55,8 @@ def read_run_config(folder: Path) -> dict:
         return tomllib.load(handle)
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
+    """A run-config value (bool, number or string) as TOML writes it."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

@@ -156,14 +156,12 @@ class Strategy(ABC):
         arrays of the returned messages are not used (a job carries the model version it is
         sent with).
         """
-        from flwr.app import Message, RecordDict
         from flwr.common import MessageType
 
         from asyncfl import protocol
 
         config[protocol.SERVER_ROUND] = server_round
-        content = RecordDict({self.flower.arrayrecord_key: arrays, self.flower.configrecord_key: config})
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in grid.get_node_ids()]
+        return self._requests(arrays, config, grid, MessageType.TRAIN)
 
     #: The attributes that change as arrivals come in (buffers, caches, moments, networks, random
     #: generators): what :meth:`state_dict` saves; ``()`` for a method without any. A subclass with
@@ -217,11 +215,17 @@ class Strategy(ABC):
         config of the returned message addressed to it (the sample itself is the engine's, seeded);
         ``server-round`` and ``model-version`` are added.
         """
-        from flwr.app import Message, RecordDict
         from flwr.common import MessageType
 
+        return self._requests(arrays, config, grid, MessageType.EVALUATE)
+
+    def _requests(self, arrays: "ArrayRecord", config: "ConfigRecord", grid: "Grid", message_type: str) -> list:
+        """One ``message_type`` message per node of ``grid``, all carrying ``arrays`` and ``config`` (as Flower's
+        ``FedAvg`` builds them, under this strategy's record keys)."""
+        from flwr.app import Message, RecordDict
+
         content = RecordDict({self.flower.arrayrecord_key: arrays, self.flower.configrecord_key: config})
-        return [Message(content, dst_node_id=node, message_type=MessageType.EVALUATE) for node in grid.get_node_ids()]
+        return [Message(content, dst_node_id=node, message_type=message_type) for node in grid.get_node_ids()]
 
     def aggregate_evaluate(self, server_round: int, replies: "Iterable[Message]") -> "MetricRecord | None":
         """Flower's hook: one round's federated-evaluation replies -> its ``evaluate_metrics_clientapp`` entry.

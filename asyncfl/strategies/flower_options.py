@@ -102,3 +102,13 @@ class FlowerOptions:
         if self.fraction_evaluate == 0.0:
             return 0
         return min(available, max(self.min_evaluate_nodes, int(self.fraction_evaluate * available)))
+
+
+def configs_by_node(messages, config_key: str) -> dict[int, dict]:
+    """The config each destination node gets in ``messages`` (what a ``configure_train`` / ``configure_evaluate``
+    override returned), the first message per node; a message without a config record gives ``{}``."""
+    by_node: dict[int, dict] = {}
+    for message in messages or ():
+        record = message.content.config_records.get(config_key)
+        by_node.setdefault(message.metadata.dst_node_id, dict(record) if record is not None else {})
+    return by_node
