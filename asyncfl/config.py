@@ -65,6 +65,7 @@ class DataConfig:
     model: str
     batchnorm: bool
     server_holdout: float = 0.0
+    track_statistics: bool = False  # cnn only: FedRevive's reference layers (statistics recorded, not normalised)
     samples_per_client: int = 32  # partitioning "sampled": rows each client draws with replacement
     eval_batch_size: int = 64  # the built-in app's server-side evaluation, in chunks of this many samples
 
@@ -179,6 +180,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         test_fraction=float(cfg["test-fraction"]),
         model=_choice("model", str(cfg["model"]), MODELS),
         batchnorm=bool(cfg["model.batchnorm"]),
+        track_statistics=bool(cfg.get("model.track-statistics", False)),
         server_holdout=float(cfg["server-holdout"]),
         samples_per_client=_at_least_one("samples-per-client", int(cfg.get("samples-per-client", 32))),
         eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
@@ -187,6 +189,10 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         raise ConfigError(f"server-holdout={data.server_holdout} must be in [0, 1)")
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"test-fraction={data.test_fraction} must be in (0, 1)")
+    if data.track_statistics and (data.model != "cnn" or data.batchnorm):
+        raise ConfigError("model.track-statistics=true needs model='cnn' with model.batchnorm=false (statistics "
+                          f"trackers stand where BatchNorm would); got model={data.model!r}, "
+                          f"model.batchnorm={str(data.batchnorm).lower()}")
     train = TrainConfig(
         local_steps=int(_positive("local-steps", int(cfg["local-steps"]), allow_zero=True)),
         local_epochs=int(_positive("local-epochs", int(cfg["local-epochs"]), allow_zero=True)),

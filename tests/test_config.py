@@ -47,6 +47,13 @@ def test_bad_values_are_rejected_with_valid_choices(key, value, message):
         parse_run_config(cfg)
 
 
+def test_statistics_trackers_need_the_cnn_without_batchnorm():
+    assert parse_run_config(defaults(**{"model.track-statistics": True})).data.track_statistics
+    for bad in ({"model": "lenet5"}, {"model.batchnorm": True}):
+        with pytest.raises(ConfigError, match="model.track-statistics=true needs model='cnn'"):
+            parse_run_config(defaults(**{"model.track-statistics": True, **bad}))
+
+
 def test_custom_delay_model_is_parsed():
     cfg = parse_run_config(defaults(**{"delay-model": "custom", "delay.train.distribution": "lognormal",
                                        "delay.train.tiers": "0.5:1,0.5:3", "delay.train.spread": 0.4}))

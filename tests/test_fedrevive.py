@@ -11,11 +11,12 @@ from torch import nn
 from asyncfl.config import ConfigError, parse_run_config
 from asyncfl.data.holdout import holdout_rows
 from asyncfl.models import build_model
-from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.models.flat import load_flat, model_to_flat, parameter_mask
 from asyncfl.strategies import AFLDW, Arrival, StrategyResources
 from asyncfl.strategies.fedrevive import (DDFedRevive, FedRevive, FedReviveConfig, multi_teacher_kd_loss,
                                           multi_teacher_kd_surrogate)
 from asyncfl.strategies.revive.generator import Generator
+from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
 from asyncfl.strategies.revive.synthesis import BatchNormStatistics, SynthesisConfig, synthesis_loss, synthesize
@@ -324,3 +325,48 @@ def test_kd_update_is_exactly_zero_when_every_teacher_is_the_student_with_backgr
     for i in range(3):
         revive._buffer_teacher(i, current)
     assert np.abs(revive.distil(current)).max() == 0.0
+
+
+def test_mixing_tally_reports_beta_shares_and_the_kd_half_by_hand():
+    tally = MixingTally(mask=np.array([True, True, False]))  # the third entry (a BatchNorm statistic) is left out
+    for beta in (0.0, 0.3, 0.6, 1.0):
+        tally.observe_beta(beta)
+    delta = np.array([3.0, 4.0, 1e6], dtype=np.float32)  # parameter norm 5
+    tally.observe_kd(0.5, delta, np.array([0.3, 0.4, 0.0], dtype=np.float32))  # norm 0.5: share 0.5*0.5/(0.5*5)
+    tally.observe_kd(0.9, delta, np.array([0.0, 0.5, 7.0], dtype=np.float32))  # 0.9*0.5/(0.1*5) = 0.9
+    tally.observe_kd(1.0, delta, np.array([0.5, 0.0, 0.0], dtype=np.float32))  # beta 1: no client half
+    figures = tally.summary()
+    assert figures["beta-mean"] == pytest.approx(0.475)
+    assert (figures["beta-share-above-0.25"], figures["beta-share-above-0.5"], figures["beta-share-above-0.75"]) \
+        == (0.75, 0.5, 0.25)
+    assert figures["kd-share-geomean"] == pytest.approx(math.sqrt(0.1 * 0.9), rel=1e-3)
+    assert figures["kd-norm-ratio-geomean"] == pytest.approx(0.1, rel=1e-3)
+    assert figures["kd-updates-at-beta-1"] == 1
+
+
+def test_parameter_mask_marks_parameters_and_not_batchnorm_statistics():
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    mask = parameter_mask(net)
+    # Linear weight 6 + bias 3, BN weight 3 + bias 3 are parameters; running mean 3, var 3, counter 1 are not
+    assert mask.tolist() == [True] * 15 + [False] * 7
+    assert mask.size == model_to_flat(net).size
+
+
+def test_fedrevive_and_afl_dw_summaries_carry_the_beta_figures():
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
+    revive = FedRevive(_mlp, 3, SHAPE, server_lr=0.3, max_staleness=10.0, kd_start=100)
+    afl = AFLDW(server_lr=0.3, max_staleness=10.0)
+    for tau in (0, 5, 10):  # 1-cosine over 10: beta 0, 0.5, 1
+        revive.on_arrival(_arrival(0, client, base, tau), base)
+        afl.on_arrival(_arrival(0, client, base, tau), base)
+    for summary in (revive.summary(), afl.summary()):
+        assert summary["beta-mean"] == pytest.approx(0.5) and summary["beta-share-above-0.75"] == pytest.approx(1 / 3, abs=1e-4)
+    assert "kd-share-geomean" not in revive.summary()  # no KD update yet
+
+
+def test_synthesis_matches_the_statistics_of_tracker_layers_as_of_batchnorm():
+    tracked = build_model("cnn", (1, 28, 28), 10, seed=0, track_statistics=True).eval()
+    statistics = BatchNormStatistics(tracked)
+    tracked(torch.randn(4, 1, 28, 28))
+    assert statistics.active and len(statistics.terms) == 2  # one feature term per tracker

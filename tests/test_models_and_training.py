@@ -29,6 +29,28 @@ def test_batchnorm_option_adds_running_stats():
     assert any("running_mean" in k for k in model.state_dict())
 
 
+def test_statistics_trackers_record_running_statistics_and_change_no_output():
+    tracked = build_model("cnn", (1, 28, 28), 10, seed=3, track_statistics=True)
+    plain = build_model("cnn", (1, 28, 28), 10, seed=3)
+    assert count_parameters(tracked) == count_parameters(plain)  # trackers add buffers, no parameters
+    x = torch.randn(16, 1, 28, 28)
+    tracked.train()
+    out = tracked(x)
+    tracker = tracked.features[1]
+    first = tracked.features[0](x)
+    # recorded as BatchNorm's training pass does: momentum 0.1 from (0, 1), unbiased variance
+    assert torch.allclose(tracker.running_mean, 0.1 * first.mean(dim=(0, 2, 3)), atol=1e-6)
+    assert torch.allclose(tracker.running_var, 0.9 + 0.1 * first.var(dim=(0, 2, 3), unbiased=True), atol=1e-5)
+    assert torch.equal(out, plain(x))  # activations are not normalised
+    before = tracker.running_mean.clone()
+    tracked.eval()(x)
+    assert torch.equal(tracker.running_mean, before)  # evaluation records nothing
+    with pytest.raises(ValueError, match="'cnn' only"):
+        build_model("lenet5", (1, 28, 28), 10, track_statistics=True)
+    with pytest.raises(ValueError, match="not both"):
+        build_model("cnn", (1, 28, 28), 10, batchnorm=True, track_statistics=True)
+
+
 def _toy():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 1, 8, 8)).astype(np.float32)

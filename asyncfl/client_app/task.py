@@ -98,4 +98,5 @@ def node_data(data: DataConfig, partition_id: int, num_partitions: int, seed: in
 
 def node_model(data: DataConfig, node: NodeData, seed: int) -> nn.Module:
     """A fresh model of the configured architecture for this node's dataset."""
-    return build_model(data.model, node.input_shape, node.num_classes, data.batchnorm, seed=seed)
+    return build_model(data.model, node.input_shape, node.num_classes, data.batchnorm, seed=seed,
+                       track_statistics=data.track_statistics)

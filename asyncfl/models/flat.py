@@ -39,3 +39,14 @@ def load_flat(model: nn.Module, flat: np.ndarray) -> nn.Module:
 def model_to_flat(model: nn.Module) -> np.ndarray:
     """The model's ``state_dict`` as one new float32 vector."""
     return np.concatenate([t.detach().cpu().reshape(-1).float().numpy() for t in model.state_dict().values()])
+
+
+def parameter_mask(model: nn.Module) -> np.ndarray:
+    """Boolean vector over the flat layout: True where an entry is a trainable parameter.
+
+    BatchNorm running statistics and counters are ``state_dict`` entries too; comparing the
+    size of two updates (FedRevive's KD half against the client's delta) on parameters alone
+    keeps a running variance's drift from dominating the norm.
+    """
+    parameters = {name for name, _ in model.named_parameters()}
+    return np.concatenate([np.full(t.numel(), name in parameters) for name, t in model.state_dict().items()])

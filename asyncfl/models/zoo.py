@@ -2,7 +2,9 @@
 
 * ``cnn``: the ~420k-parameter CNN of the FedRevive paper's FEMNIST task
   (two 3x3 conv layers, 32 and 64 channels, 2x2 pooling, a 128-unit dense layer),
-  for 28x28 inputs, optionally with BatchNorm after each convolution.
+  for 28x28 inputs, optionally with BatchNorm after each convolution, or with
+  statistics trackers there (FedRevive's reference networks: running statistics
+  recorded for its synthesis, activations not normalised).
 * ``lenet5``: LeCun et al., 1998, for 28x28 or 32x32 inputs.
 * ``resnet18``: He et al., 2016, the CIFAR variant (3x3 stem, no max-pool).
 * ``mlp``: a one-hidden-layer perceptron, any input size (fast tests, ``digits``).
@@ -39,16 +41,47 @@ class MaxPool2x2(nn.Module):
         return nn.functional.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2).contiguous()
 
 
-class CNN(nn.Module):
-    """FedRevive's FEMNIST-size CNN (~420k parameters for 10 classes)."""
+class StatisticsTracker(nn.BatchNorm2d):
+    """Records its input's running mean and variance (as BatchNorm does) and passes the input on unchanged.
 
-    def __init__(self, in_channels: int, num_classes: int, batchnorm: bool = False) -> None:
+    FedRevive's reference networks put such layers where BatchNorm would go: the data-free
+    synthesis matches a teacher's recorded feature statistics (its Eq. 4 feature term; a
+    BatchNorm2d subclass, so :class:`~asyncfl.strategies.revive.synthesis.BatchNormStatistics`
+    finds it), while activations are never normalised by them, so statistics that stale deltas
+    push off (a negative running variance) cannot break a model's outputs. Statistics are
+    recorded in training mode only.
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels, affine=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():  # updates running_mean / running_var in place, as BatchNorm's training pass
+                nn.functional.batch_norm(x, self.running_mean, self.running_var, training=True,
+                                         momentum=self.momentum, eps=self.eps)
+        return x
+
+
+class CNN(nn.Module):
+    """FedRevive's FEMNIST-size CNN (~420k parameters for 10 classes).
+
+    ``batchnorm`` puts BatchNorm after each convolution, ``track_statistics`` a
+    :class:`StatisticsTracker` instead (the two exclude each other).
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, batchnorm: bool = False,
+                 track_statistics: bool = False) -> None:
         super().__init__()
+        if batchnorm and track_statistics:
+            raise ValueError("model 'cnn': choose BatchNorm or statistics trackers, not both")
 
         def block(cin: int, cout: int) -> list[nn.Module]:
             layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1)]
             if batchnorm:
                 layers.append(nn.BatchNorm2d(cout))
+            if track_statistics:
+                layers.append(StatisticsTracker(cout))
             return layers + [nn.ReLU(), MaxPool2x2()]
 
         self.features = nn.Sequential(*block(in_channels, 32), *block(32, 64))
@@ -123,19 +156,24 @@ class MLP(nn.Module):
 
 
 def build_model(
-    name: str, input_shape: tuple[int, int, int], num_classes: int, batchnorm: bool = False, seed: int | None = None
+    name: str, input_shape: tuple[int, int, int], num_classes: int, batchnorm: bool = False, seed: int | None = None,
+    track_statistics: bool = False,
 ) -> nn.Module:
     """Build model ``name`` for inputs ``(C, H, W)``; seeded initialisation when ``seed`` is given.
+
+    ``batchnorm`` and ``track_statistics`` apply to ``cnn`` (see :class:`CNN`).
 
     Raises ``ValueError`` naming the valid models, or the input sizes a model accepts.
     """
     channels, height, width = input_shape
+    if track_statistics and name != "cnn":
+        raise ValueError(f"statistics trackers (model.track-statistics) are built into 'cnn' only, not {name!r}")
     if seed is not None:
         torch.manual_seed(seed)
     if name == "cnn":
         if (height, width) != (28, 28):
             raise ValueError(f"model 'cnn' needs 28x28 inputs, the dataset has {height}x{width}; use 'mlp' or 'lenet5'")
-        return CNN(channels, num_classes, batchnorm)
+        return CNN(channels, num_classes, batchnorm, track_statistics)
     if name == "lenet5":
         if (height, width) not in ((28, 28), (32, 32)):
             raise ValueError(f"model 'lenet5' needs 28x28 or 32x32 inputs, the dataset has {height}x{width}")

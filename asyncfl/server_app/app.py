@@ -77,10 +77,12 @@ def main(grid: Grid, context: Context) -> None:
         return
 
     splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.engine.seed)
-    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=cfg.engine.seed)
+    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=cfg.engine.seed,
+                        track_statistics=cfg.data.track_statistics)
     initial_arrays = ArrayRecord(model.state_dict())
     resources = StrategyResources(
-        make_model=lambda: build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm),
+        make_model=lambda: build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm,
+                                       track_statistics=cfg.data.track_statistics),
         x_train=splits.x_train,
         y_train=splits.y_train,
         seed=cfg.engine.seed,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule
 
@@ -54,19 +55,23 @@ class AFLDW(Strategy):
     """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``. Knobs: :class:`AFLDWConfig`."""
 
     config_class = AFLDWConfig
-    state_attributes = ()  # each update depends on the arrival and the current model only
+    state_attributes = ("mixing",)  # each update depends on the arrival and the current model only; the tally
+    # of beta(tau) is for the summary
 
     def __init__(self, server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
                  beta_constant: float = 0.5, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant)
+        self.mixing = MixingTally()
 
     def beta_of(self, tau: int) -> float:
         """``beta(tau)`` of the configured schedule."""
         return beta_schedule(self.config.beta, tau, self.config.max_staleness, self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        return afl_dw_step(current, arrival.delta, self.server_lr, self.beta_of(arrival.staleness))
+        beta = self.beta_of(arrival.staleness)
+        self.mixing.observe_beta(beta)
+        return afl_dw_step(current, arrival.delta, self.server_lr, beta)
 
     @property
     def server_lr(self) -> float:
@@ -74,4 +79,4 @@ class AFLDW(Strategy):
         return self.paced_lr(self.config.server_lr)
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"server-lr": round(self.server_lr, 6)}
+        return {"server-lr": round(self.server_lr, 6), **self.mixing.summary()}

@@ -42,13 +42,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from asyncfl.data.holdout import holdout_rows
-from asyncfl.models.flat import load_flat, model_to_flat
+from asyncfl.models.flat import load_flat, model_to_flat, parameter_mask
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.resources import StrategyResources
 from asyncfl.strategies.settings import ConfigError, StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, labeled_arrays
 from asyncfl.strategies.revive.generator import Generator
+from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
 from asyncfl.strategies.revive.synthesis import SynthesisConfig, synthesize
@@ -196,7 +197,7 @@ class FedRevive(Strategy):
     # the student and probe network are loaded afresh for every use; the generator, pool, proxies, teachers and
     # random streams carry over (the buffer as (client, teacher network) pairs: see teacher_slots)
     state_attributes = ("_teacher_nets", "teacher_slots", "_next_slot", "proxies", "generator", "pool", "_torch_rng",
-                        "_np_rng", "updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds")
+                        "_np_rng", "updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds", "mixing")
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
                  server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
@@ -247,6 +248,7 @@ class FedRevive(Strategy):
         self.synthesis_rounds = 0
         self.kd_updates = 0
         self.last_synthesis_loss = float("nan")
+        self.mixing = MixingTally(parameter_mask(self.student))  # beta(tau) and the KD half's share of each step, for the summary
         # Wall seconds per phase (App. C's overhead split); never used in the math.
         self.seconds = {"probing": 0.0, "synthesis": 0.0, "distillation": 0.0}
 
@@ -353,13 +355,16 @@ class FedRevive(Strategy):
             self.last_synthesis_loss = loss
             self.seconds["synthesis"] += time.perf_counter() - started
         beta = self.beta(arrival.staleness)
+        self.mixing.observe_beta(beta)
         with_kd = self.updates >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0
         self.updates += 1
         if not with_kd:
             # No KD half: bitwise AFL-DW's step, so FedRevive and AFL-DW runs of one seed part only where KD acts.
             return afl_dw_step(current, arrival.delta, self.paced_lr(cfg.server_lr), beta)
         started = time.perf_counter()
-        step = np.float32(1.0 - beta) * arrival.delta + np.float32(beta) * self.distil(current)
+        delta_kd = self.distil(current)
+        step = np.float32(1.0 - beta) * arrival.delta + np.float32(beta) * delta_kd
+        self.mixing.observe_kd(beta, arrival.delta, delta_kd)
         self.kd_updates += 1
         self.seconds["distillation"] += time.perf_counter() - started
         return current + np.float32(self.paced_lr(cfg.server_lr)) * step
@@ -372,6 +377,7 @@ class FedRevive(Strategy):
             "kd-pool-size": len(self.pool),
             "last-synthesis-loss": round(self.last_synthesis_loss, 4),
             "teacher-proportions": "true (ablation)" if self.true_proportions is not None else "probing proxy",
+            **self.mixing.summary(),
             # Wall milliseconds per arrival (all arrivals, warm-up included), and per synthesis round / KD update.
             **{f"{phase}-ms-per-arrival": round(1000.0 * seconds / max(self.updates, 1), 2)
                for phase, seconds in self.seconds.items()},
