@@ -194,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     config = {**SETTING, "seed": args.seed, "output-dir": str(OUT / "probe-runs"), "run-name": f"{args.name}__s{args.seed}"}
     for item in args.config:
         key, _, value = item.partition("=")
-        config[key] = json.loads(value) if value[:1] in "-0123456789tf[{\"" else value
+        try:
+            config[key] = json.loads(value)
+        except json.JSONDecodeError:  # a plain string (a name, a comma-separated list)
+            config[key] = value
     splits = load_dataset(config["dataset"])
     real = KDPool(REAL_KD_ROWS.stop - REAL_KD_ROWS.start)
     real.add(torch.from_numpy(splits.x_test[REAL_KD_ROWS]), torch.from_numpy(splits.y_test[REAL_KD_ROWS]))

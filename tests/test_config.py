@@ -162,3 +162,20 @@ def test_each_strategy_name_parses_into_its_own_config_class():
         assert type(cfg.strategy_config) is strategy_class(name).config_class, name
     for name in GOSSIP_METHODS:
         assert parse_run_config(defaults(strategy=name, **{"max-virtual-time": 5.0})).strategy_config is None
+
+
+@pytest.mark.parametrize("preset", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "conf").rglob("*.toml")))
+def test_every_preset_parses_and_builds_its_model(preset, monkeypatch):
+    import tomllib
+
+    from asyncfl import config as config_module
+    from asyncfl.data.datasets import CHANNELS
+    from asyncfl.models import build_model
+
+    monkeypatch.setattr(config_module, "check_files", lambda *args: None)  # on-disk datasets need not be here
+    with open(ROOT / preset, "rb") as handle:
+        cfg = parse_run_config(defaults(**tomllib.load(handle)))
+    side = 32 if CHANNELS[cfg.data.dataset] == 3 else 28
+    model = build_model(cfg.data.model, (CHANNELS[cfg.data.dataset], side, side), 10, cfg.data.batchnorm,
+                        track_statistics=cfg.data.track_statistics)
+    assert sum(p.numel() for p in model.parameters()) > 0
