@@ -370,3 +370,13 @@ def test_synthesis_matches_the_statistics_of_tracker_layers_as_of_batchnorm():
     statistics = BatchNormStatistics(tracked)
     tracked(torch.randn(4, 1, 28, 28))
     assert statistics.active and len(statistics.terms) == 2  # one feature term per tracker
+
+
+def test_max_staleness_zero_scales_the_cutoff_with_the_jobs_in_flight():
+    afl = AFLDW(server_lr=0.3, max_staleness=0.0)
+    revive = FedRevive(_mlp, 3, SHAPE, max_staleness=0.0)
+    for strategy in (afl, revive):
+        strategy.on_start(num_clients=100, concurrency=20)  # tau_max = 1.5 x 20 = 30
+    assert afl.beta_of(20) == pytest.approx(0.75) and revive.beta(20) == pytest.approx(0.75)
+    assert afl.beta_of(30) == 1.0 and revive.beta(15) == pytest.approx(0.5)
+    assert AFLDW(max_staleness=150.0).beta_of(20) == pytest.approx((1 - math.cos(math.pi * 20 / 150)) / 2)

@@ -15,7 +15,7 @@ import numpy as np
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.settings import StrategyConfig, knob
-from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule
+from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule, staleness_cutoff
 
 
 def afl_dw_step(current: np.ndarray, delta: np.ndarray, server_lr: float, beta: float) -> np.ndarray:
@@ -37,7 +37,8 @@ class AFLDWConfig(StrategyConfig):
     beta : {"cosine", "linear", "step", "constant"}
         The ``beta(tau)`` family (FedRevive App. I.1; 1-cosine is the paper's).
     max_staleness : float
-        ``tau_max``: the staleness at which ``beta`` reaches 1.
+        ``tau_max``: the staleness at which ``beta`` reaches 1; 0 = 1.5 x the jobs in flight
+        (:func:`asyncfl.strategies.staleness.staleness_cutoff`).
     beta_constant : float
         ``beta`` of the constant family.
     """
@@ -47,7 +48,7 @@ class AFLDWConfig(StrategyConfig):
 
     server_lr: float = knob(0.0, minimum=0)
     beta: str = knob("cosine", choices=BETA_SCHEDULES)
-    max_staleness: float = knob(150.0, above=0)
+    max_staleness: float = knob(150.0, minimum=0)
     beta_constant: float = knob(0.5, minimum=0, maximum=1)
 
 
@@ -66,7 +67,8 @@ class AFLDW(Strategy):
 
     def beta_of(self, tau: int) -> float:
         """``beta(tau)`` of the configured schedule."""
-        return beta_schedule(self.config.beta, tau, self.config.max_staleness, self.config.beta_constant)
+        return beta_schedule(self.config.beta, tau, staleness_cutoff(self.config.max_staleness, self.concurrency),
+                             self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         beta = self.beta_of(arrival.staleness)

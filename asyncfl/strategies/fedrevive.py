@@ -53,7 +53,7 @@ from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.revive.pool import KDPool
 from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_class_weights
 from asyncfl.strategies.revive.synthesis import SynthesisConfig, synthesize
-from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule
+from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule, staleness_cutoff
 
 #: Where the built-in app's teacher class weights come from: probed proxies, or the real label histograms.
 REVIVE_PROPORTIONS = ("proxy", "true")
@@ -70,7 +70,9 @@ class FedReviveConfig(StrategyConfig):
         at ``K = 20``), the largest step that staleness leaves stable
         (:mod:`asyncfl.strategies.pace`). The paper's FEMNIST setting (20 in flight) is ``0.05``.
     beta, max_staleness, beta_constant : str, float, float
-        The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW).
+        The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW). ``tau_max`` 0 = 1.5 x
+        the jobs in flight, the reference code's regime (typical ``beta`` 0.75); the default 150 at 20 in flight
+        keeps ``beta`` near 0.05, where KD barely enters the step (benchmarks/fedrevive-fmnist).
     teacher_buffer_size : int
         ``c``: the most recent client models kept as teachers.
     probe_uploads, probe_temperature : int, float
@@ -105,7 +107,7 @@ class FedReviveConfig(StrategyConfig):
 
     server_lr: float = knob(0.0, minimum=0)
     beta: str = knob("cosine", choices=BETA_SCHEDULES)
-    max_staleness: float = knob(150.0, above=0)
+    max_staleness: float = knob(150.0, minimum=0)
     beta_constant: float = knob(0.5, minimum=0, maximum=1)
     teacher_buffer_size: int = knob(8, minimum=1)
     probe_uploads: int = knob(2, minimum=1)
@@ -302,7 +304,8 @@ class FedRevive(Strategy):
         """``beta(tau)``; DD-FedRevive uses the constant 0.5."""
         if self.data_driven:
             return 0.5
-        return beta_schedule(self.config.beta, staleness, self.config.max_staleness, self.config.beta_constant)
+        return beta_schedule(self.config.beta, staleness, staleness_cutoff(self.config.max_staleness, self.concurrency),
+                             self.config.beta_constant)
 
     def distil(self, current: np.ndarray) -> np.ndarray:
         """``K_KD`` Adam steps of a student (from ``current``) towards all buffered teachers; returns ``Delta_KD``."""

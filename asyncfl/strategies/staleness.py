@@ -18,6 +18,19 @@ FEDASYNC_STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
 BETA_SCHEDULES = ("cosine", "linear", "step", "constant")
 
 
+#: ``tau_max`` per job in flight when a ``max-staleness`` of 0 asks for it (FedRevive, AFL-DW). A job's staleness
+#: is about the number of jobs in flight ``K`` (the others' arrivals while it trains), so ``tau_max = 1.5 K`` gives
+#: the typical arrival ``beta(K) = 0.75`` on the 1-cosine family: the regime of the FedRevive reference code
+#: (100 in flight, ``tau_max`` 150). A fixed ``tau_max`` 150 at 20 in flight gives ``beta`` ~0.05, KD switched off.
+CUTOFF_PER_JOB_IN_FLIGHT = 1.5
+
+
+def staleness_cutoff(configured: float, concurrency: int | None) -> float:
+    """``tau_max`` to use: ``configured``, or when it is 0 :data:`CUTOFF_PER_JOB_IN_FLIGHT` x the jobs in flight
+    (1 job before a run has started)."""
+    return configured if configured > 0 else CUTOFF_PER_JOB_IN_FLIGHT * max(concurrency or 1, 1)
+
+
 def _check_tau(tau: int) -> None:
     if tau < 0:
         raise ValueError(f"staleness must be >= 0, got {tau}")
