@@ -24,6 +24,7 @@ The probe leaves the run as it is: its own random stream, its own networks. Writ
 Usage::
 
     python benchmarks/fedrevive_kd_probe.py --name tau30 -c fedrevive.max-staleness=30
+    python benchmarks/fedrevive_kd_probe.py --table     # kd-probe.md from every kd-probe-*.json
 """
 
 from __future__ import annotations
@@ -184,13 +185,72 @@ def _means(records: list[dict]) -> dict:
     return out
 
 
+#: The candidates of a probe, as the table names them.
+CANDIDATES = {"client-only": "x + eta_s Delta (client update alone)", "afl-dw": "x + eta_s (1-beta) Delta (AFL-DW)",
+              "kd-only": "x + eta_s Delta_KD (KD alone)", "eq3": "x + eta_s [(1-beta) Delta + beta Delta_KD] (Eq. 3)",
+              "student": "x + Delta_KD (the distilled student)",
+              "eq3-real-kd": "Eq. 3 with KD on real images", "student-real-kd": "the student distilled on real images"}
+
+
+def table() -> str:
+    """Markdown: every kd-probe-*.json side by side (means over its probes)."""
+    results = {path.stem.removeprefix("kd-probe-"): json.loads(path.read_text())
+               for path in sorted(OUT.glob("kd-probe-*.json"))}
+    names = list(results)
+    lines = ["| per probed KD update (mean) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+
+    def row(label: str, values: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(values) + " |")
+
+    means = {n: r["means"] for n, r in results.items()}
+    row("probes (updates)", [f"{m['probes']} ({r['probes'][0]['update']}-{r['probes'][-1]['update']})"
+                             for m, r in zip(means.values(), results.values())])
+    row("beta", [f"{m['beta']:.2f}" for m in means.values()])
+    row("staleness", [f"{m['staleness']:.1f}" for m in means.values()])
+    row("norm Delta_KD / norm Delta (geomean, parameters)", [f"{m['kd-to-delta-norm-geomean']:.3f}" for m in means.values()])
+    row("cosine(Delta_KD, Delta)", [f"{m['cosine-kd-delta']:.2f}" for m in means.values()])
+    row("cosine(Delta_KD, Delta_KD on real images)", [f"{m.get('cosine-kd-real-kd', float('nan')):.2f}"
+                                                      for m in means.values()])
+    row("held-out accuracy of x", [f"{100 * m['accuracy']['current']:.1f}" for m in means.values()])
+    for key, label in CANDIDATES.items():
+        row(f"{label}: change in held-out loss (share of probes lowering it)",
+            [f"{m['delta-loss'][key]['mean']:+.4f} ({m['loss-lowered-share'][key]:.0%})" for m in means.values()])
+    for key, label in (("student", "the student"), ("student-real-kd", "the student, real-image KD")):
+        row(f"{label}: change in held-out accuracy, points",
+            [f"{100 * m['delta-accuracy'][key]['mean']:+.1f}" for m in means.values()])
+    row("teachers' accuracy: mean (min-max)", [f"{100 * m['teachers']['accuracy-mean']:.1f} "
+                                               f"({100 * m['teachers']['accuracy-min']:.1f}-"
+                                               f"{100 * m['teachers']['accuracy-max']:.1f})" for m in means.values()])
+    row("teachers' ensemble accuracy: plain / class-weighted",
+        [f"{100 * m['teachers']['ensemble-mean-accuracy']:.1f} / "
+         f"{100 * m['teachers']['ensemble-class-weighted-accuracy']:.1f}" for m in means.values()])
+    row("probes where the class-weighted ensemble beats x",
+        [f"{sum(p['teachers']['ensemble-class-weighted-accuracy'] > p['accuracy']['current'] for p in r['probes'])}"
+         f"/{len(r['probes'])}" for r in results.values()])
+    row("pool: classes present, largest class share", [f"{m['pool']['classes-present']:.0f}, "
+                                                       f"{m['pool']['largest-class-share']:.2f}" for m in means.values()])
+    row("pool: teachers' confidence / agreement with the asked label",
+        [f"{m['pool']['teacher-confidence']:.2f} / {m['pool']['teacher-agrees-with-label']:.2f}" for m in means.values()])
+    row("pool: the student's confidence / agreement", [f"{m['pool']['student-confidence']:.2f} / "
+                                                        f"{m['pool']['student-agrees-with-label']:.2f}"
+                                                        for m in means.values()])
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--name", required=True, help="names the output file kd-probe-<name>.json")
+    parser.add_argument("--table", action="store_true", help="only write kd-probe.md from the kd-probe-*.json files")
+    parser.add_argument("--name", help="names the output file kd-probe-<name>.json")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--every", type=int, default=5, help="probe every n-th KD update")
     parser.add_argument("-c", "--config", action="append", default=[], help="key=value over the setting")
     args = parser.parse_args(argv)
+    if args.table:
+        (OUT / "kd-probe.md").write_text(table())
+        print(table())
+        return 0
+    if not args.name:
+        parser.error("--name is required to run a probe")
     config = {**SETTING, "seed": args.seed, "output-dir": str(OUT / "probe-runs"), "run-name": f"{args.name}__s{args.seed}"}
     for item in args.config:
         key, _, value = item.partition("=")
@@ -212,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
               "means": _means(_PROBE["records"]) if _PROBE["records"] else {}, "probes": _PROBE["records"]}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"kd-probe-{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / "kd-probe.md").write_text(table())
     print(json.dumps(result["means"], indent=1))
     return 0
 
