@@ -44,8 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from asyncfl.client_app.training import evaluate  # noqa: E402
 from asyncfl.data import load_dataset  # noqa: E402
-from asyncfl.models.flat import load_flat, parameter_mask  # noqa: E402
+from asyncfl.models.flat import load_flat  # noqa: E402
 from asyncfl.strategies import registry  # noqa: E402
 from asyncfl.strategies.fedrevive import FedRevive  # noqa: E402
 from asyncfl.strategies.revive.pool import KDPool  # noqa: E402
@@ -64,12 +65,6 @@ SETTING = {"dataset": "fashion-mnist", "strategy": "fedrevive", "model": "cnn", 
 SUPERNODES = 200
 
 _PROBE: dict = {}  # held-out data, cadence and records, set by main() before the run
-
-
-def _evaluate(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    with torch.no_grad():
-        logits = net(x)
-    return float(F.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -114,10 +109,11 @@ class ProbedFedRevive(FedRevive):
 
     def _probe(self, arrival, current: np.ndarray, delta_kd: np.ndarray) -> dict:
         x, y = _PROBE["x"], _PROBE["y"]
+        xs, ys = x.numpy(), y.numpy()
         beta, lr = self.beta(arrival.staleness), self.paced_lr(self.config.server_lr)
         delta = arrival.delta
         real_kd = self._real_kd(current)
-        mask = parameter_mask(self._probe_net)  # norms and angles over parameters (BatchNorm statistics left out)
+        mask = self.mixing.mask  # norms and angles over parameters (BatchNorm statistics left out)
         candidates = {
             "current": current,
             "client-only": current + np.float32(lr) * delta,
@@ -128,10 +124,10 @@ class ProbedFedRevive(FedRevive):
             "eq3-real-kd": current + np.float32(lr) * (np.float32(1 - beta) * delta + np.float32(beta) * real_kd),
             "student-real-kd": current + real_kd,
         }
-        scores = {name: _evaluate(load_flat(self._probe_net, flat).eval(), x, y) for name, flat in candidates.items()}
+        scores = {name: evaluate(load_flat(self._probe_net, flat), xs, ys) for name, flat in candidates.items()}
         base_loss, base_acc = scores["current"]
         teachers = [net for _, net in self._buffer]
-        teacher_scores = [_evaluate(t, x, y) for t in teachers]
+        teacher_scores = [evaluate(t, xs, ys) for t in teachers]
         soft = _softmaxes(teachers, x)
         weights = torch.from_numpy(teacher_class_weights([self._proportions(c) for c, _ in self._buffer])).float()
         plain = soft.mean(0)

@@ -199,7 +199,8 @@ class FedRevive(Strategy):
     # the student and probe network are loaded afresh for every use; the generator, pool, proxies, teachers and
     # random streams carry over (the buffer as (client, teacher network) pairs: see teacher_slots)
     state_attributes = ("_teacher_nets", "teacher_slots", "_next_slot", "proxies", "generator", "pool", "_torch_rng",
-                        "_np_rng", "updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds", "mixing")
+                        "_np_rng", "updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds",
+                        "mixing")
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
                  server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
@@ -250,7 +251,8 @@ class FedRevive(Strategy):
         self.synthesis_rounds = 0
         self.kd_updates = 0
         self.last_synthesis_loss = float("nan")
-        self.mixing = MixingTally(parameter_mask(self.student))  # beta(tau) and the KD half's share of each step, for the summary
+        # beta(tau) and the KD half's share of each step (over the parameters), for the summary
+        self.mixing = MixingTally(parameter_mask(self.student))
         # Wall seconds per phase (App. C's overhead split); never used in the math.
         self.seconds = {"probing": 0.0, "synthesis": 0.0, "distillation": 0.0}
 
