@@ -99,3 +99,31 @@ def test_the_paced_step_converges_under_staleness_where_larger_steps_diverge(ove
     else:  # at the edge of the stable region the paced step contracts slowly; 1/8 grows
         assert max(paced[-5:]) < 0.75 * paced[0]
         assert max(fedavg_pace[-5:]) > 2 * fedavg_pace[0]
+
+
+def run_stale_quadratic_paced(pace: str, overshoot: float) -> list[float]:
+    """:func:`run_stale_quadratic` with the automatic step (``server_lr=0``) of the given ``pace``."""
+
+    def train(node, message):
+        base = next(iter(message.content["arrays"].values())).numpy()
+        return trained_reply(message, ArrayRecord([(base * (1.0 - overshoot)).astype(np.float32)]))
+
+    seen = []
+
+    def evaluate(server_round, arrays):
+        seen.append(abs(float(next(iter(arrays.values())).numpy()[0])))
+
+    FedBuff(buffer_size=1, pace=pace, fraction_evaluate=0.0).start(
+        FakeGrid(8, train), ArrayRecord([np.ones(1, np.float32)]), num_rounds=20, clock="virtual",
+        delays="uniform-speed", evaluate_fn=evaluate)
+    return seen
+
+
+def test_the_measured_pace_speeds_up_for_a_weak_client_response_and_stays_stable_for_an_overshooting_one():
+    # Execute: the same stale quadratic; a client that moves 10 % of the way (small lr) and one that overshoots
+    slow_measured, slow_stable = (run_stale_quadratic_paced(p, 0.1) for p in ("measured", "stable"))
+    fast_measured = run_stale_quadratic_paced("measured", 1.9)
+    # Assert: with lambda = 0.1 the bound eases to its floor (1): twice the stable step, much faster convergence
+    assert slow_measured[-1] < 0.2 * slow_stable[-1]
+    # with lambda = 1.9 the bound stays at 2 (3 x 1.9 > 2): the stable pace, which contracts
+    assert max(fast_measured[-5:]) < 0.75 * fast_measured[0]

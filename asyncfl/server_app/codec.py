@@ -66,6 +66,14 @@ class ModelCodec:
             out[self.offsets[i] : self.offsets[i + 1]] = np.asarray(array).reshape(-1)
         return out
 
+    def trained_entries(self) -> np.ndarray | None:
+        """Boolean vector over the flat layout: True where an entry is trained (floating point and not a
+        BatchNorm running statistic or counter); ``None`` when every entry is."""
+        statistics = ("running_mean", "running_var", "num_batches_tracked")
+        mask = np.concatenate([np.full(size, np.issubdtype(dtype, np.floating) and not name.endswith(statistics))
+                               for name, size, dtype in zip(self.names, self.sizes, self.dtypes)])
+        return None if mask.all() else mask
+
     def clamp_variances(self, flat: np.ndarray) -> tuple[np.ndarray, int]:
         """``flat`` with BatchNorm ``running_var`` entries clamped to >= 0, and how many were negative.
 

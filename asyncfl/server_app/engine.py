@@ -187,6 +187,7 @@ class AsyncEngine(Resumable):
         """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
         if not len(self.roster):
             self.discover_clients()
+        self.strategy.trained_entries = self.codec.trained_entries()
         self.strategy.on_start(len(self.roster), concurrency=self.config.concurrency)
         if self._resume is not None:
             self._restore(self._resume)

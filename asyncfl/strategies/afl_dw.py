@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.pace import PACES
+from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule, staleness_cutoff
@@ -41,6 +43,13 @@ class AFLDWConfig(StrategyConfig):
         (:func:`asyncfl.strategies.staleness.staleness_cutoff`).
     beta_constant : float
         ``beta`` of the constant family.
+    pace : {"measured", "stable"}
+        What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
+        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on the arrivals
+        (:mod:`asyncfl.strategies.response`; at most twice the stable step). On Flower's quickstart app
+        with SGD momentum at lr 0.01 (40 rounds) it took FedBuff from 31 points under FedAvg to within 1,
+        and kept every other measured setting within 3 (``benchmarks/dropin``). ``"stable"``: the
+        bound for any client, ``lambda_bound = 2``.
     """
 
     label: ClassVar[str] = "AFLDW"
@@ -50,19 +59,21 @@ class AFLDWConfig(StrategyConfig):
     beta: str = knob("cosine", choices=BETA_SCHEDULES)
     max_staleness: float = knob(150.0, minimum=0)
     beta_constant: float = knob(0.5, minimum=0, maximum=1)
+    pace: str = knob("measured", choices=PACES)
 
 
 class AFLDW(Strategy):
     """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``. Knobs: :class:`AFLDWConfig`."""
 
     config_class = AFLDWConfig
-    state_attributes = ("mixing",)  # each update depends on the arrival and the current model only; the tally
+    state_attributes = ("mixing", "response_meter")  # each update depends on the arrival and the current model only; the tally
     # of beta(tau) is for the summary
 
     def __init__(self, server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
-                 beta_constant: float = 0.5, **flower_options: Any) -> None:
+                 beta_constant: float = 0.5, pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant)
+        self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant, pace)
+        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
         self.mixing = MixingTally()
 
     def beta_of(self, tau: int) -> float:
@@ -71,13 +82,15 @@ class AFLDW(Strategy):
                              self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
+        if self.response_meter is not None:
+            self.response_meter.observe(arrival, self.trained_entries)
         beta = self.beta_of(arrival.staleness)
         self.mixing.observe_beta(beta)
         return afl_dw_step(current, arrival.delta, self.server_lr, beta)
 
     @property
     def server_lr(self) -> float:
-        """``eta_s`` in use (the configured one, or the paced ``g(K)``)."""
+        """``eta_s`` in use now (the configured one, or the paced ``g(K) * 2 / lambda_bound``)."""
         return self.paced_lr(self.config.server_lr)
 
     def summary(self) -> dict[str, float | int | str]:

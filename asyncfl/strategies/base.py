@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
     from asyncfl.options import RunOptions
     from asyncfl.server_app.launch import AsyncResult
     from asyncfl.strategies.resources import StrategyResources
+    from asyncfl.strategies.response import ResponseMeter
 
 _DEFAULT_OPTIONS = FlowerOptions()
 
@@ -94,13 +95,23 @@ class Strategy(ABC):
     #: Jobs in flight (``K``), as the engine told :meth:`on_start`; ``None`` before a run.
     concurrency: int | None = None
 
+    #: Entries of the flat model that are trained (BatchNorm statistics and integer counters excluded), as the
+    #: engine sets it before :meth:`on_start`; ``None``: every entry (or not known).
+    trained_entries: np.ndarray | None = None
+
+    #: Set by a strategy whose automatic step follows the clients' measured response
+    #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
+    response_meter: "ResponseMeter | None" = None
+
     def paced_lr(self, configured: float, updates_per_step: int = 1) -> float:
         """The server learning rate to use: ``configured``, or when it is 0 (auto) the pace of one mean update
         per ``K`` accepted updates, ``min(1, updates_per_step / K)`` (:mod:`asyncfl.strategies.pace`). Before
         :meth:`on_start` (no ``K`` known) auto is 1."""
         if configured > 0:
             return configured
-        return paced_server_lr(updates_per_step, self.concurrency or updates_per_step)
+        meter = self.response_meter
+        return paced_server_lr(updates_per_step, self.concurrency or updates_per_step,
+                               meter.bound if meter is not None else 2.0)
 
     #: When True the engine runs synchronous rounds: it dispatches a full cohort
     #: only when no job is in flight and calls :meth:`on_round_end` after the last

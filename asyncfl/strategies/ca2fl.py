@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.pace import PACES
+from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig, knob
 
 
@@ -41,6 +43,13 @@ class CA2FLConfig(StrategyConfig):
         (:mod:`asyncfl.strategies.pace`; with ``eta = 1, M = 5, K = 8`` CA2FL diverged on Flower's
         quickstart app with SGD momentum at lr 0.1, mean final 0.53 vs FedAvg's 0.92). The paper's
         setting is ``server_lr=1.0``.
+    pace : {"measured", "stable"}
+        What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
+        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on the arrivals
+        (:mod:`asyncfl.strategies.response`; at most twice the stable step). On Flower's quickstart app
+        with SGD momentum at lr 0.01 (40 rounds) it took FedBuff from 31 points under FedAvg to within 1,
+        and kept every other measured setting within 3 (``benchmarks/dropin``). ``"stable"``: the
+        bound for any client, ``lambda_bound = 2``.
     """
 
     label: ClassVar[str] = "CA2FL"
@@ -48,17 +57,20 @@ class CA2FLConfig(StrategyConfig):
 
     buffer_size: int = knob(5, minimum=1)
     server_lr: float = knob(0.0, minimum=0)
+    pace: str = knob("measured", choices=PACES)
 
 
 class CA2FL(Strategy):
     """CA2FL (Wang et al., 2024): FedBuff whose step is calibrated by cached client updates. Knobs: :class:`CA2FLConfig`."""
 
     config_class = CA2FLConfig
-    state_attributes = ("_cache", "_cache_sum", "_h_bar", "_sum", "_count", "aggregations")
+    state_attributes = ("_cache", "_cache_sum", "_h_bar", "_sum", "_count", "aggregations", "response_meter")
 
-    def __init__(self, buffer_size: int = 5, server_lr: float = 0.0, **flower_options: Any) -> None:
+    def __init__(self, buffer_size: int = 5, server_lr: float = 0.0, pace: str = "measured",
+                 **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = CA2FLConfig(buffer_size, server_lr)
+        self.config = CA2FLConfig(buffer_size, server_lr, pace)
+        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
         self.num_clients = 0
         self._cache: dict[int, np.ndarray] = {}
         self._cache_sum: np.ndarray | None = None
@@ -78,10 +90,12 @@ class CA2FL(Strategy):
 
     @property
     def server_lr(self) -> float:
-        """``eta`` in use (the configured one, or the paced ``min(1, M * g(K, M))``)."""
+        """``eta`` in use now (the configured one, or the paced ``min(1, M * g(K, M) * 2 / lambda_bound)``)."""
         return self.paced_lr(self.config.server_lr, self.config.buffer_size)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
+        if self.response_meter is not None:
+            self.response_meter.observe(arrival, self.trained_entries)
         delta = arrival.delta
         if self._sum is None:
             self._sum = np.zeros_like(delta)

@@ -37,7 +37,9 @@ from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillati
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.models.inference import chunked_forward
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.pace import PACES
 from asyncfl.strategies.resources import StrategyResources
+from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, input_array
 
@@ -125,6 +127,13 @@ class FedEchoConfig(StrategyConfig):
     distill_set, distill_size : str, int
         Built-in app only: which unlabeled set ``U`` is (``digits``, ``cifar10``, ``cifar100`` or the
         server's ``holdout`` rows) and how many of its inputs. A library user passes ``distill_inputs``.
+    pace : {"measured", "stable"}
+        What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
+        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on the arrivals
+        (:mod:`asyncfl.strategies.response`; at most twice the stable step). On Flower's quickstart app
+        with SGD momentum at lr 0.01 (40 rounds) it took FedBuff from 31 points under FedAvg to within 1,
+        and kept every other measured setting within 3 (``benchmarks/dropin``). ``"stable"``: the
+        bound for any client, ``lambda_bound = 2``.
     """
 
     label: ClassVar[str] = "FedEcho"
@@ -141,6 +150,7 @@ class FedEchoConfig(StrategyConfig):
     overlap_logits: bool = knob(True)
     distill_set: str = knob("digits", choices=DISTILL_SETS, builtin=True)
     distill_size: int = knob(1000, minimum=1, builtin=True)
+    pace: str = knob("measured", choices=PACES)
 
     def check(self) -> None:
         if self.alpha_min > self.alpha_max:
@@ -163,7 +173,7 @@ class FedEcho(Strategy):
     distill_inputs : array, tensor or Dataset
         The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
         are ignored).
-    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip, overlap_logits
+    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip, overlap_logits, pace
         See :class:`FedEchoConfig`.
     seed : int
         Seeds the distillation minibatches.
@@ -172,15 +182,16 @@ class FedEcho(Strategy):
     config_class = FedEchoConfig
     # the student is loaded from the candidate model at every distillation; its Adam moments carry over
     state_attributes = ("bank", "optimizer", "_generator", "_sum", "_count", "aggregations", "_alpha_sum",
-                        "_alpha_count")
+                        "_alpha_count", "response_meter")
 
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 5,
                  server_lr: float = 0.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 1e-4, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
-                 overlap_logits: bool = True, seed: int = 0, **flower_options: Any) -> None:
+                 overlap_logits: bool = True, pace: str = "measured", seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
-                                    alpha_min, alpha_max, clip, overlap_logits)
+                                    alpha_min, alpha_max, clip, overlap_logits, pace=pace)
+        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
         self.unlabeled = torch.from_numpy(unlabeled)
@@ -246,6 +257,8 @@ class FedEcho(Strategy):
             self.record_logits(arrival.client_index, arrival.weights)
         else:  # one worker thread: the bank is filled in arrival order
             self._logit_jobs.append(self._logit_thread.submit(self.record_logits, arrival.client_index, arrival.weights))
+        if self.response_meter is not None:
+            self.response_meter.observe(arrival, self.trained_entries)
         if self._sum is None:
             self._sum = np.zeros_like(arrival.delta)
         self._sum += arrival.delta

@@ -19,11 +19,21 @@ The papers' fixed steps (FedBuff's ``eta_s = 1``: 1.6 mean updates per job at ``
 K = 8``) diverged there outright. With heterogeneous speeds the delays spread out and the
 system is more forgiving; equal speeds (e.g. Ray running same-sized jobs in turn) are the
 worst case. A method's paper setting stays a keyword away.
+
+That bound is paid in rounds where learning is slow: with SGD momentum at lr 0.01 FedBuff at
+``B * g`` ended 31 points under FedAvg after 40 rounds. So the default (``pace="measured"``)
+measures the clients' response from the arrivals (:mod:`asyncfl.strategies.response`) and
+guards against ``lambda_bound = min(2, max(1, 3 * lambda_hat))`` instead of 2: up to twice the
+stable step for clients that do not overshoot, the stable step for those that do
+(``pace="stable"`` keeps it always).
 """
 
 from __future__ import annotations
 
 import math
+
+#: What a server step of 0 (automatic) follows: the clients' measured response, or the bound for any client.
+PACES = ("measured", "stable")
 
 
 def update_delay(concurrency: int, updates_per_step: int = 1) -> float:
@@ -38,6 +48,9 @@ def per_update_share(concurrency: int, updates_per_step: int = 1) -> float:
     return math.sin(math.pi / (2 * (2 * update_delay(concurrency, updates_per_step) + 1)))
 
 
-def paced_server_lr(updates_per_step: int, concurrency: int) -> float:
-    """A method's server learning rate when it averages ``updates_per_step`` updates per step: ``min(1, B * g)``."""
-    return min(1.0, updates_per_step * per_update_share(concurrency, updates_per_step))
+def paced_server_lr(updates_per_step: int, concurrency: int, response_bound: float = 2.0) -> float:
+    """A method's server learning rate when it averages ``updates_per_step`` updates per step:
+    ``min(1, B * g * 2 / lambda_bound)``; ``lambda_bound = 2`` (any client) is the stable pace, a smaller
+    measured bound (:class:`asyncfl.strategies.response.ResponseMeter`) a proportionally larger step."""
+    share = per_update_share(concurrency, updates_per_step) * 2.0 / response_bound
+    return min(1.0, updates_per_step * share)

@@ -1,0 +1,87 @@
+"""The measured client response (a secant along the server's moves) on hand-made arrivals."""
+
+import numpy as np
+import pytest
+
+from asyncfl import FedBuff
+from asyncfl.strategies.base import Arrival
+from asyncfl.strategies.pace import paced_server_lr
+from asyncfl.strategies.response import BOUND_EASING, RESPONSE_FLOOR, RESPONSE_SAFETY, ResponseMeter
+
+
+def arrival(version, base, delta):
+    base = np.asarray(base, np.float32)
+    return Arrival(0, version, 0, base + np.asarray(delta, np.float32), base, 10, 0.5, 0.0)
+
+
+def test_two_updates_from_different_models_measure_the_response_along_the_move():
+    # Prepare: clients answer Delta(x) = -0.5 x + c (a linear response plus a constant pull c)
+    meter = ResponseMeter(min_pairs=1)
+    c = np.array([0.3, -0.1], np.float32)
+    # Execute: x_b = (0, 0) at version 0, then x_a = (1, 2) at version 1
+    meter.observe(arrival(0, [0, 0], c))
+    meter.observe(arrival(1, [1, 2], -0.5 * np.array([1, 2], np.float32) + c))
+    # Assert: s = (1, 2), y = (-0.5, -1); -<y, s> / <s, s> = 2.5 / 5
+    assert meter.response == pytest.approx(0.5)
+    assert (meter.numerator, meter.denominator, meter.pairs) == (pytest.approx(2.5), pytest.approx(5.0), 1)
+
+
+def test_updates_from_the_same_model_are_not_paired_with_each_other():
+    meter = ResponseMeter(min_pairs=1)
+    meter.observe(arrival(0, [0.0], [0.0]))
+    meter.observe(arrival(1, [2.0], [-2.0]))  # pairs with version 0: s = 2, y = -2 -> 1.0
+    meter.observe(arrival(1, [2.0], [-1.0]))  # same start model as the latest: pairs with version 0 instead
+    # Assert: the second pair (s = 2, y = -1) joins the decayed sums: (0.9 * 4 + 2) / (0.9 * 4 + 4)
+    assert meter.pairs == 2
+    assert meter.response == pytest.approx((0.9 * 4 + 2) / (0.9 * 4 + 4))
+    assert ResponseMeter().response is None  # fewer than min_pairs pairs: no estimate
+
+
+def test_the_bound_rises_at_once_and_eases_down_by_a_bounded_factor_per_pair():
+    meter = ResponseMeter(min_pairs=1)
+    for version in range(1, 4):  # lambda = 0.05: the target is the floor
+        meter.observe(arrival(version - 1, [version - 1.0], [-0.05 * (version - 1.0)]))
+        meter.observe(arrival(version, [float(version)], [-0.05 * version]))
+    assert meter.response == pytest.approx(0.05)
+    assert meter.bound == pytest.approx(2.0 / BOUND_EASING ** meter.pairs)
+    assert meter.bound > RESPONSE_FLOOR
+    # a strong response (lambda = 1) sets the bound to min(2, 3 x lambda) on the next pairs
+    meter = ResponseMeter(min_pairs=1, decay=0.5)
+    meter.bound = RESPONSE_FLOOR
+    meter.observe(arrival(0, [0.0], [0.0]))
+    meter.observe(arrival(1, [1.0], [-1.0]))
+    assert meter.bound == min(2.0, RESPONSE_SAFETY * 1.0)
+    with pytest.raises(ValueError, match="decay"):
+        ResponseMeter(decay=1.0)
+
+
+def test_the_server_step_scales_inversely_with_the_bound_up_to_the_papers_step():
+    assert paced_server_lr(5, 8, 1.0) == pytest.approx(2 * paced_server_lr(5, 8))
+    assert paced_server_lr(5, 8, 0.5) == 1.0  # 4 x 0.41 capped at the papers' eta_s = 1
+    assert paced_server_lr(1, 8, RESPONSE_FLOOR) == pytest.approx(2 * paced_server_lr(1, 8))  # at most twice
+    # an explicit server_lr keeps no meter: the paper's step is not measured
+    assert FedBuff(server_lr=1.0, pace="measured").response_meter is None
+    assert FedBuff(pace="stable").response_meter is None
+
+
+def test_batchnorm_statistics_and_counters_are_left_out_of_the_measurement():
+    from collections import OrderedDict
+
+    from asyncfl.server_app.codec import ModelCodec
+
+    codec = ModelCodec.from_state(OrderedDict([
+        ("conv.weight", np.zeros(2, np.float32)), ("bn.running_mean", np.zeros(1, np.float32)),
+        ("bn.running_var", np.ones(1, np.float32)), ("bn.num_batches_tracked", np.zeros((), np.int64))]))
+    entries = codec.trained_entries()
+    assert entries.tolist() == [True, True, False, False, False]
+    assert ModelCodec.from_state(OrderedDict([("w", np.zeros(3, np.float32))])).trained_entries() is None
+    # Prepare: the weights respond with lambda = 0.5; the counter moves by 100 per version and its delta is constant
+    meter, unmasked = ResponseMeter(min_pairs=1), ResponseMeter(min_pairs=1)
+    for version in (0, 1):
+        base = np.array([version, version, 0, 1, 100 * version], np.float32)
+        delta = np.array([-0.5 * version, -0.5 * version, 0, 0, 6], np.float32)
+        meter.observe(arrival(version, base, delta), entries)
+        unmasked.observe(arrival(version, base, delta))
+    # Assert: on the weights the response is 0.5; with the counter it would read as almost none
+    assert meter.response == pytest.approx(0.5)
+    assert unmasked.response < 1e-3
