@@ -85,3 +85,17 @@ def test_batchnorm_statistics_and_counters_are_left_out_of_the_measurement():
     # Assert: on the weights the response is 0.5; with the counter it would read as almost none
     assert meter.response == pytest.approx(0.5)
     assert unmasked.response < 1e-3
+
+
+def test_the_summary_reports_the_step_in_use_and_the_measured_response():
+    strategy = FedBuff(buffer_size=1)
+    strategy.on_start(num_clients=4, concurrency=2)
+    current = np.zeros(1, np.float32)
+    for version in range(8):  # clients that move 10 % of the way to 0 from wherever they start
+        base = np.array([1.0 + version], np.float32)
+        strategy.on_arrival(arrival(version, base, -0.1 * base), current)
+    summary = strategy.summary()
+    assert summary["pace-response"] == pytest.approx(0.1, rel=1e-5) and summary["pace-pairs"] == 7
+    assert summary["pace-bound"] == pytest.approx(2.0 / BOUND_EASING ** 3, rel=1e-4)  # pairs 5-7 eased it
+    assert summary["server-lr"] == pytest.approx(paced_server_lr(1, 2, summary["pace-bound"]), rel=1e-4)
+    assert "pace-bound" not in FedBuff(pace="stable").summary()

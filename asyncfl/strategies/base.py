@@ -103,6 +103,10 @@ class Strategy(ABC):
     #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
     response_meter: "ResponseMeter | None" = None
 
+    def pace_summary(self) -> dict[str, float | int | None]:
+        """The measured pace's figures for :meth:`summary` (none without a meter)."""
+        return self.response_meter.summary() if self.response_meter is not None else {}
+
     def paced_lr(self, configured: float, updates_per_step: int = 1) -> float:
         """The server learning rate to use: ``configured``, or when it is 0 (auto) the pace of one mean update
         per ``K`` accepted updates, ``min(1, updates_per_step / K)`` (:mod:`asyncfl.strategies.pace`). Before

@@ -121,4 +121,4 @@ class CA2FL(Strategy):
     def summary(self) -> dict[str, float | int | str]:
         return {"aggregations": self.aggregations, "server-lr": round(self.server_lr, 6),
                 "cache-clients": len(self._cache),
-                "cache-mb": round(self.cache_bytes / 2**20, 2)}
+                "cache-mb": round(self.cache_bytes / 2**20, 2), **self.pace_summary()}

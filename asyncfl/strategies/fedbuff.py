@@ -127,4 +127,4 @@ class FedBuff(Strategy):
 
     def summary(self) -> dict[str, float | int | str]:
         return {"aggregations": self.aggregations, "buffered-at-end": self._count,
-                "server-lr": round(self.server_lr, 6)}
+                "server-lr": round(self.server_lr, 6), **self.pace_summary()}

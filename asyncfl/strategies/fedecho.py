@@ -173,8 +173,10 @@ class FedEcho(Strategy):
     distill_inputs : array, tensor or Dataset
         The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
         are ignored).
-    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip, overlap_logits, pace
+    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip, overlap_logits
         See :class:`FedEchoConfig`.
+    pace : {"measured", "stable"}
+        What ``server_lr=0`` follows (:class:`FedEchoConfig`).
     seed : int
         Seeds the distillation minibatches.
     """
@@ -285,4 +287,6 @@ class FedEcho(Strategy):
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
+            "server-lr": round(self.paced_lr(self.config.server_lr, self.config.buffer_size), 6),
+            **self.pace_summary(),
         }

@@ -43,7 +43,8 @@ class ResponseMeter:
 
     Keeps the latest arrival's start model and delta, and the latest one that started from
     another version, so a new arrival always has a partner from a different model when one
-    exists: four flat copies of the model in all.
+    exists: six flat copies of the model in all (with two scratch vectors), reused from
+    arrival to arrival.
 
     Parameters
     ----------
@@ -66,6 +67,8 @@ class ResponseMeter:
         self.bound = 2.0  # the response the pace guards against; 2 = any client (the stable pace)
         self._latest: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, base, delta)
         self._other: tuple[int, np.ndarray, np.ndarray] | None = None  # latest one from another version
+        self._moved: np.ndarray | None = None  # scratch for x_a - x_b
+        self._changed: np.ndarray | None = None  # scratch for Delta_a - Delta_b
 
     def observe(self, arrival: Arrival, entries: np.ndarray | None = None) -> None:
         """Pair ``arrival`` with the latest arrival from another start model and update the sums.
@@ -75,19 +78,44 @@ class ResponseMeter:
         as no response at all.
         """
         version = arrival.base_version
-        base, delta = (arrival.base, arrival.delta) if entries is None else (arrival.base[entries], arrival.delta[entries])
-        partner = self._latest if self._latest is not None and self._latest[0] != version else self._other
-        if partner is not None and partner[0] != version:
-            moved = base - partner[1]
+        latest, other = self._latest, self._other
+        if latest is not None and latest[0] != version:
+            partner, dropped = latest, other
+        else:  # the latest started from the same model (or there is none): it is replaced, ``other`` kept
+            partner, dropped = other, latest
+        base, delta = self._copy_in(arrival, entries, dropped)  # into the dropped slot's buffers: no allocation
+        if partner is not None:
+            if self._moved is None or self._moved.shape != base.shape:
+                self._moved, self._changed = np.empty_like(base), np.empty_like(base)
+            moved = np.subtract(base, partner[1], out=self._moved)
             squared = float(np.dot(moved, moved))
             if squared > 0.0:
-                self.numerator = self.decay * self.numerator - float(np.dot(delta - partner[2], moved))
+                changed = np.subtract(delta, partner[2], out=self._changed)
+                self.numerator = self.decay * self.numerator - float(np.dot(changed, moved))
                 self.denominator = self.decay * self.denominator + squared
                 self.pairs += 1
                 self._update_bound()
-        if self._latest is not None and self._latest[0] != version:
-            self._other = self._latest
-        self._latest = (version, np.array(base, copy=True), np.array(delta, copy=True))
+        if latest is not None and latest[0] != version:
+            self._other = latest
+        self._latest = (version, base, delta)
+
+    @staticmethod
+    def _copy_in(arrival: Arrival, entries: np.ndarray | None,
+                 slot: tuple[int, np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+        """The arrival's start model and delta (on ``entries``), written into ``slot``'s arrays when given."""
+        size = arrival.base.size if entries is None else int(np.count_nonzero(entries))
+        if slot is not None and slot[1].size == size:
+            base, delta = slot[1], slot[2]
+        else:
+            base, delta = np.empty(size, np.float32), np.empty(size, np.float32)
+        if entries is None:
+            np.copyto(base, arrival.base)
+            np.subtract(arrival.weights, arrival.base, out=delta)
+        else:
+            np.compress(entries, arrival.base, out=base)
+            np.compress(entries, arrival.weights, out=delta)
+            delta -= base
+        return base, delta
 
     def _update_bound(self) -> None:
         response = self.response
@@ -95,6 +123,12 @@ class ResponseMeter:
             return
         target = min(2.0, max(RESPONSE_FLOOR, RESPONSE_SAFETY * response))
         self.bound = max(target, self.bound / BOUND_EASING)
+
+    def summary(self) -> dict[str, float | int | None]:
+        """``summary.json``'s figures: the last ``lambda_hat`` (``None`` before ``min_pairs``), the bound, the pairs."""
+        response = self.response
+        return {"pace-response": round(response, 4) if response is not None else None,
+                "pace-bound": round(self.bound, 4), "pace-pairs": self.pairs}
 
     @property
     def response(self) -> float | None:
