@@ -113,7 +113,7 @@ FEDADT = Study(
             "progress": False, "target-accuracy": "0.7", **_FEDADT_DELAYS,
             # the baselines' settings when this study ran (the run-config defaults then; they are paced by the
             # concurrency now, see asyncfl/strategies/pace.py)
-            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedfa.queue-size": 10},
+            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedfa.queue-size": 10, "fedasync.alpha": 0.6},
     methods={
         "fedavg": {"strategy": "fedavg"},
         "fedasync": {"strategy": "fedasync"},
@@ -288,7 +288,9 @@ FEDADT_FMNIST = Study(
     supernodes=100,
     common={"dataset": "fashion-mnist", "model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
             "local-epochs": 1, "local-steps": 0, "batch-size": 32, "concurrency": 20, "max-arrivals": 1600,
-            "eval-every": 5000.0, "progress": False, "target-accuracy": "0.7,0.75", **_FEDADT_DELAYS},
+            "eval-every": 5000.0, "progress": False, "target-accuracy": "0.7,0.75", **_FEDADT_DELAYS,
+            # the baselines' defaults when this study ran (FedBuff's step paced for any client, FedAsync's alpha)
+            "fedbuff.pace": "stable", "fedasync.alpha": 0.6},
     methods={
         "fedadt": {"strategy": "fedadt"},
         "mixing-only": {"strategy": "fedasync", "fedasync.alpha": 1.0},
