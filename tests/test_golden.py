@@ -90,12 +90,11 @@ def _run(strategy, **engine) -> dict[str, str]:
 
 
 GOLDEN = {
-    # the default step follows the measured client response since the drop-in study's lr-0.01 miss; the stable
-    # pace (the former default) keeps its original digest
-    "fedbuff": {"requests": "eb30c7b4cc560e7d", "arrivals": "8e4bb4f0f10c82e8", "model": "b915721b3a3994c2",
-                "versions": 8, "federated": "e04ee43d8a9382ca"},
-    "fedbuff-stable": {"requests": "eb30c7b4cc560e7d", "arrivals": "c64ef9e85e493bc4", "model": "cede99648a1fbe58",
-                       "versions": 8, "federated": "de48291bfd29ed39"},
+    "fedbuff": {"requests": "eb30c7b4cc560e7d", "arrivals": "c64ef9e85e493bc4", "model": "cede99648a1fbe58",
+                "versions": 8, "federated": "de48291bfd29ed39"},
+    # the opt-in step that follows the clients' measured response (asyncfl/strategies/response.py)
+    "fedbuff-measured": {"requests": "eb30c7b4cc560e7d", "arrivals": "8e4bb4f0f10c82e8", "model": "b915721b3a3994c2",
+                         "versions": 8, "federated": "e04ee43d8a9382ca"},
     "fedasync-overlap": {"requests": "9dee215567f2fe65", "arrivals": "dac4b0b8dda28e56", "model": "16bf957e69372f2d",
                          "versions": 40, "federated": "32dd638d0803d4ac"},
     "fedavg-deadline-pipelined": {"requests": "2696d6660771c674", "arrivals": "d77d7d49d0873854",
@@ -105,7 +104,7 @@ GOLDEN = {
 
 def test_fedbuff_on_the_virtual_clock_is_unchanged():
     assert _run(FedBuff()) == GOLDEN["fedbuff"]
-    assert _run(FedBuff(pace="stable")) == GOLDEN["fedbuff-stable"]
+    assert _run(FedBuff(pace="measured")) == GOLDEN["fedbuff-measured"]
 
 
 def test_fedasync_with_overlapped_server_compute_is_unchanged():

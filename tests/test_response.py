@@ -88,7 +88,7 @@ def test_batchnorm_statistics_and_counters_are_left_out_of_the_measurement():
 
 
 def test_the_summary_reports_the_step_in_use_and_the_measured_response():
-    strategy = FedBuff(buffer_size=1)
+    strategy = FedBuff(buffer_size=1, pace="measured")
     strategy.on_start(num_clients=4, concurrency=2)
     current = np.zeros(1, np.float32)
     for version in range(8):  # clients that move 10 % of the way to 0 from wherever they start

@@ -8,7 +8,7 @@ Optionally each update is scaled by ``1 / sqrt(1 + tau)`` as in Nguyen et al.
 Default ``eta_s``: ``min(1, B * g)`` with ``g`` the largest per-update share that the
 staleness of ``K`` jobs in flight leaves stable (:mod:`asyncfl.strategies.pace`; 0.41 for
 ``B = 5, K = 8``, close to FedAvg's pace of one mean update per ``K`` updates), up to twice
-that where the clients' measured response allows (``pace``). The paper's ``eta_s = 1`` is
+that where the clients' measured response allows (``pace="measured"``, opt-in). The paper's ``eta_s = 1`` is
 ``server_lr=1.0``.
 """
 
@@ -57,13 +57,13 @@ class FedBuffConfig(StrategyConfig):
         at lr 0.1 (mean final accuracy 0.59 vs FedAvg's 0.92, 3 seeds; ``benchmarks/dropin``).
     staleness_weighting : {"none", "sqrt"}
         Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
-    pace : {"measured", "stable"}
-        What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
-        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on the arrivals
-        (:mod:`asyncfl.strategies.response`; at most twice the stable step). On Flower's quickstart app
-        with SGD momentum at lr 0.01 (40 rounds) it took FedBuff from 31 points under FedAvg to within 1,
-        and kept every other measured setting within 3 (``benchmarks/dropin``). ``"stable"``: the
-        bound for any client, ``lambda_bound = 2``.
+    pace : {"stable", "measured"}
+        What ``server_lr=0`` follows. ``"stable"`` (default): the bound for any client. ``"measured"``
+        (opt-in): the stable step scaled by ``2 / lambda_bound``, ``lambda_bound`` from the clients'
+        response measured on the arrivals (:mod:`asyncfl.strategies.response`; at most twice the stable
+        step). On Flower's quickstart app it took FedBuff from 31 points under FedAvg to within 1 at SGD
+        lr 0.01 (40 rounds, 8 nodes), but with 6 nodes at equal speeds and lr 0.1 it oscillated in the
+        first 16 rounds (mean final 0.63 vs 0.78 at the stable step, 5 seeds; ``benchmarks/dropin``).
     """
 
     label: ClassVar[str] = "FedBuff"
@@ -72,7 +72,7 @@ class FedBuffConfig(StrategyConfig):
     buffer_size: int = knob(5, minimum=1)
     server_lr: float = knob(0.0, minimum=0)
     staleness_weighting: str = knob("none", choices=STALENESS_WEIGHTINGS)
-    pace: str = knob("measured", choices=PACES)
+    pace: str = knob("stable", choices=PACES)
 
 
 class FedBuff(Strategy):
@@ -88,7 +88,7 @@ class FedBuff(Strategy):
     state_attributes = ("_sum", "_count", "aggregations", "response_meter")
 
     def __init__(self, buffer_size: int = 5, server_lr: float = 0.0, staleness_weighting: str = "none",
-                 pace: str = "measured", **flower_options: Any) -> None:
+                 pace: str = "stable", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedBuffConfig(buffer_size, server_lr, staleness_weighting, pace)
         self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
