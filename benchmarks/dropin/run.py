@@ -44,8 +44,12 @@ SETTINGS = {
     "sgdm-0.01-r80": ("quickstart", "sgdm", 0.01, 80),  # the same app given the rounds to converge
     "adam-1e-3": ("quickstart", "adam", 1e-3, 40),
     "bn-sgdm-0.05": ("bn-mnist5k", "sgdm", 0.05, 15),
+    # the shape of the quickstart example's `flwr run` e2e test: 6 nodes, the example's lr 0.1, 16 rounds
+    "e2e-shape": ("quickstart", "sgdm", 0.1, 16),
 }
 NODES = 8
+#: settings run on another number of nodes than NODES
+SETTING_NODES = {"e2e-shape": 6}
 
 #: name -> (class name, keywords): what the matrix swaps in. "before" rows spell out the defaults that the
 #: issue measured, so they stay reproducible once the defaults change.
@@ -99,7 +103,7 @@ def parse_strategy(name: str) -> tuple[str, dict]:
     return cls_name, keywords
 
 
-def build_strategy(name: str, app, optimizer: str, lr: float, seed: int):
+def build_strategy(name: str, app, optimizer: str, lr: float, seed: int, nodes: int = NODES):
     """The strategy of row ``name`` with its defaults; the KD/GI methods get what only the app knows
     (its ``Net``, input shape and classes, the server's data, the clients' SGD program)."""
     cls_name, keywords = parse_strategy(name)
@@ -111,9 +115,9 @@ def build_strategy(name: str, app, optimizer: str, lr: float, seed: int):
 
     cls = getattr(asyncfl, cls_name)
     if cls_name == "FedEcho":
-        keywords = {"model_fn": app.model_fn, "distill_inputs": app.server_set(NODES)[0], "seed": seed, **keywords}
+        keywords = {"model_fn": app.model_fn, "distill_inputs": app.server_set(nodes)[0], "seed": seed, **keywords}
     elif cls_name == "FedADT":
-        keywords = {"model_fn": app.model_fn, "server_data": app.server_set(NODES), "seed": seed, **keywords}
+        keywords = {"model_fn": app.model_fn, "server_data": app.server_set(nodes), "seed": seed, **keywords}
     elif cls_name == "FedRevive":
         keywords = {"model_fn": app.model_fn, "num_classes": app.num_classes, "input_shape": app.input_shape,
                     "seed": seed, **keywords}
@@ -148,7 +152,7 @@ def run_cell(cell: dict) -> dict:
     torch.manual_seed(seed)
     model = app.model_fn()
     x_test, y_test = app.test_set()
-    grid = InProcessGrid(client_app, NODES, {"app": app_name, "optimizer": optimizer, "batch-size": 32,
+    grid = InProcessGrid(client_app, SETTING_NODES.get(cell["setting"], NODES), {"app": app_name, "optimizer": optimizer, "batch-size": 32,
                                              "local-epochs": 1})
     curve: dict[int, float] = {}
 
@@ -159,7 +163,7 @@ def run_cell(cell: dict) -> dict:
         curve[server_round] = acc
         return MetricRecord({"accuracy": acc, "loss": loss})
 
-    strategy = build_strategy(cell["strategy"], app, optimizer, lr, seed)
+    strategy = build_strategy(cell["strategy"], app, optimizer, lr, seed, SETTING_NODES.get(cell["setting"], NODES))
     started = time.perf_counter()
     common = dict(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
                   train_config=ConfigRecord({"lr": lr}), evaluate_fn=evaluate)
