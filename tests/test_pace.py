@@ -67,10 +67,11 @@ def test_fedfa_default_window_is_half_the_concurrency():
     np.testing.assert_allclose(model, [3.0])  # mean of the last 3 client models (2, 3, 4)
 
 
-def run_stale_quadratic(server_lr: float, overshoot: float = 1.0) -> list[float]:
+def run_stale_quadratic(server_lr: float, overshoot: float = 1.0, pace: str = "stable") -> list[float]:
     """FedBuff (B = 1) with K = 8 clients in flight on f(x) = x^2 / 2; each client moves its stale base by
     ``-overshoot * base`` (1: to the optimum; up to 2 for a local optimizer that still converges on its own);
-    every job one time unit long, so staleness is 7 in steady state. Returns |x| after each round."""
+    every job one time unit long, so staleness is 7 in steady state; ``server_lr=0`` is the automatic step of
+    ``pace``. Returns |x| after each round."""
 
     def train(node, message):
         base = next(iter(message.content["arrays"].values())).numpy()
@@ -81,7 +82,7 @@ def run_stale_quadratic(server_lr: float, overshoot: float = 1.0) -> list[float]
     def evaluate(server_round, arrays):
         seen.append(abs(float(next(iter(arrays.values())).numpy()[0])))
 
-    FedBuff(buffer_size=1, server_lr=server_lr, fraction_evaluate=0.0).start(
+    FedBuff(buffer_size=1, server_lr=server_lr, pace=pace, fraction_evaluate=0.0).start(
         FakeGrid(8, train), ArrayRecord([np.ones(1, np.float32)]), num_rounds=20, clock="virtual",
         delays="uniform-speed", evaluate_fn=evaluate)
     return seen
@@ -101,28 +102,10 @@ def test_the_paced_step_converges_under_staleness_where_larger_steps_diverge(ove
         assert max(fedavg_pace[-5:]) > 2 * fedavg_pace[0]
 
 
-def run_stale_quadratic_paced(pace: str, overshoot: float) -> list[float]:
-    """:func:`run_stale_quadratic` with the automatic step (``server_lr=0``) of the given ``pace``."""
-
-    def train(node, message):
-        base = next(iter(message.content["arrays"].values())).numpy()
-        return trained_reply(message, ArrayRecord([(base * (1.0 - overshoot)).astype(np.float32)]))
-
-    seen = []
-
-    def evaluate(server_round, arrays):
-        seen.append(abs(float(next(iter(arrays.values())).numpy()[0])))
-
-    FedBuff(buffer_size=1, pace=pace, fraction_evaluate=0.0).start(
-        FakeGrid(8, train), ArrayRecord([np.ones(1, np.float32)]), num_rounds=20, clock="virtual",
-        delays="uniform-speed", evaluate_fn=evaluate)
-    return seen
-
-
 def test_the_measured_pace_speeds_up_for_a_weak_client_response_and_stays_stable_for_an_overshooting_one():
     # Execute: the same stale quadratic; a client that moves 10 % of the way (small lr) and one that overshoots
-    slow_measured, slow_stable = (run_stale_quadratic_paced(p, 0.1) for p in ("measured", "stable"))
-    fast_measured = run_stale_quadratic_paced("measured", 1.9)
+    slow_measured, slow_stable = (run_stale_quadratic(0.0, 0.1, pace) for pace in ("measured", "stable"))
+    fast_measured = run_stale_quadratic(0.0, 1.9, "measured")
     # Assert: with lambda = 0.1 the bound eases to its floor (1): twice the stable step, much faster convergence
     assert slow_measured[-1] < 0.2 * slow_stable[-1]
     # with lambda = 1.9 the bound stays at 2 (3 x 1.9 > 2): the stable pace, which contracts

@@ -14,7 +14,6 @@ import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.pace import PACES
-from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule, staleness_cutoff
@@ -72,7 +71,7 @@ class AFLDW(Strategy):
                  beta_constant: float = 0.5, pace: str = "stable", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant, pace)
-        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
+        self.measure_response(pace, server_lr)
         self.mixing = MixingTally()
 
     def beta_of(self, tau: int) -> float:
@@ -81,8 +80,7 @@ class AFLDW(Strategy):
                              self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        if self.response_meter is not None:
-            self.response_meter.observe(arrival, self.trained_entries)
+        self.observe_response(arrival)
         beta = self.beta_of(arrival.staleness)
         self.mixing.observe_beta(beta)
         return afl_dw_step(current, arrival.delta, self.server_lr, beta)

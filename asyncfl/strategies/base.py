@@ -11,6 +11,7 @@ import numpy as np
 from asyncfl.strategies.arrival import Arrival  # noqa: F401  (re-exported: strategies import it from here)
 from asyncfl.strategies.flower_options import FlowerOptions
 from asyncfl.strategies.pace import paced_server_lr
+from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig
 
 if TYPE_CHECKING:  # the engine side is imported only when a run starts
@@ -23,7 +24,6 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
     from asyncfl.options import RunOptions
     from asyncfl.server_app.launch import AsyncResult
     from asyncfl.strategies.resources import StrategyResources
-    from asyncfl.strategies.response import ResponseMeter
 
 _DEFAULT_OPTIONS = FlowerOptions()
 
@@ -103,14 +103,24 @@ class Strategy(ABC):
     #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
     response_meter: "ResponseMeter | None" = None
 
+    def measure_response(self, pace: str, server_lr: float) -> None:
+        """Keep a :class:`~asyncfl.strategies.response.ResponseMeter` when the automatic step (``server_lr=0``)
+        follows the clients' measured response (``pace="measured"``)."""
+        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
+
+    def observe_response(self, arrival: Arrival) -> None:
+        """Feed ``arrival`` to the response meter, if any (on the trained entries only)."""
+        if self.response_meter is not None:
+            self.response_meter.observe(arrival, self.trained_entries)
+
     def pace_summary(self) -> dict[str, float | int | None]:
         """The measured pace's figures for :meth:`summary` (none without a meter)."""
         return self.response_meter.summary() if self.response_meter is not None else {}
 
     def paced_lr(self, configured: float, updates_per_step: int = 1) -> float:
-        """The server learning rate to use: ``configured``, or when it is 0 (auto) the pace of one mean update
-        per ``K`` accepted updates, ``min(1, updates_per_step / K)`` (:mod:`asyncfl.strategies.pace`). Before
-        :meth:`on_start` (no ``K`` known) auto is 1."""
+        """The server learning rate to use: ``configured``, or when it is 0 (auto) the stable pace for ``K`` jobs
+        in flight, ``min(1, B * g(K, B))``, scaled by ``2 / lambda_bound`` when a response meter measures the
+        clients (:mod:`asyncfl.strategies.pace`). Before :meth:`on_start` (no ``K`` known) auto is 1."""
         if configured > 0:
             return configured
         meter = self.response_meter

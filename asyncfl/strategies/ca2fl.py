@@ -20,7 +20,6 @@ import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.pace import PACES
-from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig, knob
 
 
@@ -44,12 +43,8 @@ class CA2FLConfig(StrategyConfig):
         quickstart app with SGD momentum at lr 0.1, mean final 0.53 vs FedAvg's 0.92). The paper's
         setting is ``server_lr=1.0``.
     pace : {"stable", "measured"}
-        What ``server_lr=0`` follows. ``"stable"`` (default): the bound for any client. ``"measured"``
-        (opt-in): the stable step scaled by ``2 / lambda_bound``, ``lambda_bound`` from the clients'
-        response measured on the arrivals (:mod:`asyncfl.strategies.response`; at most twice the stable
-        step). On Flower's quickstart app it took FedBuff from 31 points under FedAvg to within 1 at SGD
-        lr 0.01 (40 rounds, 8 nodes), but with 6 nodes at equal speeds and lr 0.1 it oscillated in the
-        first 16 rounds (mean final 0.63 vs 0.78 at the stable step, 5 seeds; ``benchmarks/dropin``).
+        What ``server_lr=0`` follows: the bound for any client (default) or the clients' measured
+        response (opt-in), as for FedBuff (:class:`asyncfl.strategies.fedbuff.FedBuffConfig`).
     """
 
     label: ClassVar[str] = "CA2FL"
@@ -70,7 +65,7 @@ class CA2FL(Strategy):
                  **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = CA2FLConfig(buffer_size, server_lr, pace)
-        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
+        self.measure_response(pace, server_lr)
         self.num_clients = 0
         self._cache: dict[int, np.ndarray] = {}
         self._cache_sum: np.ndarray | None = None
@@ -94,8 +89,7 @@ class CA2FL(Strategy):
         return self.paced_lr(self.config.server_lr, self.config.buffer_size)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        if self.response_meter is not None:
-            self.response_meter.observe(arrival, self.trained_entries)
+        self.observe_response(arrival)
         delta = arrival.delta
         if self._sum is None:
             self._sum = np.zeros_like(delta)

@@ -22,7 +22,6 @@ import numpy as np
 
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.pace import PACES
-from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig, knob
 
 STALENESS_WEIGHTINGS = ("none", "sqrt")
@@ -91,7 +90,7 @@ class FedBuff(Strategy):
                  pace: str = "stable", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedBuffConfig(buffer_size, server_lr, staleness_weighting, pace)
-        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
+        self.measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0
         self.aggregations = 0
@@ -102,8 +101,7 @@ class FedBuff(Strategy):
         return self._count
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        if self.response_meter is not None:
-            self.response_meter.observe(arrival, self.trained_entries)
+        self.observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
         if self._sum is None:
             self._sum = np.zeros_like(arrival.weights)

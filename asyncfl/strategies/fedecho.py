@@ -39,7 +39,6 @@ from asyncfl.models.inference import chunked_forward
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.pace import PACES
 from asyncfl.strategies.resources import StrategyResources
-from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig, knob
 from asyncfl.strategies.user_inputs import checked_model_fn, input_array
 
@@ -128,12 +127,8 @@ class FedEchoConfig(StrategyConfig):
         Built-in app only: which unlabeled set ``U`` is (``digits``, ``cifar10``, ``cifar100`` or the
         server's ``holdout`` rows) and how many of its inputs. A library user passes ``distill_inputs``.
     pace : {"stable", "measured"}
-        What ``server_lr=0`` follows. ``"stable"`` (default): the bound for any client. ``"measured"``
-        (opt-in): the stable step scaled by ``2 / lambda_bound``, ``lambda_bound`` from the clients'
-        response measured on the arrivals (:mod:`asyncfl.strategies.response`; at most twice the stable
-        step). On Flower's quickstart app it took FedBuff from 31 points under FedAvg to within 1 at SGD
-        lr 0.01 (40 rounds, 8 nodes), but with 6 nodes at equal speeds and lr 0.1 it oscillated in the
-        first 16 rounds (mean final 0.63 vs 0.78 at the stable step, 5 seeds; ``benchmarks/dropin``).
+        What ``server_lr=0`` follows: the bound for any client (default) or the clients' measured
+        response (opt-in), as for FedBuff (:class:`asyncfl.strategies.fedbuff.FedBuffConfig`).
     """
 
     label: ClassVar[str] = "FedEcho"
@@ -193,7 +188,7 @@ class FedEcho(Strategy):
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
                                     alpha_min, alpha_max, clip, overlap_logits, pace=pace)
-        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
+        self.measure_response(pace, server_lr)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
         self.unlabeled = torch.from_numpy(unlabeled)
@@ -259,8 +254,7 @@ class FedEcho(Strategy):
             self.record_logits(arrival.client_index, arrival.weights)
         else:  # one worker thread: the bank is filled in arrival order
             self._logit_jobs.append(self._logit_thread.submit(self.record_logits, arrival.client_index, arrival.weights))
-        if self.response_meter is not None:
-            self.response_meter.observe(arrival, self.trained_entries)
+        self.observe_response(arrival)
         if self._sum is None:
             self._sum = np.zeros_like(arrival.delta)
         self._sum += arrival.delta
