@@ -73,7 +73,7 @@ FEDECHO = Study(
             "max-virtual-time": 80.0, "eval-every": 4.0, "progress": False, "fedecho.distill-size": 500,
             "target-accuracy": "0.6,0.85",
             # the paper's server step (the run-config default when this study ran; now paced by the concurrency)
-            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0},
+            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0, "fedbuff.buffer-size": 5},
     methods={
         "fedbuff": {"strategy": "fedbuff"},
         "ca2fl": {"strategy": "ca2fl"},
@@ -113,7 +113,8 @@ FEDADT = Study(
             "progress": False, "target-accuracy": "0.7", **_FEDADT_DELAYS,
             # the baselines' settings when this study ran (the run-config defaults then; they are paced by the
             # concurrency now, see asyncfl/strategies/pace.py)
-            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedfa.queue-size": 10, "fedasync.alpha": 0.6},
+            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedfa.queue-size": 10, "fedasync.alpha": 0.6,
+            "fedbuff.buffer-size": 5},
     methods={
         "fedavg": {"strategy": "fedavg"},
         "fedasync": {"strategy": "fedasync"},
@@ -271,7 +272,8 @@ FEDREVIVE = Study(
     extra={
         # FedBuff is the paper's tuned FEMNIST one (Table 4: buffer 1, server lr 0.025); this is our default
         # buffer 5 with server lr 1.0.
-        "fedbuff-b5__default": {"strategy": "fedbuff", "fedbuff.server-lr": 1.0, "delay-model": "fedrevive-default"},
+        "fedbuff-b5__default": {"strategy": "fedbuff", "fedbuff.buffer-size": 5, "fedbuff.server-lr": 1.0,
+                                "delay-model": "fedrevive-default"},
     },
     relative_target=("fedbuff", 0.85),
 )

@@ -19,7 +19,7 @@ def defaults(**overrides):
 def test_pyproject_defaults_parse():
     cfg = parse_run_config(defaults())
     assert cfg.strategy == "fedbuff"
-    assert cfg.strategy_config.buffer_size == 5
+    assert cfg.strategy_config.buffer_size == 0  # automatic: concurrency // 4 within [2, 10]
     assert cfg.engine.delay_preset == "fedrevive-default"
     assert cfg.engine.target_accuracy == (0.8, 0.9)
 
@@ -33,7 +33,7 @@ def test_pyproject_defaults_parse():
         ("delay-model", "slow", "fedrevive-default, fedrevive-shifted"),
         ("clock", "lunar", "virtual, wall"),
         ("partitioning", "zipf", "dirichlet, iid, shards"),
-        ("fedbuff.buffer-size", 0, "buffer-size"),
+        ("fedbuff.buffer-size", -1, "buffer-size"),
         ("concurrency", 0, "concurrency"),
         ("target-accuracy", "high", "comma-separated"),
         ("optimizer", "lion", "sgd, adam"),

@@ -38,8 +38,9 @@ def test_quickstart_pytorch_with_one_import_changed_learns(tmp_path):
     assert list(state) == ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
                            "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
     # ... and it learned: on the example's held-out digits (10 classes, chance 0.1). Measured in process on this
-    # app (InProcessGrid, 5 seeds, 16 rounds of 6 updates): Flower's FedAvg ends at 0.89-0.94, FedBuff at
-    # 0.84-0.92; the bar leaves room for Ray's arrival order.
+    # app at equal speeds (benchmarks/dropin e2e-shape, 10 seeds, 16 rounds of 6 updates): asyncfl's FedAvg ends
+    # at 0.91-0.93, FedBuff's defaults (B = 2 for 6 jobs in flight, measured pace) at 0.86-0.93; the bar leaves
+    # room for Ray's arrival order.
     sys.path.insert(0, str(app))
     try:
         from pytorchexample.task import Net, load_centralized_dataset, test
@@ -54,7 +55,7 @@ def test_quickstart_pytorch_with_one_import_changed_learns(tmp_path):
         assert f"server-side evaluation of round {round_} (server version" in output
     assert "federated evaluation of round 16 on 3 node(s)" in output
     assert "stop at 16 rounds = 96 accepted updates" in output
-    assert "FedBuff finished" in output and "16 rounds, 96 arrivals, 19 server versions" in output
+    assert "FedBuff finished" in output and "16 rounds, 96 arrivals, 48 server versions" in output
     # a stock ClientApp: no identity query on the (default) wall clock, so no traceback per node
     assert "Traceback" not in output
 

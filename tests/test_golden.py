@@ -92,9 +92,12 @@ def _run(strategy, **engine) -> dict[str, str]:
 GOLDEN = {
     "fedbuff": {"requests": "eb30c7b4cc560e7d", "arrivals": "c64ef9e85e493bc4", "model": "cede99648a1fbe58",
                 "versions": 8, "federated": "de48291bfd29ed39"},
-    # the opt-in step that follows the clients' measured response (asyncfl/strategies/response.py)
+    # the step that follows the clients' measured response (asyncfl/strategies/response.py)
     "fedbuff-measured": {"requests": "eb30c7b4cc560e7d", "arrivals": "8e4bb4f0f10c82e8", "model": "b915721b3a3994c2",
                          "versions": 8, "federated": "e04ee43d8a9382ca"},
+    # the defaults since the drop-in study's buffer rows: B = K // 4 within [2, 10] (2 here) and the measured pace
+    "fedbuff-auto-buffer": {"requests": "afb1083e4483506d", "arrivals": "cc4d1c6017f90e7c", "model": "e1dd64971c81b339",
+                            "versions": 20, "federated": "47c24b1856b7ecb2"},
     "fedasync-overlap": {"requests": "9dee215567f2fe65", "arrivals": "dac4b0b8dda28e56", "model": "16bf957e69372f2d",
                          "versions": 40, "federated": "32dd638d0803d4ac"},
     "fedavg-deadline-pipelined": {"requests": "2696d6660771c674", "arrivals": "d77d7d49d0873854",
@@ -103,8 +106,10 @@ GOLDEN = {
 
 
 def test_fedbuff_on_the_virtual_clock_is_unchanged():
-    assert _run(FedBuff()) == GOLDEN["fedbuff"]
-    assert _run(FedBuff(pace="measured")) == GOLDEN["fedbuff-measured"]
+    # the defaults when the first two digests were taken: B = 5 with the stable or the measured pace
+    assert _run(FedBuff(buffer_size=5, pace="stable")) == GOLDEN["fedbuff"]
+    assert _run(FedBuff(buffer_size=5, pace="measured")) == GOLDEN["fedbuff-measured"]
+    assert _run(FedBuff()) == GOLDEN["fedbuff-auto-buffer"]
 
 
 def test_fedasync_with_overlapped_server_compute_is_unchanged():

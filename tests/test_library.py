@@ -184,7 +184,7 @@ def test_custom_keys_and_metric_aggregation():
     (dict(min_evaluate_nodes=-1), "min_evaluate_nodes"),
     (dict(weighted_by_key=""), "weighted_by_key"),
     (dict(evaluate_metrics_aggr_fn=3), "evaluate_metrics_aggr_fn"),
-    (dict(buffer_size=0), "buffer-size"),
+    (dict(buffer_size=-1), "buffer-size"),
 ])
 def test_constructor_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord
 
 from asyncfl import AFLDW, CA2FL, FedBuff, FedFa
 from asyncfl.strategies.base import Arrival
-from asyncfl.strategies.pace import paced_server_lr, per_update_share, update_delay
+from asyncfl.strategies.pace import auto_buffer_size, paced_server_lr, per_update_share, update_delay
 from tests.fake_grid import FakeGrid, trained_reply
 
 
@@ -43,6 +43,26 @@ def test_fedbuff_default_step_follows_the_concurrency_and_the_papers_step_stays_
     buffered.on_arrival(arrival([1.0]), np.zeros(1, np.float32))
     step = buffered.on_arrival(arrival([3.0]), np.zeros(1, np.float32))
     np.testing.assert_allclose(step, [2 * math.sin(math.pi / 8) / 2 * 4.0], rtol=1e-6)
+
+
+def test_the_automatic_buffer_is_a_quarter_of_the_concurrency_within_two_and_ten():
+    assert [auto_buffer_size(k) for k in (1, 2, 6, 8, 12, 20, 40, 1000)] == [1, 2, 2, 2, 3, 5, 10, 10]
+    with pytest.raises(ValueError, match="concurrency=0 must be >= 1"):
+        auto_buffer_size(0)
+
+
+def test_fedbuff_default_buffer_follows_the_concurrency_and_an_explicit_one_is_kept():
+    # Prepare: K = 12 jobs in flight -> B = 3; an explicit B = 5 stays 5
+    auto, explicit = FedBuff(), FedBuff(buffer_size=5)
+    for strategy in (auto, explicit):
+        strategy.on_start(num_clients=20, concurrency=12)
+    # Execute: three updates of 1, 2, 3
+    steps = [auto.on_arrival(arrival([d]), np.zeros(1, np.float32)) for d in (1.0, 2.0, 3.0)]
+    # Assert: the third closes the automatic buffer, stepping eta_s / 3 * 6 with eta_s = 3 g(12, 3)
+    assert steps[:2] == [None, None]
+    np.testing.assert_allclose(steps[2], [paced_server_lr(3, 12) / 3 * 6.0], rtol=1e-6)
+    assert auto.summary()["buffer-size"] == 3 and explicit.summary()["buffer-size"] == 5
+    assert all(explicit.on_arrival(arrival([1.0]), np.zeros(1, np.float32)) is None for _ in range(4))
 
 
 def test_afl_dw_and_ca2fl_default_steps_follow_the_concurrency():

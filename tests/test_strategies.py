@@ -99,7 +99,7 @@ def test_fedbuff_sqrt_staleness_weight():
 
 def test_fedbuff_rejects_bad_buffer():
     with pytest.raises(ValueError, match="buffer-size"):
-        FedBuff(buffer_size=0)
+        FedBuff(buffer_size=-1)
 
 
 def test_weighted_mean_delta_by_examples():

@@ -61,8 +61,8 @@ def test_values_are_typed_and_checked_with_the_keyword_the_key_and_what_is_valid
         FedBuffConfig(buffer_size=2.5)
     with pytest.raises(ConfigError, match="buffer_size=True must be int"):
         FedBuffConfig(buffer_size=True)
-    with pytest.raises(ConfigError, match=r"buffer_size=0 must be >= 1 \(run-config fedbuff.buffer-size\)"):
-        FedBuff(buffer_size=0)
+    with pytest.raises(ConfigError, match=r"buffer_size=-1 must be >= 0 \(run-config fedbuff.buffer-size\)"):
+        FedBuff(buffer_size=-1)
     with pytest.raises(ConfigError, match="alpha=0.0 must be > 0 and <= 1"):
         FedAsyncConfig(alpha=0.0)
     with pytest.raises(ConfigError, match="staleness='exp' is not valid; choose one of: constant, polynomial, hinge"):
@@ -75,7 +75,7 @@ def test_from_run_config_reads_the_prefixed_keys_and_defaults_what_is_missing():
     config = FedBuffConfig.from_run_config({"fedbuff.buffer-size": 3, "fedbuff.server-lr": 0.5, "strategy": "x"})
     assert config == FedBuffConfig(buffer_size=3, server_lr=0.5, staleness_weighting="none")
     assert config.to_run_config() == {"fedbuff.buffer-size": 3, "fedbuff.server-lr": 0.5,
-                                      "fedbuff.staleness-weighting": "none", "fedbuff.pace": "stable"}
+                                      "fedbuff.staleness-weighting": "none", "fedbuff.pace": "measured"}
 
 
 def test_built_in_data_choices_are_not_constructor_keywords():

@@ -10,7 +10,7 @@ import numpy as np
 
 from asyncfl.strategies.arrival import Arrival  # noqa: F401  (re-exported: strategies import it from here)
 from asyncfl.strategies.flower_options import FlowerOptions
-from asyncfl.strategies.pace import paced_server_lr
+from asyncfl.strategies.pace import BUFFER_BOUNDS, auto_buffer_size, paced_server_lr
 from asyncfl.strategies.response import ResponseMeter
 from asyncfl.strategies.settings import StrategyConfig
 
@@ -126,6 +126,13 @@ class Strategy(ABC):
         meter = self.response_meter
         return paced_server_lr(updates_per_step, self.concurrency or updates_per_step,
                                meter.bound if meter is not None else 2.0)
+
+    def buffer_in_use(self, configured: int) -> int:
+        """Updates per server step: ``configured``, or when it is 0 (auto) ``K // 4`` within ``[2, 10]`` for ``K``
+        jobs in flight (:func:`asyncfl.strategies.pace.auto_buffer_size`). Before :meth:`on_start` auto is 2."""
+        if configured > 0:
+            return configured
+        return auto_buffer_size(self.concurrency) if self.concurrency else BUFFER_BOUNDS[0]
 
     #: When True the engine runs synchronous rounds: it dispatches a full cohort
     #: only when no job is in flight and calls :meth:`on_round_end` after the last

@@ -5,11 +5,11 @@ Aggregation"; FedRevive paper Eq. (2): updates are buffered and, when exactly
 ``B`` have arrived, ``x <- x + eta_s / B * sum_{Delta in buffer} Delta``.
 Optionally each update is scaled by ``1 / sqrt(1 + tau)`` as in Nguyen et al.
 
-Default ``eta_s``: ``min(1, B * g)`` with ``g`` the largest per-update share that the
-staleness of ``K`` jobs in flight leaves stable (:mod:`asyncfl.strategies.pace`; 0.41 for
-``B = 5, K = 8``, close to FedAvg's pace of one mean update per ``K`` updates), up to twice
-that where the clients' measured response allows (``pace="measured"``, opt-in). The paper's ``eta_s = 1`` is
-``server_lr=1.0``.
+Defaults: ``B = K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
+(:func:`asyncfl.strategies.pace.auto_buffer_size`), and ``eta_s = min(1, B * g)`` with ``g`` the
+largest per-update share that the staleness of ``K`` jobs leaves stable, up to twice that where the
+clients' measured response allows (:mod:`asyncfl.strategies.pace`, :mod:`asyncfl.strategies.response`).
+The paper's setting is ``buffer_size=10, server_lr=1.0``.
 """
 
 from __future__ import annotations
@@ -48,52 +48,61 @@ class FedBuffConfig(StrategyConfig):
     Parameters
     ----------
     buffer_size : int
-        ``B``: updates per aggregation.
+        ``B``: updates per aggregation; 0 (default) = ``K // 4`` within ``[2, 10]`` for ``K`` jobs in
+        flight (:func:`asyncfl.strategies.pace.auto_buffer_size`: with ``B = 5`` and 6 nodes at equal
+        speeds FedBuff ended 12 points under FedAvg after 16 rounds, with ``B = 2`` 2 points).
     server_lr : float
         ``eta_s``; 0 (default) = ``min(1, B * g(K, B))``, the stable pace of
-        :mod:`asyncfl.strategies.pace` (0.41 for ``B = 5, K = 8``). With
-        ``eta_s = 1, B = 5, K = 8`` FedBuff oscillated on Flower's quickstart app with SGD momentum
-        at lr 0.1 (mean final accuracy 0.59 vs FedAvg's 0.92, 3 seeds; ``benchmarks/dropin``).
+        :mod:`asyncfl.strategies.pace` (0.41 for ``B = 5, K = 8``), scaled by the measured response
+        (``pace``). With ``eta_s = 1, B = 5, K = 8`` FedBuff oscillated on Flower's quickstart app with
+        SGD momentum at lr 0.1 (mean final accuracy 0.59 vs FedAvg's 0.92, 3 seeds; ``benchmarks/dropin``).
     staleness_weighting : {"none", "sqrt"}
         Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
-    pace : {"stable", "measured"}
-        What ``server_lr=0`` follows. ``"stable"`` (default): the bound for any client. ``"measured"``
-        (opt-in): the stable step scaled by ``2 / lambda_bound``, ``lambda_bound`` from the clients'
-        response measured on the arrivals (:mod:`asyncfl.strategies.response`; at most twice the stable
-        step). On Flower's quickstart app it took FedBuff from 31 points under FedAvg to within 1 at SGD
-        lr 0.01 (40 rounds, 8 nodes), but with 6 nodes at equal speeds and lr 0.1 it oscillated in the
-        first 16 rounds (mean final 0.63 vs 0.78 at the stable step, 5 seeds; ``benchmarks/dropin``).
+    pace : {"measured", "stable"}
+        What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
+        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on the arrivals
+        (:mod:`asyncfl.strategies.response`; at most twice the stable step). ``"stable"``: the bound for
+        any client. On Flower's quickstart app (8 nodes, 40 rounds, SGD momentum lr 0.01) FedBuff with
+        ``B = 2`` ended 17 points under FedAvg at the stable step and 5 above it measured; with ``B = 5``
+        the measured pace oscillated in short equal-speed runs (6 nodes, lr 0.1, 16 rounds: 0.63), with
+        ``B = 2`` it did not (0.89, 10 seeds; ``benchmarks/dropin``).
     """
 
     label: ClassVar[str] = "FedBuff"
     prefix: ClassVar[str] = "fedbuff"
 
-    buffer_size: int = knob(5, minimum=1)
+    buffer_size: int = knob(0, minimum=0)
     server_lr: float = knob(0.0, minimum=0)
     staleness_weighting: str = knob("none", choices=STALENESS_WEIGHTINGS)
-    pace: str = knob("stable", choices=PACES)
+    pace: str = knob("measured", choices=PACES)
 
 
 class FedBuff(Strategy):
     """FedBuff (Nguyen et al., 2022): aggregate exactly ``buffer_size`` updates at a time.
 
     The buffer holds a running sum, so memory is one model whatever ``B`` is.
-    With ``buffer_size=1`` and ``server_lr=1`` it is plain asynchronous FedAvg; the default
-    ``server_lr=0`` sets ``eta_s`` from the concurrency ``K`` (:func:`asyncfl.strategies.pace.paced_server_lr`).
+    With ``buffer_size=1`` and ``server_lr=1`` it is plain asynchronous FedAvg; the defaults
+    ``buffer_size=0, server_lr=0`` set ``B`` and ``eta_s`` from the concurrency ``K``
+    (:func:`asyncfl.strategies.pace.auto_buffer_size`, :func:`asyncfl.strategies.pace.paced_server_lr`).
     Knobs: :class:`FedBuffConfig`.
     """
 
     config_class = FedBuffConfig
     state_attributes = ("_sum", "_count", "aggregations", "response_meter")
 
-    def __init__(self, buffer_size: int = 5, server_lr: float = 0.0, staleness_weighting: str = "none",
-                 pace: str = "stable", **flower_options: Any) -> None:
+    def __init__(self, buffer_size: int = 0, server_lr: float = 0.0, staleness_weighting: str = "none",
+                 pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedBuffConfig(buffer_size, server_lr, staleness_weighting, pace)
         self.measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0
         self.aggregations = 0
+
+    @property
+    def buffer_size(self) -> int:
+        """``B`` in use: the configured one, or ``K // 4`` within ``[2, 10]`` (:meth:`Strategy.buffer_in_use`)."""
+        return self.buffer_in_use(self.config.buffer_size)
 
     @property
     def buffered(self) -> int:
@@ -111,9 +120,9 @@ class FedBuff(Strategy):
         else:
             self._sum += scale * arrival.delta
         self._count += 1
-        if self._count < self.config.buffer_size:
+        if self._count < self.buffer_size:
             return None
-        new = fedbuff_step(current, self._sum, self.config.buffer_size, self.server_lr)
+        new = fedbuff_step(current, self._sum, self.buffer_size, self.server_lr)
         self._sum, self._count = None, 0
         self.aggregations += 1
         return new
@@ -121,8 +130,8 @@ class FedBuff(Strategy):
     @property
     def server_lr(self) -> float:
         """``eta_s`` in use now (the configured one, or the paced ``min(1, B * g(K, B) * 2 / lambda_bound)``)."""
-        return self.paced_lr(self.config.server_lr, self.config.buffer_size)
+        return self.paced_lr(self.config.server_lr, self.buffer_size)
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"aggregations": self.aggregations, "buffered-at-end": self._count,
+        return {"aggregations": self.aggregations, "buffer-size": self.buffer_size, "buffered-at-end": self._count,
                 "server-lr": round(self.server_lr, 6), **self.pace_summary()}

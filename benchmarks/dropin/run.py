@@ -76,6 +76,8 @@ STRATEGIES = {
     "dcasgd": ("DCASGD", {}),
     "wpred": ("WPred", {}),
     "asyntiers": ("AsynTiers", {}),
+    # FedBuff's defaults before the buffer followed the concurrency (rows "fedbuff" of cells files written before then)
+    "fedbuff-b5-stable": ("FedBuff", {"buffer_size": 5, "pace": "stable"}),
     "fedbuff-before": ("FedBuff", {"buffer_size": 5, "server_lr": 1.0, "staleness_weighting": "none"}),
     "afl-dw-before": ("AFLDW", {"server_lr": 0.1}),
     "ca2fl-before": ("CA2FL", {"buffer_size": 5, "server_lr": 1.0}),
@@ -172,16 +174,26 @@ def run_cell(cell: dict) -> dict:
         strategy.start(**common)
         summary = {"arrivals": grid.messages_by_type.get("train", 0), "server-versions": rounds}
     else:
+        from asyncfl.errors import ClientAppsFailing
+
         with tempfile.TemporaryDirectory() as folder:  # metrics.csv gives each evaluation's virtual time
-            summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
-                                     output_dir=folder, run_name="run",
-                                     **ENGINE.get(cell["strategy"].partition(":")[0], {})).summary
+            try:
+                summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
+                                         output_dir=folder, run_name="run",
+                                         **ENGINE.get(cell["strategy"].partition(":")[0], {})).summary
+            except ClientAppsFailing as failed:
+                # the model diverged far enough that every client's update is non-finite: a result, not a crash
+                # of the study; its curve so far is kept and the cell is marked (final = the last evaluation)
+                summary = {"arrivals": None, "server-versions": None, "diverged": str(failed)}
             with open(Path(folder) / "run" / "metrics.csv") as handle:
                 times = [float(row["time"]) for row in csv.DictReader(handle)]
     accuracies = [round(curve[r], 4) for r in sorted(curve)]
-    return {**cell, "curve": accuracies, "times": times, "final": accuracies[-1], "best": max(accuracies),
-            "updates": summary["arrivals"], "versions": summary["server-versions"],
-            "staleness-mean": summary.get("staleness-mean", 0.0), "seconds": round(time.perf_counter() - started, 1)}
+    row = {**cell, "curve": accuracies, "times": times, "final": accuracies[-1], "best": max(accuracies),
+           "updates": summary["arrivals"], "versions": summary["server-versions"],
+           "staleness-mean": summary.get("staleness-mean", 0.0), "seconds": round(time.perf_counter() - started, 1)}
+    if "diverged" in summary:
+        row["diverged"] = summary["diverged"]
+    return row
 
 
 def done_cells(path: Path) -> dict[tuple, dict]:
@@ -207,8 +219,13 @@ def table(rows: list[dict], settings: list[str], strategies: list[str]) -> str:
             final, best = statistics.mean(finals), statistics.mean(r["best"] for r in cells)
             sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
             gap = f"{final - ref:+.3f}" if ref is not None else "n/a"
-            lines.append(f"| {setting} | {s} | {cells[0]['updates']} | {statistics.mean(r['versions'] for r in cells):.0f} "
-                         f"| {final:.3f} ± {sd:.3f} | {best:.3f} | {final - best:+.3f} | {gap} | {len(cells)} |")
+            finished = [r for r in cells if not r.get("diverged")]
+            updates = finished[0]["updates"] if finished else "n/a"
+            versions = f"{statistics.mean(r['versions'] for r in finished):.0f}" if finished else "n/a"
+            diverged = len(cells) - len(finished)
+            seeds = f"{len(cells)} ({diverged} diverged)" if diverged else f"{len(cells)}"
+            lines.append(f"| {setting} | {s} | {updates} | {versions} "
+                         f"| {final:.3f} ± {sd:.3f} | {best:.3f} | {final - best:+.3f} | {gap} | {seeds} |")
     return "\n".join(lines)
 
 
@@ -269,7 +286,7 @@ def main() -> None:
                 out.flush()
                 print(f"{row['setting']:>12} {row['strategy']:>16} seed {row['seed']}: final {row['final']:.3f} "
                       f"best {row['best']:.3f} ({row['updates']} updates, {row['versions']} versions, "
-                      f"{row['seconds']} s)", flush=True)
+                      f"{row['seconds']} s){' DIVERGED' if row.get('diverged') else ''}", flush=True)
     rows = list(done_cells(cells_path).values())
     print(table(rows, args.settings, args.strategies))
     if args.delays != DELAYS:
