@@ -73,7 +73,8 @@ FEDECHO = Study(
             "max-virtual-time": 80.0, "eval-every": 4.0, "progress": False, "fedecho.distill-size": 500,
             "target-accuracy": "0.6,0.85",
             # the paper's server step (the run-config default when this study ran; now paced by the concurrency)
-            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0, "fedbuff.buffer-size": 5},
+            "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0, "fedbuff.buffer-size": 5,
+            "fadas.buffer-size": 5},
     methods={
         "fedbuff": {"strategy": "fedbuff"},
         "ca2fl": {"strategy": "ca2fl"},

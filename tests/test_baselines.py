@@ -63,6 +63,17 @@ def test_fadas_buffers_then_steps_with_reduced_lr_for_stale_buffers():
     assert strategy.summary()["delay-reduced-steps"] == 1
 
 
+def test_fadas_default_buffer_follows_the_concurrency():
+    # Prepare: 12 jobs in flight -> M = 12 // 4 = 3
+    strategy = FADAS(server_lr=1.0, beta1=0.0, beta2=0.0, epsilon=1e-12)
+    strategy.on_start(num_clients=20, concurrency=12)
+    zero = np.zeros(1, np.float32)
+    # Execute / Assert: the third arrival steps, by the sign of the mean delta (beta = 0, tau <= tau_c)
+    assert [strategy.on_arrival(arrival(i, [d], zero), zero) for i, d in enumerate((1.0, 2.0))] == [None, None]
+    assert np.allclose(strategy.on_arrival(arrival(2, [-6.0], zero), zero), [-1.0])
+    assert strategy.summary()["buffer-size"] == 3
+
+
 def test_fedfa_averages_the_most_recent_models():
     strategy = FedFa(queue_size=2)
     zero = np.zeros(1, np.float32)
@@ -83,7 +94,7 @@ def test_fedfa_running_sum_stays_exact_over_many_arrivals():
 
 @pytest.mark.parametrize("name,params,message", [
     ("ca2fl", {"buffer_size": 0}, "ca2fl.buffer-size"),
-    ("fadas", {"buffer_size": 0}, "fadas.buffer-size"),
+    ("fadas", {"buffer_size": -1}, "fadas.buffer-size"),
     ("fedfa", {"queue_size": -1}, "fedfa.queue-size"),
 ])
 def test_bad_sizes_are_rejected(name, params, message):
