@@ -74,7 +74,7 @@ FEDECHO = Study(
             "target-accuracy": "0.6,0.85",
             # the paper's server step (the run-config default when this study ran; now paced by the concurrency)
             "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0, "fedbuff.buffer-size": 5,
-            "fadas.buffer-size": 5, "fedecho.buffer-size": 5},
+            "fadas.buffer-size": 5, "fedecho.buffer-size": 5, "ca2fl.buffer-size": 5},
     methods={
         "fedbuff": {"strategy": "fedbuff"},
         "ca2fl": {"strategy": "ca2fl"},
@@ -115,7 +115,7 @@ FEDADT = Study(
             # the baselines' settings when this study ran (the run-config defaults then; they are paced by the
             # concurrency now, see asyncfl/strategies/pace.py)
             "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedfa.queue-size": 10, "fedasync.alpha": 0.6,
-            "fedbuff.buffer-size": 5},
+            "fedbuff.buffer-size": 5, "ca2fl.buffer-size": 5},
     methods={
         "fedavg": {"strategy": "fedavg"},
         "fedasync": {"strategy": "fedasync"},

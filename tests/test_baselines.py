@@ -93,7 +93,7 @@ def test_fedfa_running_sum_stays_exact_over_many_arrivals():
 
 
 @pytest.mark.parametrize("name,params,message", [
-    ("ca2fl", {"buffer_size": 0}, "ca2fl.buffer-size"),
+    ("ca2fl", {"buffer_size": -1}, "ca2fl.buffer-size"),
     ("fadas", {"buffer_size": -1}, "fadas.buffer-size"),
     ("fedfa", {"queue_size": -1}, "fedfa.queue-size"),
 ])

@@ -65,6 +65,16 @@ def test_fedbuff_default_buffer_follows_the_concurrency_and_an_explicit_one_is_k
     assert all(explicit.on_arrival(arrival([1.0]), np.zeros(1, np.float32)) is None for _ in range(4))
 
 
+def test_ca2fl_default_buffer_follows_the_concurrency():
+    ca2fl = CA2FL()
+    ca2fl.on_start(num_clients=12, concurrency=12)
+    steps = [ca2fl.on_arrival(arrival([d], client=i), np.zeros(1, np.float32)) for i, d in enumerate((1.0, 2.0, 3.0))]
+    # M = 3: the third arrival steps; h_bar = 0 at the first step, S = 6, eta = M g(12, 3) -> eta * 6 / 3
+    assert steps[:2] == [None, None]
+    np.testing.assert_allclose(steps[2], [paced_server_lr(3, 12) * 2.0], rtol=1e-6)
+    assert ca2fl.summary()["buffer-size"] == 3
+
+
 def test_afl_dw_and_ca2fl_default_steps_follow_the_concurrency():
     afl_dw = AFLDW()
     afl_dw.on_start(num_clients=10, concurrency=2)
