@@ -127,9 +127,14 @@ class Strategy(ABC):
         return paced_server_lr(updates_per_step, self.concurrency or updates_per_step,
                                meter.bound if meter is not None else 2.0)
 
-    def buffer_in_use(self, configured: int) -> int:
-        """Updates per server step: ``configured``, or when it is 0 (auto) ``K // 4`` within ``[2, 10]`` for ``K``
-        jobs in flight (:func:`asyncfl.strategies.pace.auto_buffer_size`). Before :meth:`on_start` auto is 2."""
+    @property
+    def buffer_size(self) -> int:
+        """Updates per server step of a buffered method (FedBuff, CA2FL, FADAS, FedEcho: its ``config.buffer_size``),
+        or when that is 0 (auto) ``K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
+        (:func:`asyncfl.strategies.pace.auto_buffer_size`). Before :meth:`on_start` auto is 2."""
+        configured = getattr(self.config, "buffer_size", None)
+        if configured is None:
+            raise AttributeError(f"{type(self).__name__} does not buffer updates")
         if configured > 0:
             return configured
         return auto_buffer_size(self.concurrency) if self.concurrency else BUFFER_BOUNDS[0]

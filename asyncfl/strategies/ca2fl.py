@@ -95,11 +95,6 @@ class CA2FL(Strategy):
         """``eta`` in use now (the configured one, or the paced ``min(1, M * g(K, M) * 2 / lambda_bound)``)."""
         return self.paced_lr(self.config.server_lr, self.buffer_size)
 
-    @property
-    def buffer_size(self) -> int:
-        """``M`` in use: the configured one, or ``K // 4`` within ``[2, 10]`` (:meth:`Strategy.buffer_in_use`)."""
-        return self.buffer_in_use(self.config.buffer_size)
-
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         self.observe_response(arrival)
         delta = arrival.delta

@@ -110,7 +110,7 @@ class FADAS(Strategy):
         self._sum -= arrival.base
         self._tau_max = max(self._tau_max, arrival.staleness)
         self._count += 1
-        buffer_size = self.buffer_in_use(self.config.buffer_size)
+        buffer_size = self.buffer_size
         if self._count < buffer_size:
             return None
         lr = delay_adaptive_lr(self.config.server_lr, self._tau_max, self.config.staleness_threshold)
@@ -122,5 +122,5 @@ class FADAS(Strategy):
         return new
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"aggregations": self.aggregations, "buffer-size": self.buffer_in_use(self.config.buffer_size),
+        return {"aggregations": self.aggregations, "buffer-size": self.buffer_size,
                 "delay-reduced-steps": int(self.reduced_steps)}

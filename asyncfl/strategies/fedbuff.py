@@ -100,11 +100,6 @@ class FedBuff(Strategy):
         self.aggregations = 0
 
     @property
-    def buffer_size(self) -> int:
-        """``B`` in use: the configured one, or ``K // 4`` within ``[2, 10]`` (:meth:`Strategy.buffer_in_use`)."""
-        return self.buffer_in_use(self.config.buffer_size)
-
-    @property
     def buffered(self) -> int:
         """Updates waiting in the buffer."""
         return self._count

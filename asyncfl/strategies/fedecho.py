@@ -265,7 +265,7 @@ class FedEcho(Strategy):
         self._sum += arrival.delta
         self._count += 1
         cfg = self.config
-        buffer_size = self.buffer_in_use(cfg.buffer_size)
+        buffer_size = self.buffer_size
         if self._count < buffer_size:
             return None
         candidate = current + np.float32(self.paced_lr(cfg.server_lr, buffer_size) / buffer_size) * self._sum
@@ -282,12 +282,12 @@ class FedEcho(Strategy):
         self.wait_for_logits()
         return {
             "aggregations": self.aggregations,
-            "buffer-size": self.buffer_in_use(self.config.buffer_size),
+            "buffer-size": self.buffer_size,
             "distill-set": self.distill_source,
             "distill-samples": int(len(self.unlabeled)),
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
-            "server-lr": round(self.paced_lr(self.config.server_lr, self.buffer_in_use(self.config.buffer_size)), 6),
+            "server-lr": round(self.paced_lr(self.config.server_lr, self.buffer_size), 6),
             **self.pace_summary(),
         }
