@@ -144,10 +144,22 @@ def test_the_built_in_app_makes_fedecho_from_its_run_config_section():
     assert strategy.summary()["distill-set"] == "digits"
 
 
+def test_mnist5k_serves_as_a_cross_dataset_distillation_set_for_fashion_mnist_clients():
+    from asyncfl.data.unlabeled import distill_set_problem, distillation_inputs
+
+    assert distill_set_problem("mnist5k", "fashion-mnist", 0.0) is None
+    clients = np.zeros((3, 1, 28, 28), np.float32)
+    inputs = distillation_inputs("mnist5k", clients, np.zeros(3, np.int64), 100, seed=0)
+    again = distillation_inputs("mnist5k", clients, np.zeros(3, np.int64), 100, seed=0)
+    assert inputs.shape == (100, 1, 28, 28) and np.array_equal(inputs, again)
+    assert abs(float(inputs.mean())) < 0.3  # standardised on mnist5k's own statistics
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"fedecho.distill-set": "holdout"}, "server-holdout > 0"),
     ({"fedecho.distill-set": "digits", "dataset": "cifar10"}, "grayscale"),
     ({"fedecho.distill-set": "cifar10", "dataset": "cifar10"}, "another 3-channel"),
+    ({"fedecho.distill-set": "mnist5k"}, "not 'mnist5k'"),
     ({"fedecho.alpha-min": 0.9, "fedecho.alpha-max": 0.1}, "alpha-min"),
     ({"fedecho.distill-set": "stl10"}, "choose one of"),
 ])

@@ -8,6 +8,9 @@ samples; 2000 samples by default. The choices here:
   package), bilinearly resized to the clients' input size and standardised on
   their own statistics: a different-resolution, different-writer set for the
   28x28 grayscale datasets.
+* ``mnist5k``: the embedded MNIST sample's training images (4,000 after its
+  test split): another 28x28 grayscale dataset for Fashion-MNIST clients, as
+  CIFAR-100 is for the paper's CIFAR-10 clients.
 * ``cifar10`` / ``cifar100``: the other CIFAR's training images, read from
   ``data-dir`` (the paper's own pairing).
 * ``holdout``: the rows of the training split the server keeps
@@ -24,7 +27,7 @@ from asyncfl.data.datasets import CHANNELS, load_dataset
 from asyncfl.data.holdout import holdout_rows
 
 #: The built-in app's unlabeled sets: a cross-dataset set or the server's hold-out rows.
-DISTILL_SETS = ("digits", "cifar10", "cifar100", "holdout")
+DISTILL_SETS = ("digits", "mnist5k", "cifar10", "cifar100", "holdout")
 
 
 def distill_set_problem(kind: str, dataset: str, server_holdout: float) -> str | None:
@@ -39,6 +42,9 @@ def distill_set_problem(kind: str, dataset: str, server_holdout: float) -> str |
         return f"{kind!r} needs another 3-channel 32x32 dataset (cifar10, cifar100, svhn), not {dataset!r}"
     if kind == "digits" and dataset == "digits":
         return "'digits' with dataset 'digits' would distil on the clients' own data: use holdout"
+    if kind == "mnist5k" and dataset not in ("fashion-mnist",):
+        return (f"'mnist5k' needs 28x28 grayscale clients of another dataset (fashion-mnist), not {dataset!r}: "
+                "its images are the clients' own for mnist5k and mnist")
     return None
 
 
@@ -72,6 +78,10 @@ def distillation_inputs(kind: str, x_train: np.ndarray, y_train: np.ndarray, siz
         if channels != 1:
             raise ValueError(f"distill-set 'digits' is grayscale; the clients' inputs have {channels} channels")
         pool = _resized_digits(height, width)
+    elif kind == "mnist5k":
+        pool = load_dataset("mnist5k").x_train
+        if tuple(pool.shape[1:]) != input_shape:
+            raise ValueError(f"distill-set 'mnist5k' has inputs {pool.shape[1:]}, the clients {input_shape}")
     elif kind in ("cifar10", "cifar100"):
         pool = load_dataset(kind, data_dir).x_train
         if tuple(pool.shape[1:]) != input_shape:
@@ -82,7 +92,7 @@ def distillation_inputs(kind: str, x_train: np.ndarray, y_train: np.ndarray, siz
             raise ValueError("distill-set 'holdout' needs server-holdout > 0")
         pool = x_train[rows]
     else:
-        raise ValueError(f"unknown distill-set {kind!r}; valid: digits, cifar10, cifar100, holdout")
+        raise ValueError(f"unknown distill-set {kind!r}; valid: {', '.join(DISTILL_SETS)}")
     if len(pool) > size:
         pool = pool[np.sort(np.random.default_rng([seed, 8]).choice(len(pool), size=size, replace=False))]
     return np.ascontiguousarray(pool, dtype=np.float32)

@@ -129,8 +129,8 @@ class FedEchoConfig(StrategyConfig):
         answers the arrivals between aggregations without waiting for that pass (ours; the
         logits are waited for before each distillation, stored in arrival order: the same bits).
     distill_set, distill_size : str, int
-        Built-in app only: which unlabeled set ``U`` is (``digits``, ``cifar10``, ``cifar100`` or the
-        server's ``holdout`` rows) and how many of its inputs. A library user passes ``distill_inputs``.
+        Built-in app only: which unlabeled set ``U`` is (``digits``, ``mnist5k`` for Fashion-MNIST
+        clients, ``cifar10``, ``cifar100`` or the server's ``holdout`` rows) and how many of its inputs. A library user passes ``distill_inputs``.
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows: the clients' measured response (default) or the bound for any
         client, as for FedBuff (:class:`asyncfl.strategies.fedbuff.FedBuffConfig`).

@@ -1,0 +1,48 @@
+"""The study runner's tables (benchmarks/matrix.py): a tuning grid's choice and failed cells, on hand-made runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _matrix():
+    spec = importlib.util.spec_from_file_location("study_matrix", ROOT / "benchmarks" / "matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(runs_dir: Path, name: str, accuracies: list[float]) -> None:
+    folder = runs_dir / name
+    folder.mkdir(parents=True)
+    rows = ["time,accuracy"] + [f"{i + 1}.0,{a}" for i, a in enumerate(accuracies)]
+    (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (folder / "summary.json").write_text(json.dumps({"wall-seconds": 1.0, "server-ms-per-arrival": 0.5}))
+
+
+def test_the_grid_picks_each_familys_highest_final_accuracy_and_failed_cells_say_so(tmp_path):
+    matrix = _matrix()
+    study = matrix.Study(name="grid", supernodes=2, common={}, scenarios={"s": {}}, seeds=(4,), targets=(0.5,),
+                         methods={"a-l1": {}, "a-l2": {}, "b-l1": {}, "b-l2": {}}, grid_families=("a", "b"))
+    _run(tmp_path, "a-l1__s__s4", [0.9, 0.2, 0.2, 0.2])  # best 0.9 but final (last 3) 0.2
+    _run(tmp_path, "a-l2__s__s4", [0.1, 0.5, 0.6, 0.7])  # final 0.6
+    _run(tmp_path, "b-l1__s__s4", [0.3, 0.3, 0.3])
+    (tmp_path / "b-l2__s__s4.log").write_text("ClientAppsFailing")  # a run that never finished
+
+    lines = matrix.grid_best_lines(study, tmp_path)
+
+    assert "- a: a-l2 (60.0 %; next best 20.0 %; 2 grid points run)" in lines
+    assert "- b: b-l1 (30.0 %; next best nan %; 1 grid points run)" in lines
+    root = tmp_path / "root"
+    (root / "benchmarks" / "grid").mkdir(parents=True)
+    (root / "benchmarks" / "grid" / "runs").symlink_to(tmp_path)
+    matrix.ROOT = root  # the module's own copy, loaded for this test
+    text = matrix.table(study)
+    assert "| b-l2 | failed (1/1; log kept) |" in text
+    assert "| a-l2 | 60.0 ± 0.0 / 70.0 ± 0.0 / 2 (1/1) |" in text
