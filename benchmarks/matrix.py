@@ -145,7 +145,8 @@ GI = Study(
             "batch-size": 64, "concurrency": 20, "round-deadline": 1.0, "delay-model": "intertwined",
             "intertwined.class": 5, "intertwined.clients": 10, "max-virtual-time": 150.0, "max-arrivals": 0,
             "eval-every": 1.0, "progress": False, "target-accuracy": "0.8", "gi.inversion-iterations": 100,
-            "gi.warm-iterations": 40},
+            "gi.warm-iterations": 40,
+            "gi.switch-margin": 1.0},  # the paper's E1 > E2, the default when this study ran (now 0.9)
     methods={
         "unweighted": {"strategy": "fedavg"},
         "weighted": {"strategy": "stale-weighted"},
@@ -676,6 +677,19 @@ def paper_time_table(study: Study, runs_dir: Path, names: list[tuple[str, list[s
     return lines
 
 
+def table_rows(study: Study) -> list[tuple[str, list[str | None]]]:
+    """``(row label, cell name per scenario or None)``: the methods, then one row per ablation method."""
+    names = [(m, [f"{m}__{s}" for s in study.scenarios]) for m in study.methods]
+    extra_rows: dict[str, list[str | None]] = {}  # one row per ablation method, its cells in their scenario columns
+    for n in study.extra:
+        method = n.split("__")[0]
+        row_cells = extra_rows.setdefault(method, [None] * len(study.scenarios))
+        for i, scenario in enumerate(study.scenarios):
+            if n.endswith("__" + scenario):
+                row_cells[i] = n
+    return names + list(extra_rows.items())
+
+
 def table(study: Study) -> str:
     """Markdown: one row per method (and ablation), final and best accuracy per scenario, times to targets."""
     runs_dir = ROOT / "benchmarks" / study.name / "runs"
@@ -690,15 +704,7 @@ def table(study: Study) -> str:
                  "seeds.", ""]
     header = "| method | " + " | ".join(study.scenarios) + " |"
     lines += [header, "|" + "---|" * (len(study.scenarios) + 1)]
-    names = [(m, [f"{m}__{s}" for s in study.scenarios]) for m in study.methods]
-    extra_rows: dict[str, list[str | None]] = {}  # one row per ablation method, its cells in their scenario columns
-    for n in study.extra:
-        method = n.split("__")[0]
-        row_cells = extra_rows.setdefault(method, [None] * len(study.scenarios))
-        for i, scenario in enumerate(study.scenarios):
-            if n.endswith("__" + scenario):
-                row_cells[i] = n
-    names += list(extra_rows.items())
+    names = table_rows(study)
     for label, cell_names in names:
         row = [label]
         for cell in cell_names:
@@ -769,6 +775,47 @@ def mechanism_lines(runs_dir: Path, names: list[tuple[str, list[str | None]]]) -
     return ["", "Mechanism figures (summary.json, mean over the row's runs):", "", *lines] if lines else []
 
 
+def mean_curve(folders: list[Path]) -> tuple[list[float], list[float], list[float]]:
+    """``(times, mean accuracy, sd)`` over runs evaluated at the same times (the common prefix of their rows)."""
+    curves = [_metrics(folder) for folder in folders]
+    length = min(len(rows) for rows in curves)
+    times = [curves[0][i]["time"] for i in range(length)]
+    columns = [[rows[i]["accuracy"] for rows in curves] for i in range(length)]
+    return (times, [statistics.fmean(c) for c in columns],
+            [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns])
+
+
+def curve_plots(study: Study, runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[Path]:
+    """Per scenario, ``curves-<scenario>.png`` next to the table: each row's mean accuracy over its seeds
+    against virtual time, with a mean +- sd band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for i, scenario in enumerate(study.scenarios):
+        rows = [(label, finished_runs(runs_dir, cells[i])) for label, cells in names if cells[i]]
+        rows = [(label, folders) for label, folders in rows if folders]
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, folders in rows:
+            times, mean, sd = mean_curve(folders)
+            line, = ax.plot(times, [100 * m for m in mean], label=f"{label} ({len(folders)} seeds)")
+            ax.fill_between(times, [100 * (m - d) for m, d in zip(mean, sd)],
+                            [100 * (m + d) for m, d in zip(mean, sd)], color=line.get_color(), alpha=0.15)
+        ax.set(xlabel="virtual time", ylabel="test accuracy % (mean ± sd over seeds)", title=f"{study.name}: {scenario}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = runs_dir.parent / f"curves-{scenario}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def run_selected(run_name: str, only: str) -> bool:
     """Whether ``--only`` selects the run ``run_name`` (empty: every run)."""
     patterns = [p.strip() for p in only.split(",") if p.strip()]
@@ -796,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-process", action="store_true",
                         help="run each cell's ServerApp and ClientApps in one process (no SuperLink, no Ray)")
     parser.add_argument("--workers", type=int, default=1, help="cells run side by side (default 1)")
+    parser.add_argument("--plot", action="store_true",
+                        help="also draw curves-<scenario>.png: each row's accuracy vs virtual time, mean +- sd band")
     args = parser.parse_args(argv)
     study = STUDIES[args.study]
     runs_dir = ROOT / "benchmarks" / study.name / "runs"
@@ -808,6 +857,9 @@ def main(argv: list[str] | None = None) -> int:
             list(pool.map(lambda c: run_cell(study, c[0], c[1], c[2], runs_dir, args.in_process), todo))
     text = gossip_table(study) if study.name.startswith("pushcen") else table(study)
     (ROOT / "benchmarks" / study.name / "table.md").write_text(text)
+    if args.plot and not study.name.startswith("pushcen"):
+        for path in curve_plots(study, runs_dir, table_rows(study)):
+            print(f"plot: {path.relative_to(ROOT)}")
     print(text)
     return 0
 

@@ -114,6 +114,19 @@ def test_gamma_stays_one_until_e1_exceeds_e2_then_decays_linearly():
     assert immediate.gamma(5) == 0.0
 
 
+def test_the_margin_keeps_compensating_while_the_estimate_is_only_slightly_worse():
+    true = np.zeros(1)
+    paper, reference = SwitchBack(window_fraction=0.0), SwitchBack(window_fraction=0.0, margin=0.9)
+    for switch in (paper, reference):  # E1 = 1.0, E2 = 0.95: the stale update is 5 % closer to the truth
+        switch.observe(10, estimate=np.array([1.0]), stale=np.array([0.95]), true=true)
+    assert paper.switched_at == 10 and reference.switched_at is None
+    reference.observe(20, estimate=np.array([1.0]), stale=np.array([0.85]), true=true)  # 0.85 < 0.9 * 1.0
+    assert reference.switched_at == 20
+    assert GICompensationConfig().switch_margin == 0.9
+    with pytest.raises(ValueError, match="switch_margin"):
+        GICompensationConfig(switch_margin=1.5)
+
+
 def test_mean_rule_ignores_one_noisy_comparison_and_switches_on_the_recent_mean():
     switch = SwitchBack(window_fraction=0.0, rule="mean", min_comparisons=3)
     true = np.zeros(1)

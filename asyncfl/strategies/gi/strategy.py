@@ -61,6 +61,9 @@ class GICompensationConfig(FedAvgConfig):
         Decay window of ``gamma`` as a fraction of the switching version (Table 3: 0.1).
     switch_rule, switch_comparisons : str, int
         Switch back at the first ``E1 > E2`` (the paper) or when the mean over the last comparisons says so.
+    switch_margin : float
+        Switch only when ``E2 < switch_margin * E1`` (default 0.9, the reference code's ``e2 < 0.9 * e1``;
+        1 = the paper's text, which switched at versions 81-86 of 150 in our mnist5k study).
     uniqueness : bool
         Apply the Eq. 7-8 test (False: invert every stale update).
     inversion_workers : int
@@ -82,6 +85,7 @@ class GICompensationConfig(FedAvgConfig):
     switch_window: float = knob(0.1, minimum=0)
     switch_rule: str = knob("first", choices=SWITCH_RULES)
     switch_comparisons: int = knob(3, minimum=1)
+    switch_margin: float = knob(0.9, above=0, maximum=1)
     uniqueness: bool = knob(True)
     inversion_workers: int = knob(1, minimum=1)
 
@@ -127,14 +131,16 @@ class GICompensation(FedAvg):
                  local_program: LocalProgram, *, server_lr: float = 1.0, reconstruction_fraction: float = 0.5,
                  max_reconstruction: int = 64, inversion_iterations: int = 100, warm_iterations: int = 40,
                  inversion_lr: float = 0.1, keep_fraction: float = 0.05, switch_window: float = 0.1,
-                 switch_rule: str = "first", switch_comparisons: int = 3, uniqueness: bool = True,
-                 inversion_workers: int = 1, seed: int = 0, **flower_options: Any) -> None:
+                 switch_rule: str = "first", switch_comparisons: int = 3, switch_margin: float = 0.9,
+                 uniqueness: bool = True, inversion_workers: int = 1, seed: int = 0,
+                 **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
         self.config = GICompensationConfig(
             server_lr=server_lr, reconstruction_fraction=reconstruction_fraction, max_reconstruction=max_reconstruction,
             inversion_iterations=inversion_iterations, warm_iterations=warm_iterations, inversion_lr=inversion_lr,
             keep_fraction=keep_fraction, switch_window=switch_window, switch_rule=switch_rule,
-            switch_comparisons=switch_comparisons, uniqueness=uniqueness, inversion_workers=inversion_workers)
+            switch_comparisons=switch_comparisons, switch_margin=switch_margin, uniqueness=uniqueness,
+            inversion_workers=inversion_workers)
         if not isinstance(local_program, LocalProgram):
             raise ValueError("GICompensation needs local_program: a LocalProgram describing the clients' SGD "
                              f"(steps or epochs, batch size, lr, momentum), got {type(local_program).__name__}")
@@ -146,7 +152,7 @@ class GICompensation(FedAvg):
         self.program = local_program
         self.inversion = self.config.inversion
         self.seed = seed
-        self.switch = SwitchBack(switch_window, switch_rule, switch_comparisons)
+        self.switch = SwitchBack(switch_window, switch_rule, switch_comparisons, switch_margin)
         self._recovered: dict[int, RecoveredSet] = {}
         self._thresholds: dict[int, float] = {}
         self._pending: dict[int, list[_Estimate]] = {}  # client -> estimates not yet compared with the truth
