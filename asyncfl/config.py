@@ -247,6 +247,6 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> Goss
             eval_points=int(cfg["gossip.eval-points"]), horizon=engine.max_virtual_time,
             link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
             k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
-            cache_size=int(cfg["swift.cache-size"]))
+            cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

@@ -208,7 +208,8 @@ PUSHCEN = Study(
     name="pushcen",
     supernodes=50,
     common={"model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "local-steps": 10,
-            "max-virtual-time": 20.0, "max-arrivals": 0, "progress": False},
+            "max-virtual-time": 20.0, "max-arrivals": 0, "progress": False,
+            "pushcen.penalty": "sum"},  # the regulariser when this study ran (Eq. 2's sum; now each layer's mean)
     methods={
         "independent": {"strategy": "independent"},
         "async-dfedavg": {"strategy": "async-dfedavg"},
@@ -712,9 +713,9 @@ def table(study: Study) -> str:
                 row.append("")
                 continue
             r = cell_results(runs_dir, cell, study.targets, study.affected_class, study.final_window)
-            failed = len(list(runs_dir.glob(f"{cell}__s*.log")))  # a run that did not finish keeps its log
+            unfinished = len(list(runs_dir.glob(f"{cell}__s*.log")))  # a failed (or running) run keeps its log
             if not r["seeds"]:
-                row.append(f"failed ({failed}/{failed}; log kept)" if failed else "not run")
+                row.append(f"no result ({unfinished} failed or running; log kept)" if unfinished else "not run")
                 continue
             if study.affected_class is not None:
                 row.append(f"{_mean_sd(r['class_finals'])} / {_mean_sd(r['class_bests'])} / "

@@ -145,6 +145,23 @@ def test_centroid_regulariser_gradient_and_mask_on_a_toy_tensor():
     assert weights.detach().tolist()[0][1] == 0.0
 
 
+def test_the_reference_codes_layer_mean_penalty_is_the_sum_over_the_layer_size():
+    from asyncfl.decentralized.peer import PeerConfig
+    from asyncfl.decentralized.settings import GossipConfig
+
+    anchor = torch.zeros(2, 2)
+    weights = torch.tensor([[0.1, 0.3], [0.0, 1.0]], requires_grad=True)
+    mean = proximal_penalty(weights, anchor, lam=0.1, reduction="layer-mean")
+    assert mean.item() == pytest.approx(0.1 * (0.01 + 0.09 + 0.0 + 1.0) / 4)
+    mean.backward()
+    torch.testing.assert_close(weights.grad, 2 * 0.1 * weights.detach() / 4)
+    assert PeerConfig().penalty == "layer-mean" and GossipConfig().penalty == "layer-mean"
+    with pytest.raises(ValueError, match="pushcen.penalty 'l2'; valid: layer-mean, sum"):
+        PeerConfig(penalty="l2")
+    with pytest.raises(ValueError, match="valid: layer-mean, sum"):
+        GossipConfig(penalty="mean")
+
+
 def test_model_message_round_trip_keeps_batchnorm_local_and_shrinks_the_payload():
     from asyncfl.decentralized.codec import Layout, decode_message, encode_state, message_bytes, with_zero
     from asyncfl.models import build_model

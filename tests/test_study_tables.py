@@ -44,5 +44,5 @@ def test_the_grid_picks_each_familys_highest_final_accuracy_and_failed_cells_say
     (root / "benchmarks" / "grid" / "runs").symlink_to(tmp_path)
     matrix.ROOT = root  # the module's own copy, loaded for this test
     text = matrix.table(study)
-    assert "| b-l2 | failed (1/1; log kept) |" in text
+    assert "| b-l2 | no result (1 failed or running; log kept) |" in text
     assert "| a-l2 | 60.0 ± 0.0 / 70.0 ± 0.0 / 2 (1/1) |" in text

@@ -130,7 +130,8 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     share = 0.0
     shared = [n for n, kind in layout.kinds.items() if kind != "local"]
     if method == "pushcen":
-        config = PeerConfig(k=cfg.gossip.k, lam=cfg.gossip.lam, out_degree=int(request["out-degree"]))
+        config = PeerConfig(k=cfg.gossip.k, lam=cfg.gossip.lam, out_degree=int(request["out-degree"]),
+                            penalty=cfg.gossip.penalty)
         push, share, loss = compute_event(peer, model, layout, config, received, x_train, y_train,
                                           absorbed_mass=float(request["absorbed-mass"]), **common)
     elif method == "swift":

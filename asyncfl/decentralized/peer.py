@@ -19,23 +19,28 @@ from torch import nn
 from asyncfl.decentralized.codec import Layout, decode_message, encode_state
 from asyncfl.decentralized.pushsum import push_sum_merge, split_mass
 from asyncfl.decentralized.regularizer import enforce_mask_, proximal_penalty
+from asyncfl.decentralized.settings import PENALTIES
 from asyncfl.decentralized.wcp import nearest_sorted, wcp_encode
 
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """Knobs of a peer (paper defaults: k = 32 centroids, lambda = 0.1, 10 out-neighbours)."""
+    """Knobs of a peer (paper defaults: k = 32 centroids, lambda = 0.1, 10 out-neighbours; the regulariser per
+    layer as the reference code takes it, :mod:`asyncfl.decentralized.regularizer`)."""
 
     k: int = 32
     lam: float = 0.1
     out_degree: int = 10
     wcp_iterations: int = 10
+    penalty: str = "layer-mean"
 
     def __post_init__(self) -> None:
         if not 2 <= self.k <= 256:
             raise ValueError(f"pushcen.k must be in [2, 256], got {self.k}")
         if self.lam < 0 or self.out_degree < 0 or self.wcp_iterations < 1:
             raise ValueError("need pushcen.lambda >= 0, an out-degree >= 0 and wcp iterations >= 1")
+        if self.penalty not in PENALTIES:
+            raise ValueError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
 
 
 @dataclass
@@ -80,8 +85,9 @@ def merge_received(peer: PeerState, received: list[Received], layout: Layout, ab
 
 def train_with_anchor(model: nn.Module, x: np.ndarray, y: np.ndarray, anchors: dict[str, torch.Tensor],
                       keep: dict[str, torch.Tensor], lam: float, steps: int, batch_size: int, lr: float,
-                      momentum: float, seed: int) -> float:
-    """SGD on ``CE + lam * sum ||w - w_hat||^2`` with pruned coordinates held at 0 (Eq. 2); mean loss."""
+                      momentum: float, seed: int, penalty: str = "layer-mean") -> float:
+    """SGD on ``CE + lam * sum over layers of ||w - w_hat||^2`` (each layer's mean or sum, ``penalty``) with
+    pruned coordinates held at 0 (Eq. 2); mean loss."""
     params = dict(model.named_parameters())
     optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed)
@@ -93,7 +99,7 @@ def train_with_anchor(model: nn.Module, x: np.ndarray, y: np.ndarray, anchors: d
         index = torch.randint(len(x), (batch_size,), generator=generator)
         loss = nn.functional.cross_entropy(model(inputs[index]), labels[index])
         if lam > 0:
-            loss = loss + sum(proximal_penalty(params[n], anchors[n], lam) for n in anchors)
+            loss = loss + sum(proximal_penalty(params[n], anchors[n], lam, penalty) for n in anchors)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
@@ -118,7 +124,8 @@ def compute_event(peer: PeerState, model: nn.Module, layout: Layout, config: Pee
         indices = nearest_sorted(peer.state[name].reshape(-1), table)
         anchors[name] = torch.from_numpy(table[indices].reshape(layout.shapes[name]).astype(np.float32))
         keep[name] = torch.from_numpy((table[indices] != 0.0).reshape(layout.shapes[name]))
-    loss = train_with_anchor(model, x, y, anchors, keep, config.lam, steps, batch_size, lr, momentum, seed)
+    loss = train_with_anchor(model, x, y, anchors, keep, config.lam, steps, batch_size, lr, momentum, seed,
+                             config.penalty)
     peer.state = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
     message, encoded = encode_state(peer.state, layout, config.k, peer.dictionary, config.wcp_iterations)
     peer.dictionary = {name: layer.centroids for name, layer in encoded.items()}

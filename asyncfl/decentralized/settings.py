@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 GOSSIP_METHODS = ("pushcen", "async-dfedavg", "divshare", "swift", "independent")
 TOPOLOGIES = ("random", "fixed")
+#: How the centroid regulariser reduces a layer's squared distance (asyncfl/decentralized/regularizer.py).
+PENALTIES = ("layer-mean", "sum")
 
 
 @dataclass(frozen=True)
@@ -15,7 +17,8 @@ class GossipConfig:
     PushCen paper defaults: 10 out-neighbours per push, k = 32 centroids, lambda = 0.1,
     10% delayed peers, 60 evaluation points over the horizon. ``topology``: 'random' draws
     the out-neighbours afresh at every push, 'fixed' once per peer (a static directed
-    graph, SWIFT's setting). ``cache_size``: senders a SWIFT peer keeps models of.
+    graph, SWIFT's setting). ``cache_size``: senders a SWIFT peer keeps models of. ``penalty``: the
+    centroid regulariser per layer, its mean (the reference code) or its sum (Eq. 2 as written).
     """
 
     method: str = "pushcen"
@@ -31,6 +34,7 @@ class GossipConfig:
     lam: float = 0.1
     topology: str = "random"
     cache_size: int = 10
+    penalty: str = "layer-mean"
 
     def __post_init__(self) -> None:
         if self.method not in GOSSIP_METHODS:
@@ -45,5 +49,7 @@ class GossipConfig:
             raise ValueError(f"unknown gossip.topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if self.cache_size < 1:
             raise ValueError(f"swift.cache-size must be >= 1, got {self.cache_size}")
+        if self.penalty not in PENALTIES:
+            raise ValueError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
         if not 2 <= self.k <= 256 or self.lam < 0:
             raise ValueError(f"need 2 <= pushcen.k <= 256 and pushcen.lambda >= 0, got k={self.k}, lambda={self.lam}")
