@@ -67,6 +67,7 @@ class DataConfig:
     server_holdout: float = 0.0
     track_statistics: bool = False  # cnn only: FedRevive's reference layers (statistics recorded, not normalised)
     samples_per_client: int = 32  # partitioning "sampled": rows each client draws with replacement
+    max_samples_per_client: int = 0  # > 0: a seeded subsample of at most this many rows of each partition
     eval_batch_size: int = 64  # the built-in app's server-side evaluation, in chunks of this many samples
 
 
@@ -183,6 +184,8 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         track_statistics=bool(cfg.get("model.track-statistics", False)),
         server_holdout=float(cfg["server-holdout"]),
         samples_per_client=_at_least_one("samples-per-client", int(cfg.get("samples-per-client", 32))),
+        max_samples_per_client=int(_positive("max-samples-per-client", int(cfg.get("max-samples-per-client", 0)),
+                                             allow_zero=True)),
         eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
     )
     if not 0.0 <= data.server_holdout < 1.0:

@@ -193,3 +193,27 @@ def test_missing_fashion_mnist_is_refused_before_anything_starts_naming_the_debi
         parse_run_config(defaults(**{"dataset": "fashion-mnist", "data-dir": str(tmp_path)}))
     _write_fashion(tmp_path)
     check_files("fashion-mnist", str(tmp_path))  # there now
+
+
+def test_a_sample_cap_keeps_a_seeded_subset_of_each_partition():
+    labels = np.repeat(np.arange(10), 100)
+    for pid in range(4):
+        whole = partition_indices(labels, pid, 4, "dirichlet", 0.5, 2, seed=1)
+        capped = partition_indices(labels, pid, 4, "dirichlet", 0.5, 2, seed=1, max_samples=30)
+        assert len(capped) == min(30, len(whole)) and set(capped.tolist()) <= set(whole.tolist())
+        assert np.array_equal(capped, partition_indices(labels, pid, 4, "dirichlet", 0.5, 2, seed=1, max_samples=30))
+    small = partition_indices(labels, 0, 4, "iid", seed=1)
+    assert np.array_equal(partition_indices(labels, 0, 4, "iid", seed=1, max_samples=10_000), small)
+
+
+def test_the_sample_cap_reaches_node_data_and_rejects_negative_values():
+    from dataclasses import replace
+
+    from asyncfl.client_app.task import node_data
+    from asyncfl.config import ConfigError, parse_run_config
+    from tests.test_config import defaults
+
+    data = replace(parse_run_config(defaults()).data, max_samples_per_client=25)
+    assert len(node_data(data, 2, 5, 42).x_train) == 25
+    with pytest.raises(ConfigError, match="max-samples-per-client=-1 must be >= 0"):
+        parse_run_config(defaults(**{"max-samples-per-client": -1}))

@@ -54,7 +54,7 @@ def _compute(data: DataConfig, partition_id: int, num_partitions: int, seed: int
     pool = client_pool(splits.y_train, data.server_holdout, seed)
     rows = pool[partition_indices(
         splits.y_train[pool], partition_id, num_partitions, data.partitioning, data.dirichlet_alpha,
-        data.shards_per_client, seed, data.samples_per_client,
+        data.shards_per_client, seed, data.samples_per_client, data.max_samples_per_client,
     )]
     test_rows = np.random.default_rng(seed).permutation(len(splits.y_test))[split_slice(len(splits.y_test),
                                                                                           num_partitions, partition_id)]

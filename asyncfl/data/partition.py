@@ -60,12 +60,16 @@ def partition_indices(
     shards_per_client: int = 2,
     seed: int = 42,
     samples_per_client: int = 32,
+    max_samples: int = 0,
 ) -> np.ndarray:
     """Row indices of partition ``partition_id`` out of ``num_partitions``.
 
     The partitioner is built once per process and cached, so every client in a
     simulation worker shares one seeded partitioning. ``sampled``: ``samples_per_client``
     rows drawn uniformly with replacement from a generator seeded by ``(seed, partition_id)``.
+    ``max_samples > 0`` keeps a seeded subsample of at most that many of the partition's rows
+    (same label mix in expectation): few examples per client, as in the papers' CIFAR setups
+    (e.g. 500 per peer with 100 peers), where learning alone is not enough; ``sampled`` ignores it.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
@@ -74,4 +78,7 @@ def partition_indices(
     partitioner = _partitioner(
         np.ascontiguousarray(labels, dtype=np.int64).tobytes(), kind, num_partitions, alpha, shards_per_client, seed
     )
-    return np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)
+    rows = np.asarray(partitioner.load_partition(partition_id)["row"], dtype=np.int64)
+    if 0 < max_samples < len(rows):
+        rows = np.sort(np.random.default_rng([seed, 29, partition_id]).choice(rows, size=max_samples, replace=False))
+    return rows
