@@ -222,3 +222,25 @@ def test_divshare_fragments_partition_the_model_and_merge_per_coordinate():
     np.testing.assert_allclose(merged, expected)
     twice = merge_fragments(own, [fragments[1], Fragment(fragments[1].values + 3, 5, 1, 3)])
     np.testing.assert_allclose(twice[parts[1]], (sender[parts[1]] + sender[parts[1]] + 3) / 3)
+
+
+def test_gossip_local_training_uses_the_runs_optimizer():
+    from asyncfl.decentralized.peer import train_with_anchor
+
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    y = np.array([0, 1] * 4)
+
+    def one_step(optimizer):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        before = model.weight.detach().clone()
+        train_with_anchor(model, x, y, {}, {}, 0.0, steps=1, batch_size=8, lr=0.01, momentum=0.0, seed=0,
+                          optimizer=optimizer)
+        return (model.weight.detach() - before).abs()
+
+    adam, sgd = one_step("adam"), one_step("sgd")
+    # Adam's first step moves every coordinate by lr (g / |g|); SGD's by lr * |g|, which differs per coordinate
+    torch.testing.assert_close(adam, torch.full_like(adam, 0.01), rtol=1e-3, atol=1e-6)
+    assert not torch.allclose(sgd, torch.full_like(sgd, 0.01), rtol=1e-2)
+    with pytest.raises(ValueError, match="valid: sgd, adam"):
+        one_step("rmsprop")

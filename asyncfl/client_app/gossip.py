@@ -123,8 +123,10 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
                 for i in range(int(request["received"]))]
     method = str(request["gossip-method"])
     steps = _steps(knobs, len(y_train))
+    # every method trains with the run's optimizer (before, gossip peers always took SGD with lr and momentum)
     common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
-                  momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]))
+                  momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]),
+                  optimizer=str(knobs["optimizer"]), weight_decay=float(knobs["weight-decay"]))
     push: dict[str, np.ndarray] | None = None
     fragments: list[dict[str, np.ndarray]] = []
     share = 0.0

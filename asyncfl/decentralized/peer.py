@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from asyncfl.client_app.training import make_optimizer
 from asyncfl.decentralized.codec import Layout, decode_message, encode_state
 from asyncfl.decentralized.pushsum import push_sum_merge, split_mass
 from asyncfl.decentralized.regularizer import enforce_mask_, proximal_penalty
@@ -85,11 +86,13 @@ def merge_received(peer: PeerState, received: list[Received], layout: Layout, ab
 
 def train_with_anchor(model: nn.Module, x: np.ndarray, y: np.ndarray, anchors: dict[str, torch.Tensor],
                       keep: dict[str, torch.Tensor], lam: float, steps: int, batch_size: int, lr: float,
-                      momentum: float, seed: int, penalty: str = "layer-mean") -> float:
-    """SGD on ``CE + lam * sum over layers of ||w - w_hat||^2`` (each layer's mean or sum, ``penalty``) with
-    pruned coordinates held at 0 (Eq. 2); mean loss."""
+                      momentum: float, seed: int, penalty: str = "layer-mean", optimizer: str = "sgd",
+                      weight_decay: float = 0.0) -> float:
+    """``optimizer`` (the run's: SGD with momentum, or Adam as the PushCen reference code) on
+    ``CE + lam * sum over layers of ||w - w_hat||^2`` (each layer's mean or sum, ``penalty``) with pruned
+    coordinates held at 0 (Eq. 2); mean loss. A fresh optimizer per compute event, as a client's per job."""
     params = dict(model.named_parameters())
-    optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    optimiser = make_optimizer(model, optimizer, lr, momentum, weight_decay)
     generator = torch.Generator().manual_seed(seed)
     inputs, labels = torch.from_numpy(x), torch.from_numpy(y)
     batch_size = min(batch_size, len(x))
@@ -111,7 +114,8 @@ def train_with_anchor(model: nn.Module, x: np.ndarray, y: np.ndarray, anchors: d
 
 def compute_event(peer: PeerState, model: nn.Module, layout: Layout, config: PeerConfig, received: list[Received],
                   x: np.ndarray, y: np.ndarray, *, steps: int, batch_size: int, lr: float, momentum: float, seed: int,
-                  absorbed_mass: float = 0.0) -> tuple[dict[str, np.ndarray], float, float]:
+                  absorbed_mass: float = 0.0, optimizer: str = "sgd",
+                  weight_decay: float = 0.0) -> tuple[dict[str, np.ndarray], float, float]:
     """Merge, train, re-encode, split mass. Returns ``(message, mass share per message, training loss)``."""
     merge_received(peer, received, layout, absorbed_mass)
     model.load_state_dict({n: torch.from_numpy(np.asarray(v)).reshape(layout.shapes[n]) for n, v in peer.state.items()})
@@ -125,7 +129,7 @@ def compute_event(peer: PeerState, model: nn.Module, layout: Layout, config: Pee
         anchors[name] = torch.from_numpy(table[indices].reshape(layout.shapes[name]).astype(np.float32))
         keep[name] = torch.from_numpy((table[indices] != 0.0).reshape(layout.shapes[name]))
     loss = train_with_anchor(model, x, y, anchors, keep, config.lam, steps, batch_size, lr, momentum, seed,
-                             config.penalty)
+                             config.penalty, optimizer, weight_decay)
     peer.state = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
     message, encoded = encode_state(peer.state, layout, config.k, peer.dictionary, config.wcp_iterations)
     peer.dictionary = {name: layer.centroids for name, layer in encoded.items()}
