@@ -544,8 +544,10 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
     run_name = f"{name}__s{seed}"
     config = {**overrides, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name}
     if finished(runs_dir / run_name):
+        if not overrides.get("max-arrivals"):  # a horizon in time (every gossip study): nothing to extend
+            return
         done = json.loads((runs_dir / run_name / "summary.json").read_text())["arrivals"]
-        if not overrides.get("max-arrivals") or done >= overrides["max-arrivals"]:
+        if done >= overrides["max-arrivals"]:
             return
         # a longer horizon than the run had: go on from the checkpoint it wrote when it stopped (the same run as
         # one made with the longer horizon from the start, on the virtual clock)
