@@ -37,6 +37,7 @@ from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillati
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.models.inference import chunked_forward
 from asyncfl.strategies.base import Arrival, Strategy
+from asyncfl.strategies.fedbuff import fedbuff_step
 from asyncfl.strategies.pace import PACES
 from asyncfl.strategies.resources import StrategyResources
 from asyncfl.strategies.settings import StrategyConfig, knob
@@ -268,7 +269,7 @@ class FedEcho(Strategy):
         buffer_size = self.buffer_size
         if self._count < buffer_size:
             return None
-        candidate = current + np.float32(self.paced_lr(cfg.server_lr, buffer_size) / buffer_size) * self._sum
+        candidate = fedbuff_step(current, self._sum, buffer_size, self.paced_lr(cfg.server_lr, buffer_size))
         self._sum[:] = 0.0
         self._count = 0
         self.aggregations += 1
