@@ -66,7 +66,7 @@ class DataConfig:
     batchnorm: bool
     server_holdout: float = 0.0
     track_statistics: bool = False  # cnn only: FedRevive's reference layers (statistics recorded, not normalised)
-    samples_per_client: int = 32  # partitioning "sampled": rows each client draws with replacement
+    samples_per_client: int = 32  # partitioning "sampled" / "dirichlet-sampled": rows each client draws
     max_samples_per_client: int = 0  # > 0: a seeded subsample of at most this many rows of each partition
     eval_batch_size: int = 64  # the built-in app's server-side evaluation, in chunks of this many samples
 

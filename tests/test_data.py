@@ -92,6 +92,27 @@ def test_partitions_are_disjoint_seeded_and_cover(kind):
         assert len(flat) == 1000
 
 
+def test_dirichlet_sampled_gives_every_client_its_own_skewed_mix_of_a_fixed_size_beyond_a_disjoint_split():
+    labels = np.repeat(np.arange(10), 100)  # 1,000 rows; 50 clients x 350 rows needs 17,500
+    parts = [partition_indices(labels, i, 50, "dirichlet-sampled", 0.1, seed=1, samples_per_client=350)
+             for i in range(50)]
+    again = partition_indices(labels, 7, 50, "dirichlet-sampled", 0.1, seed=1, samples_per_client=350)
+    other_seed = partition_indices(labels, 7, 50, "dirichlet-sampled", 0.1, seed=2, samples_per_client=350)
+
+    assert all(len(rows) == 350 for rows in parts)
+    assert (parts[7] == again).all() and not np.array_equal(parts[7], other_seed)
+    top_share = [np.bincount(labels[rows], minlength=10).max() / 350 for rows in parts]
+    assert np.median(top_share) > 0.5  # Dir(0.1): most clients are dominated by one class
+    mixes = {int(np.argmax(np.bincount(labels[rows], minlength=10))) for rows in parts}
+    assert len(mixes) >= 5  # ... a different one for different clients
+    # within a class a client's rows are distinct while the class has enough of them (100 here)
+    for rows in parts:
+        for k in range(10):
+            mine = rows[labels[rows] == k]
+            if 0 < len(mine) <= 100:
+                assert len(set(mine.tolist())) == len(mine)
+
+
 def test_dirichlet_is_label_skewed_and_iid_is_not():
     labels = np.repeat(np.arange(10), 100)
     skewed = partition_indices(labels, 0, 10, "dirichlet", 0.1, 2, seed=3)

@@ -46,3 +46,31 @@ def test_the_grid_picks_each_familys_highest_final_accuracy_and_failed_cells_say
     text = matrix.table(study)
     assert "| b-l2 | no result (1 failed or running; log kept) |" in text
     assert "| a-l2 | 60.0 ± 0.0 / 70.0 ± 0.0 / 2 (1/1) |" in text
+
+
+def _class_run(runs_dir: Path, name: str, class_accuracies: list[float], summary: dict) -> None:
+    folder = runs_dir / name
+    folder.mkdir(parents=True)
+    rows = ["time,accuracy,acc_class_5"] + [f"{i + 1}.0,0.8,{a}" for i, a in enumerate(class_accuracies)]
+    (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (folder / "summary.json").write_text(json.dumps({"wall-seconds": 1.0, "server-ms-per-arrival": 0.5, **summary}))
+
+
+def test_the_stale_window_averages_the_affected_class_after_its_start_and_gi_runs_list_their_figures(tmp_path):
+    matrix = _matrix()
+    study = matrix.Study(name="gi", supernodes=2, common={}, scenarios={"s": {}}, seeds=(1, 2), targets=(0.5,),
+                         methods={"u": {}, "gi": {}}, affected_class=5, stale_window_start=2.0)
+    _class_run(tmp_path, "u__s__s1", [0.9, 0.9, 0.2, 0.4], {})  # after t = 2: rounds 3 and 4 -> 0.3
+    _class_run(tmp_path, "u__s__s2", [0.9, 0.9, 0.4, 0.6], {})  # -> 0.5
+    gi = {"gi-inversions": 7, "gi-warm-starts": 5, "gi-seconds-per-inversion": 12.25, "gi-not-unique": 2,
+          "gi-after-switch": 0, "gi-disparity-ratio-mean": 0.21, "gi-error-comparisons": 3, "gi-e1-mean": 1.5,
+          "gi-e2-mean": 2.0, "gi-switch-version": None}
+    _class_run(tmp_path, "gi__s__s1", [0.0, 0.0, 0.6, 0.6], gi)
+
+    window = matrix.stale_window_lines(study, tmp_path, matrix.table_rows(study))
+    figures = matrix.gi_lines(tmp_path, matrix.table_rows(study))
+
+    assert "| u | 40.0 ± 14.1 [30.0, 50.0] |" in window
+    assert "| gi | 60.0 ± 0.0 [60.0] |" in window
+    assert figures[-1] == ("- gi__s__s1: 7 inversions (5 warm, 12.2 s each), raw: 2 not unique, 0 after the switch; "
+                           "disparity at 0.21 of its start; 3 comparisons; mean E1 1.5 vs E2 2; never switched back")

@@ -77,8 +77,9 @@ def node_data(data: DataConfig, partition_id: int, num_partitions: int, seed: in
 
     Rows the server holds out (``server-holdout``) are never partitioned.
     """
-    # "sampled" rows cost less to draw than a cache file to read (and 10,000 clients would mean 10,000 files)
-    path = None if data.partitioning == "sampled" else _cache_file(data, partition_id, num_partitions, seed)
+    # sampled rows cost less to draw than a cache file to read (and 10,000 clients would mean 10,000 files)
+    path = (None if data.partitioning in ("sampled", "dirichlet-sampled")
+            else _cache_file(data, partition_id, num_partitions, seed))
     if path is not None and path.exists():
         try:
             with np.load(path) as stored:

@@ -5,6 +5,10 @@ we give them only the labels and read back each partition's row indices.
 ``sampled`` is ours: each client draws its rows with replacement, seeded by its
 partition id, so there can be more clients than examples (scale tests) and a
 client's rows cost O(its own size) to compute, whatever the number of clients.
+``dirichlet-sampled`` is ours too: each client draws its own class mix from a
+Dirichlet and then a fixed number of rows with that mix, independently of the
+other clients (clients may share rows), as FedRevive's reference code gives each
+of its 1,000 CIFAR clients 350 examples, more than a disjoint split allows.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
-PARTITIONINGS = ("dirichlet", "iid", "shards", "sampled")
+PARTITIONINGS = ("dirichlet", "iid", "shards", "sampled", "dirichlet-sampled")
 
 
 def _label_dataset(labels: np.ndarray):
@@ -36,6 +40,30 @@ def _make_partitioner(kind: str, num_partitions: int, alpha: float, shards_per_c
             num_partitions=num_partitions, partition_by="label", num_shards_per_partition=shards_per_client, seed=seed
         )
     raise ValueError(f"unknown partitioning {kind!r}; valid: {', '.join(PARTITIONINGS)}")
+
+
+@lru_cache(maxsize=8)
+def _rows_by_class(labels_key: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(classes, rows sorted by class, where each class starts in them)`` of an int64 label array."""
+    labels = np.frombuffer(labels_key, dtype=np.int64)
+    order = np.argsort(labels, kind="stable")
+    classes, starts = np.unique(labels[order], return_index=True)
+    return classes, order, np.append(starts, len(labels))
+
+
+def dirichlet_sampled_rows(labels: np.ndarray, partition_id: int, alpha: float, samples: int, seed: int) -> np.ndarray:
+    """``samples`` rows for client ``partition_id``: its class mix ``p ~ Dir(alpha)``, class counts
+    ``~ Multinomial(samples, p)``, and within a class distinct rows (with replacement only when the class has
+    fewer rows than its count); seeded by ``(seed, partition_id)``, independent of the other clients."""
+    classes, order, bounds = _rows_by_class(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
+    rng = np.random.default_rng([seed, 31, partition_id])
+    counts = rng.multinomial(samples, rng.dirichlet(np.full(len(classes), alpha)))
+    rows = []
+    for k, count in enumerate(counts):
+        if count:
+            pool = order[bounds[k]:bounds[k + 1]]
+            rows.append(rng.choice(pool, size=count, replace=count > len(pool)))
+    return np.sort(np.concatenate(rows))
 
 
 @lru_cache(maxsize=8)
@@ -70,11 +98,15 @@ def partition_indices(
     ``max_samples > 0`` keeps a seeded subsample of at most that many of the partition's rows
     (same label mix in expectation): few examples per client, as in the papers' CIFAR setups
     (e.g. 500 per peer with 100 peers), where learning alone is not enough; ``sampled`` ignores it.
+    ``dirichlet-sampled``: ``samples_per_client`` rows with a class mix drawn from ``Dir(alpha)`` for this
+    client alone (:func:`dirichlet_sampled_rows`); clients may share rows, so any number of clients fits.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
     if kind == "sampled":
         return np.random.default_rng([seed, 19, partition_id]).integers(0, len(labels), size=samples_per_client)
+    if kind == "dirichlet-sampled":
+        return dirichlet_sampled_rows(labels, partition_id, alpha, samples_per_client, seed)
     partitioner = _partitioner(
         np.ascontiguousarray(labels, dtype=np.int64).tobytes(), kind, num_partitions, alpha, shards_per_client, seed
     )
