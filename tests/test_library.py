@@ -249,7 +249,8 @@ def test_fedecho_distils_into_a_user_model():
     torch.manual_seed(0)
     initial = ArrayRecord(UserNet().state_dict())
     inputs = torch.randn(16, 2)
-    strategy = FedEcho(model_fn=UserNet, distill_inputs=inputs, buffer_size=2, distill_steps=2, fraction_evaluate=0.0,
+    strategy = FedEcho(model_fn=UserNet, distill_inputs=inputs, buffer_size=2, distill_steps=2, distill_lr=1e-3,
+                       fraction_evaluate=0.0,
                        fraction_train=0.5)  # a round = max(min_train_nodes=2, int(0.5 * 3)) = 2 updates
     # Execute
     result = strategy.start(FakeGrid(3, shift), initial, num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
