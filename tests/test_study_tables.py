@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,3 +76,15 @@ def test_the_stale_window_averages_the_affected_class_after_its_start_and_gi_run
     assert "| gi | 60.0 ± 0.0 [60.0] |" in window
     assert figures[-1] == ("- gi__s__s1: 7 inversions (5 warm, 12.2 s each), raw: 2 not unique, 0 after the switch; "
                            "disparity at 0.21 of its start; 3 comparisons; mean E1 1.5 vs E2 2; never switched back")
+
+
+def test_mean_curve_averages_runs_at_each_time_after_smoothing_each_run(tmp_path):
+    matrix = _matrix()
+    _class_run(tmp_path, "a__s__s1", [0.0, 0.2, 0.4], {})
+    _class_run(tmp_path, "a__s__s2", [0.2, 0.4], {})  # a shorter run: the common prefix is two evaluations
+
+    times, mean, sd = matrix.mean_curve([tmp_path / "a__s__s1", tmp_path / "a__s__s2"], "acc_class_5", smooth=2)
+
+    assert times == [1.0, 2.0]
+    # smoothed runs: s1 [0.0, 0.1], s2 [0.2, 0.3] -> means [0.1, 0.2], sd sqrt(0.02) each
+    assert mean == pytest.approx([0.1, 0.2]) and sd == pytest.approx([0.02 ** 0.5] * 2)
