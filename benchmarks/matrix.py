@@ -136,6 +136,16 @@ FEDADT = Study(
     },
 )
 
+# The GI paper's methods (its Tables 9-11); "unweighted" is also GI's ablation: the same rounds without inversion.
+_GI_METHODS = {
+    "unweighted": {"strategy": "fedavg"},
+    "weighted": {"strategy": "stale-weighted"},
+    "1st-order": {"strategy": "dc-asgd"},
+    "w-pred": {"strategy": "w-pred"},
+    "asyn-tiers": {"strategy": "asyn-tiers"},
+    "gi": {"strategy": "gi-compensation"},
+}
+
 # The gradient-inversion paper's fixed-data scenario (its Tables 9-11) at CPU scale: 100 clients on mnist5k,
 # Dirichlet 0.1, 20 clients start per round (the paper: all), the 10 biggest holders of class 5 late by S
 # rounds, LeNet-5, 5 local epochs of SGD lr 0.01 momentum 0.5 (batch 64), 150 rounds. GI runs 100 Adam
@@ -149,14 +159,7 @@ GI = Study(
             "eval-every": 1.0, "progress": False, "target-accuracy": "0.8", "gi.inversion-iterations": 100,
             "gi.warm-iterations": 40,
             "gi.switch-margin": 1.0},  # the paper's E1 > E2, the default when this study ran (now 0.9)
-    methods={
-        "unweighted": {"strategy": "fedavg"},
-        "weighted": {"strategy": "stale-weighted"},
-        "1st-order": {"strategy": "dc-asgd"},
-        "w-pred": {"strategy": "w-pred"},
-        "asyn-tiers": {"strategy": "asyn-tiers"},
-        "gi": {"strategy": "gi-compensation"},
-    },
+    methods=_GI_METHODS,
     scenarios={
         "s40-dir0.1": {"intertwined.staleness": 40, "dirichlet-alpha": 0.1},
         "s10-dir0.1": {"intertwined.staleness": 10, "dirichlet-alpha": 0.1},
@@ -220,14 +223,7 @@ GI_FMNIST = Study(
             "intertwined.staleness": 40, "pipeline-late-clients": True, "max-virtual-time": 120.0,
             "max-arrivals": 0, "eval-every": 1.0, "progress": False, "target-accuracy": "0.3,0.5",
             "gi.inversion-iterations": 200, "gi.warm-iterations": 80, "gi.switch-margin": 0.9},
-    methods={
-        "unweighted": {"strategy": "fedavg"},  # also GI's ablation: the same rounds without the inversion
-        "weighted": {"strategy": "stale-weighted"},
-        "1st-order": {"strategy": "dc-asgd"},
-        "w-pred": {"strategy": "w-pred"},
-        "asyn-tiers": {"strategy": "asyn-tiers"},
-        "gi": {"strategy": "gi-compensation"},
-    },
+    methods=_GI_METHODS,
     scenarios={"pipe-s40-dir0.1": {}},
     seeds=(1, 2, 3),
     targets=(0.3, 0.5),
