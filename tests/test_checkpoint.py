@@ -437,6 +437,7 @@ def test_a_wall_clock_run_resumes_without_losing_an_accepted_update(tmp_path):
     at_checkpoint = restore(None, saved["stats"])["arrivals"]
     journal = checkpoint.read_journal(newest)
     assert len(before) > at_checkpoint and len(journal) >= len(before) - at_checkpoint  # accepted after it
+    written = [r.split(",")[:5] for r in (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]]
     resumed = run(Logged(after, buffer_size=3), _grid(first_node=501), resume_from=str(tmp_path / "wall"))
     # every update the dead run accepted after its checkpoint is taken in again, first and in order
     assert after[: len(before) - at_checkpoint] == before[at_checkpoint:]
@@ -444,8 +445,29 @@ def test_a_wall_clock_run_resumes_without_losing_an_accepted_update(tmp_path):
     replayed = {h["seq"] for h, _ in journal}
     lost = [job for job in saved["jobs"] if restore(None, job)["seq"] not in replayed]
     assert resumed.summary["rejected-by-reason"].get("lost-in-restart", 0) == len(lost)
-    rows = [float(r.split(",")[0]) for r in (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]]
+    lines = (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]
+    rows = [float(r.split(",")[0]) for r in lines]
     assert rows == sorted(rows)  # the wall clock goes on from the checkpoint's time, never back
+    # every row the dead run wrote comes back as it was: the replay scores at the journaled points
+    assert [r.split(",")[:5] for r in lines][: len(written)] == written
+
+
+def test_a_wall_clock_run_resumed_keeps_every_row_scored_on_its_clock_before_the_crash(tmp_path):
+    def run(grid, **options):
+        return FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall",
+                                            seed=5, max_arrivals=30, evaluate_every=0, evaluate_every_time=0.005,
+                                            output_dir=str(tmp_path), run_name="wall", checkpoint_every=3, **options)
+
+    with pytest.raises(Crash):
+        run(_grid(crash_after=22))
+    journal = checkpoint.read_journal(checkpoint.find(tmp_path / "wall"))
+    written = [r.split(",")[:5] for r in (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]]
+    run(_grid(first_node=501), resume_from=str(tmp_path / "wall"))
+    lines = (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]
+    # the points scored after the checkpoint are in its journal, and the replay scores them between the same
+    # events: the dead run's rows come back unchanged (time, version, arrivals, rejected, accuracy)
+    assert any(h["kind"] == "scored" for h, _ in journal)
+    assert [r.split(",")[:5] for r in lines][: len(written)] == written
 
 
 def test_a_wall_clock_run_resumes_from_its_checkpoint_and_counts_the_jobs_lost_in_the_crash(tmp_path):

@@ -529,7 +529,12 @@ class AsyncEngine(Resumable):
                           self.clients)
 
     def _evaluate_until(self, clock: float) -> None:
+        scored = len(self.stats.evaluations)
         self.scoring.until(clock, self._state)
+        if self._journaling and len(self.stats.evaluations) > scored:
+            # a replay scores these points here, between the same events: on the wall clock a point can be
+            # reached by a failed job or a stop, which the journal's arrivals alone would not reproduce
+            self.checkpoints.record({"kind": "scored", "until": clock})
 
     def _record_evaluation(self, at: float) -> None:
         self.scoring.score(at, self._state())

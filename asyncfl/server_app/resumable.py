@@ -130,7 +130,13 @@ class Resumable:
         the checkpoint's jobs whose outcome the journal does not hold (still out when the run died)."""
         pending = {job["seq"]: job for job in saved}
         made: dict[int, np.ndarray] = {}  # versions made during the replay: bases of later replayed jobs
+        # journals that record their scoring points replay them where they were; older ones score before each
+        # arrival's time, which can differ from the run where a failed job or a wait reached a point first
+        scoring_recorded = any(header["kind"] == "scored" for header, _ in events)
         for header, arrays in events:
+            if header["kind"] == "scored":
+                self.scoring.until(float(header["until"]), self._state)
+                continue
             if header["kind"] == "round-end":
                 new_model = self.strategy.on_round_end(self.versions.current)
                 if new_model is not None:
@@ -147,7 +153,8 @@ class Resumable:
                 base = self.versions.model(version) if base is None else base
                 arrival = Arrival(int(header["client"]), version, self.versions.version - version, arrays[0], base,
                                   int(header["num_examples"]), float(header["train_loss"]), float(header["time"]))
-                self._evaluate_until(arrival.time)
+                if not scoring_recorded:
+                    self._evaluate_until(arrival.time)
                 self._now = max(self._now, arrival.time)
                 self._accepted(arrival, self.strategy.on_arrival(arrival, self.versions.current))
                 made.setdefault(self.versions.version, self.versions.current)
