@@ -93,11 +93,12 @@ GOLDEN = {
     "fedbuff": {"requests": "eb30c7b4cc560e7d", "arrivals": "c64ef9e85e493bc4", "model": "cede99648a1fbe58",
                 "versions": 8, "federated": "de48291bfd29ed39"},
     # the step that follows the clients' measured response (asyncfl/strategies/response.py)
-    "fedbuff-measured": {"requests": "eb30c7b4cc560e7d", "arrivals": "8e4bb4f0f10c82e8", "model": "b915721b3a3994c2",
-                         "versions": 8, "federated": "e04ee43d8a9382ca"},
+    # the measured pace pairs each update with its own client's previous one (it paired across clients before)
+    "fedbuff-measured": {"requests": "eb30c7b4cc560e7d", "arrivals": "50f3d44c5ba16f8d", "model": "cf5cf06b05c00d14",
+                         "versions": 8, "federated": "895e1681043c61ad"},
     # the defaults since the drop-in study's buffer rows: B = K // 4 within [2, 10] (2 here) and the measured pace
-    "fedbuff-auto-buffer": {"requests": "afb1083e4483506d", "arrivals": "cc4d1c6017f90e7c", "model": "e1dd64971c81b339",
-                            "versions": 20, "federated": "47c24b1856b7ecb2"},
+    "fedbuff-auto-buffer": {"requests": "afb1083e4483506d", "arrivals": "b739f9debdf54974", "model": "cf5243e73527cc89",
+                            "versions": 20, "federated": "a1c3db84607e33f7"},
     "fedasync-overlap": {"requests": "9dee215567f2fe65", "arrivals": "dac4b0b8dda28e56", "model": "16bf957e69372f2d",
                          "versions": 40, "federated": "32dd638d0803d4ac"},
     "fedavg-deadline-pipelined": {"requests": "2696d6660771c674", "arrivals": "d77d7d49d0873854",

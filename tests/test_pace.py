@@ -69,9 +69,9 @@ def test_ca2fl_default_buffer_follows_the_concurrency():
     ca2fl = CA2FL()
     ca2fl.on_start(num_clients=12, concurrency=12)
     steps = [ca2fl.on_arrival(arrival([d], client=i), np.zeros(1, np.float32)) for i, d in enumerate((1.0, 2.0, 3.0))]
-    # M = 3: the third arrival steps; h_bar = 0 at the first step, S = 6, eta = M g(12, 3) -> eta * 6 / 3
+    # M = 3: the third arrival steps; h_bar = 0 at the first step, S = 6, eta = M g(d + 12 / 2 - 3 / 4) -> eta * 6 / 3
     assert steps[:2] == [None, None]
-    np.testing.assert_allclose(steps[2], [paced_server_lr(3, 12) * 2.0], rtol=1e-6)
+    np.testing.assert_allclose(steps[2], [paced_server_lr(3, 12, extra_delay=5.25) * 2.0], rtol=1e-6)
     assert ca2fl.summary()["buffer-size"] == 3
 
 
@@ -83,9 +83,10 @@ def test_afl_dw_and_ca2fl_default_steps_follow_the_concurrency():
     ca2fl = CA2FL(buffer_size=2)
     ca2fl.on_start(num_clients=4, concurrency=2)
     ca2fl.on_arrival(arrival([2.0], client=0), np.zeros(1, np.float32))
-    # first aggregation: h_bar = 0, S = 2 + 6, eta = M g = 2 sin(pi / 8) -> eta * 8 / 2
+    # first aggregation: h_bar = 0, S = 2 + 6; d = 1 + 1/2 plus the cache's lag 2/2 - 2/4 = 2, so
+    # eta = M g = 2 sin(pi / 10) -> eta * 8 / 2
     np.testing.assert_allclose(ca2fl.on_arrival(arrival([6.0], client=1), np.zeros(1, np.float32)),
-                               [2 * math.sin(math.pi / 8) * 4.0], rtol=1e-6)
+                               [2 * math.sin(math.pi / 10) * 4.0], rtol=1e-6)
 
 
 def test_fedfa_default_window_is_half_the_concurrency():
@@ -97,11 +98,11 @@ def test_fedfa_default_window_is_half_the_concurrency():
     np.testing.assert_allclose(model, [3.0])  # mean of the last 3 client models (2, 3, 4)
 
 
-def run_stale_quadratic(server_lr: float, overshoot: float = 1.0, pace: str = "stable") -> list[float]:
-    """FedBuff (B = 1) with K = 8 clients in flight on f(x) = x^2 / 2; each client moves its stale base by
-    ``-overshoot * base`` (1: to the optimum; up to 2 for a local optimizer that still converges on its own);
-    every job one time unit long, so staleness is 7 in steady state; ``server_lr=0`` is the automatic step of
-    ``pace``. Returns |x| after each round."""
+def run_stale_quadratic(server_lr: float, overshoot: float = 1.0, pace: str = "stable", strategy=None) -> list[float]:
+    """FedBuff (B = 1; or ``strategy``) with K = 8 clients in flight on f(x) = x^2 / 2; each client moves its
+    stale base by ``-overshoot * base`` (1: to the optimum; up to 2 for a local optimizer that still converges on
+    its own); every job one time unit long, so staleness is 7 in steady state; ``server_lr=0`` is the automatic
+    step of ``pace``. Returns |x| after each round."""
 
     def train(node, message):
         base = next(iter(message.content["arrays"].values())).numpy()
@@ -112,7 +113,8 @@ def run_stale_quadratic(server_lr: float, overshoot: float = 1.0, pace: str = "s
     def evaluate(server_round, arrays):
         seen.append(abs(float(next(iter(arrays.values())).numpy()[0])))
 
-    FedBuff(buffer_size=1, server_lr=server_lr, pace=pace, fraction_evaluate=0.0).start(
+    strategy = strategy or FedBuff(buffer_size=1, server_lr=server_lr, pace=pace, fraction_evaluate=0.0)
+    strategy.start(
         FakeGrid(8, train), ArrayRecord([np.ones(1, np.float32)]), num_rounds=20, clock="virtual",
         delays="uniform-speed", evaluate_fn=evaluate)
     return seen
@@ -140,3 +142,14 @@ def test_the_measured_pace_speeds_up_for_a_weak_client_response_and_stays_stable
     assert slow_measured[-1] < 0.2 * slow_stable[-1]
     # with lambda = 1.9 the bound stays at 2 (3 x 1.9 > 2): the stable pace, which contracts
     assert max(fast_measured[-5:]) < 0.75 * fast_measured[0]
+
+
+def test_ca2fls_paced_step_allows_for_its_cache_where_fedbuffs_step_oscillates():
+    # Execute: CA2FL with B = 2 at K = 8 on the stale quadratic, clients that overshoot (lambda = 1.9)
+    paced = run_stale_quadratic(0.0, 1.9, strategy=CA2FL(buffer_size=2, pace="stable", fraction_evaluate=0.0))
+    fedbuffs_step = run_stale_quadratic(0.0, 1.9, strategy=CA2FL(
+        buffer_size=2, server_lr=paced_server_lr(2, 8), fraction_evaluate=0.0))
+    # Assert: its cache re-applies each update until the client returns, a longer delay than FedBuff's: at
+    # FedBuff's stable step (0.196) CA2FL grows, at its own (0.136, the cache's lag added) it contracts
+    assert max(paced[-5:]) < 0.75 * paced[0]
+    assert max(fedbuffs_step[-5:]) > 2 * fedbuffs_step[0]

@@ -9,9 +9,9 @@ from asyncfl.strategies.pace import paced_server_lr
 from asyncfl.strategies.response import BOUND_EASING, RESPONSE_FLOOR, RESPONSE_SAFETY, ResponseMeter
 
 
-def arrival(version, base, delta):
+def arrival(version, base, delta, client=0):
     base = np.asarray(base, np.float32)
-    return Arrival(0, version, 0, base + np.asarray(delta, np.float32), base, 10, 0.5, 0.0)
+    return Arrival(client, version, 0, base + np.asarray(delta, np.float32), base, 10, 0.5, 0.0)
 
 
 def test_two_updates_from_different_models_measure_the_response_along_the_move():
@@ -26,15 +26,57 @@ def test_two_updates_from_different_models_measure_the_response_along_the_move()
     assert (meter.numerator, meter.denominator, meter.pairs) == (pytest.approx(2.5), pytest.approx(5.0), 1)
 
 
-def test_updates_from_the_same_model_are_not_paired_with_each_other():
+def test_each_update_is_paired_with_its_own_clients_previous_one_from_another_model():
     meter = ResponseMeter(min_pairs=1)
-    meter.observe(arrival(0, [0.0], [0.0]))
-    meter.observe(arrival(1, [2.0], [-2.0]))  # pairs with version 0: s = 2, y = -2 -> 1.0
-    meter.observe(arrival(1, [2.0], [-1.0]))  # same start model as the latest: pairs with version 0 instead
-    # Assert: the second pair (s = 2, y = -1) joins the decayed sums: (0.9 * 4 + 2) / (0.9 * 4 + 4)
+    meter.observe(arrival(0, [0.0], [0.0], client=1))
+    meter.observe(arrival(0, [0.0], [5.0], client=2))  # another client: no pair
+    meter.observe(arrival(1, [2.0], [-2.0], client=1))  # pairs with client 1's job from version 0: s = 2, y = -2
+    assert (meter.pairs, meter.response) == (1, pytest.approx(1.0))
+    meter.observe(arrival(1, [2.0], [-1.0], client=1))  # same start model as its previous job: no pair, replaces it
+    meter.observe(arrival(2, [4.0], [-3.0], client=1))  # pairs with the job above: s = 2, y = -2
     assert meter.pairs == 2
-    assert meter.response == pytest.approx((0.9 * 4 + 2) / (0.9 * 4 + 4))
+    assert meter.response == pytest.approx(1.0)
     assert ResponseMeter().response is None  # fewer than min_pairs pairs: no estimate
+
+
+def test_clients_with_different_optima_read_their_response_where_pairs_across_clients_would_not():
+    # Prepare: two clients answer Delta_c(x) = -0.5 (x - x_c*) with optima 4 apart; client 1 starts 0.1 off client 0
+    optimum = {0: np.array([2.0, 0.0]), 1: np.array([-2.0, 0.0])}
+    meter = ResponseMeter(min_pairs=1)
+    for step, x in enumerate([[0.0, 0.0], [0.5, 0.2], [1.0, 0.4], [1.5, 0.1]]):
+        for client in (0, 1):
+            start = np.asarray(x) + 0.1 * client
+            meter.observe(arrival(2 * step + client, start, -0.5 * (start - optimum[client]), client=client))
+    # Assert: every pair is one client's two jobs, and each reads 0.5
+    assert meter.pairs == 6 and meter.response == pytest.approx(0.5, rel=1e-5)
+    # a pair across the clients (client 1 at x + 0.1 against client 0 at x) would read the optima's difference
+    s, y = np.array([0.1, 0.1]), -0.5 * np.array([0.1, 0.1]) + 0.5 * (optimum[1] - optimum[0])
+    assert -np.dot(y, s) / np.dot(s, s) == pytest.approx(10.5)
+
+
+def test_the_meter_forgets_the_least_recently_seen_client_beyond_its_capacity():
+    meter = ResponseMeter(min_pairs=1, tracked_clients=2)
+    for client in (0, 1, 2):  # client 0 is forgotten when client 2 comes
+        meter.observe(arrival(0, [0.0], [0.0], client=client))
+    meter.observe(arrival(1, [1.0], [-1.0], client=0))
+    assert meter.pairs == 0
+    meter.observe(arrival(1, [1.0], [-1.0], client=2))
+    assert meter.pairs == 1 and sorted(meter._jobs) == [0, 2]
+    with pytest.raises(ValueError, match="tracked_clients"):
+        ResponseMeter(tracked_clients=0)
+
+
+def test_a_large_model_is_measured_on_a_fixed_subset_of_its_trained_entries(monkeypatch):
+    import asyncfl.strategies.response as response
+
+    monkeypatch.setattr(response, "MEASURED_ENTRIES", 50)
+    meter = ResponseMeter(min_pairs=1)
+    rng = np.random.default_rng(3)
+    x0, x1 = rng.normal(size=400).astype(np.float32), rng.normal(size=400).astype(np.float32)
+    meter.observe(arrival(0, x0, -0.25 * x0))
+    meter.observe(arrival(1, x1, -0.25 * x1))
+    assert meter._jobs[0][1].size == 50  # 50 entries kept per job, not 400
+    assert meter.response == pytest.approx(0.25, rel=1e-5)  # a uniform response reads the same on any subset
 
 
 def test_the_bound_rises_at_once_and_eases_down_by_a_bounded_factor_per_pair():

@@ -117,15 +117,16 @@ class Strategy(ABC):
         """The measured pace's figures for :meth:`summary` (none without a meter)."""
         return self.response_meter.summary() if self.response_meter is not None else {}
 
-    def paced_lr(self, configured: float, updates_per_step: int = 1) -> float:
+    def paced_lr(self, configured: float, updates_per_step: int = 1, extra_delay: float = 0.0) -> float:
         """The server learning rate to use: ``configured``, or when it is 0 (auto) the stable pace for ``K`` jobs
         in flight, ``min(1, B * g(K, B))``, scaled by ``2 / lambda_bound`` when a response meter measures the
-        clients (:mod:`asyncfl.strategies.pace`). Before :meth:`on_start` (no ``K`` known) auto is 1."""
+        clients (:mod:`asyncfl.strategies.pace`), with ``extra_delay`` updates added to the delay ``d`` (CA2FL's
+        :func:`~asyncfl.strategies.pace.cache_lag`). Before :meth:`on_start` (no ``K`` known) auto is 1."""
         if configured > 0:
             return configured
         meter = self.response_meter
         return paced_server_lr(updates_per_step, self.concurrency or updates_per_step,
-                               meter.bound if meter is not None else 2.0)
+                               meter.bound if meter is not None else 2.0, extra_delay)
 
     @property
     def buffer_size(self) -> int:

@@ -69,14 +69,32 @@ def update_delay(concurrency: int, updates_per_step: int = 1) -> float:
     return (concurrency - 1) + (updates_per_step - 1) / 2
 
 
-def per_update_share(concurrency: int, updates_per_step: int = 1) -> float:
-    """``g = sin(pi / (2 (2d + 1)))``: the share of its delta one update adds to the global model."""
-    return math.sin(math.pi / (2 * (2 * update_delay(concurrency, updates_per_step) + 1)))
+def cache_lag(concurrency: int, updates_per_step: int) -> float:
+    """``K / 2 - B / 4``: the delay, in updates, that re-applying cached updates adds (CA2FL).
+
+    CA2FL adds the mean of every client's cached update at each step until the client's next
+    update replaces it, about ``K`` arrivals later, so an update's weight is spread over those
+    arrivals instead of landing once. On the scalar recursion with equal speeds the largest
+    stable step then equals the stable pace of a delay ``d + K / 2 - B / 4``, within 3 % for
+    ``K`` from 6 to 100 at ``B = K / 4`` (2.7 % above the edge at ``K = 100``, as the plain pace
+    there), and below it for larger buffers (``tests/test_pace.py`` runs the recursion through
+    :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is 0.69 times FedBuff's:
+    CA2FL at FedBuff's step ended at 0.47 on Flower's quickstart app with 8 nodes at equal speeds
+    (SGD momentum lr 0.1; FedAvg 0.92, ``benchmarks/dropin``).
+    """
+    return max(0.0, concurrency / 2 - updates_per_step / 4)
 
 
-def paced_server_lr(updates_per_step: int, concurrency: int, response_bound: float = 2.0) -> float:
+def per_update_share(concurrency: int, updates_per_step: int = 1, extra_delay: float = 0.0) -> float:
+    """``g = sin(pi / (2 (2d + 1)))``: the share of its delta one update adds to the global model
+    (``extra_delay`` updates added to ``d``, e.g. :func:`cache_lag`)."""
+    return math.sin(math.pi / (2 * (2 * (update_delay(concurrency, updates_per_step) + extra_delay) + 1)))
+
+
+def paced_server_lr(updates_per_step: int, concurrency: int, response_bound: float = 2.0,
+                    extra_delay: float = 0.0) -> float:
     """A method's server learning rate when it averages ``updates_per_step`` updates per step:
     ``min(1, B * g * 2 / lambda_bound)``; ``lambda_bound = 2`` (any client) is the stable pace, a smaller
     measured bound (:class:`asyncfl.strategies.response.ResponseMeter`) a proportionally larger step."""
-    share = per_update_share(concurrency, updates_per_step) * 2.0 / response_bound
+    share = per_update_share(concurrency, updates_per_step, extra_delay) * 2.0 / response_bound
     return min(1.0, updates_per_step * share)

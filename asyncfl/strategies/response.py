@@ -6,17 +6,25 @@ overshoots). Most apps are far from it, and where learning is slow (small client
 rates) that bound costs rounds: on Flower's quickstart app with SGD momentum at lr 0.01,
 FedBuff at the stable pace ended 31 points under FedAvg after 40 rounds.
 
-Two updates that started from different global models ``x_a`` and ``x_b`` measure the
-response along the server's own moves (a secant, as in Barzilai and Borwein, 1988):
-with ``Delta(x) ~ -A (x - x*) + noise``,
+Two updates of the same client that started from different global models ``x_a`` and ``x_b``
+measure its response along the server's own moves (a secant, as in Barzilai and Borwein, 1988):
+with ``Delta_c(x) ~ -A_c (x - x_c*) + noise``,
 
     ``lambda_hat = -<Delta_a - Delta_b, x_a - x_b> / ||x_a - x_b||^2``
 
-is the Rayleigh quotient of ``A`` along ``x_a - x_b``. Summing numerator and denominator over
-recent pairs (each decayed by ``decay`` per pair) weights a pair by ``||x_a - x_b||^2``, so
-pairs from nearby models, whose secant is mostly client noise, count little. When the server
-starts to oscillate, its moves line up with the direction that oscillates and ``lambda_hat``
-rises, so a pace set from it slows down on its own.
+is the Rayleigh quotient of ``A_c`` along ``x_a - x_b``. The pair is one client's consecutive
+jobs. Two different clients' updates also differ by their own optima (non-IID data, or only
+minibatch luck), and since the server's recent moves are made of those same updates, that
+difference correlates with ``x_a - x_b``. The former pairing (each arrival with the latest one
+from another model) under-read the response with equal speeds: AFL-DW, which steps per arrival,
+ended at 0.37 with it where the stable step ended at 0.92 (SGD momentum lr 0.1, 8 nodes); the same client's jobs read
+``lambda_hat`` 0.8-1.3 there, kept the stable step and ended at 0.93 (``benchmarks/dropin``).
+Summing numerator and denominator over recent pairs (each decayed by ``decay`` per pair)
+weights a pair by ``||x_a - x_b||^2``, so pairs from nearby models, whose secant is mostly
+client noise, count little. When the server starts to oscillate, its moves line up with the
+direction that oscillates and ``lambda_hat`` rises, so a pace set from it slows down on its own.
+A client's own minibatch noise in ``Delta_b``, which the server's move carries, biases the
+reading up: toward the safe side.
 """
 
 from __future__ import annotations
@@ -38,13 +46,21 @@ RESPONSE_FLOOR = 1.0
 BOUND_EASING = 1.02
 
 
+#: Clients whose latest job the meter keeps (least recently seen dropped first): with ``K`` jobs in flight a
+#: client comes back after about ``K`` arrivals, so 64 pairs every client of runs up to 64 in flight.
+TRACKED_CLIENTS = 64
+#: Entries of the model the secant reads: all trained ones up to this many, else a fixed random subset of them
+#: (the ratio of two inner products over the same entries; 2 x 64 x 65,536 floats at most, 32 MiB).
+MEASURED_ENTRIES = 65_536
+
+
 class ResponseMeter:
     """Running secant estimate ``lambda_hat`` of the clients' response (see the module docstring).
 
-    Keeps the latest arrival's start model and delta, and the latest one that started from
-    another version, so a new arrival always has a partner from a different model when one
-    exists: six flat copies of the model in all (with two scratch vectors), reused from
-    arrival to arrival.
+    Keeps each recently seen client's latest start model and delta (on the measured entries) and
+    pairs a new arrival with its own client's previous one when that started from another model.
+    A client seen for the first time, or again from the same model, adds no pair: in runs with
+    more clients than :data:`TRACKED_CLIENTS` that return rarely the bound stays at the stable pace.
 
     Parameters
     ----------
@@ -52,70 +68,85 @@ class ResponseMeter:
         Weight of the running sums kept per new pair (0.9: about the last 10 pairs).
     min_pairs : int
         Pairs needed before :attr:`response` is reported.
+    tracked_clients : int
+        Clients whose latest job is kept (:data:`TRACKED_CLIENTS`).
     """
 
-    state_attributes = ("numerator", "denominator", "pairs", "bound", "_latest", "_other")
+    state_attributes = ("numerator", "denominator", "pairs", "bound", "_jobs")
 
-    def __init__(self, decay: float = 0.9, min_pairs: int = 5) -> None:
+    def __init__(self, decay: float = 0.9, min_pairs: int = 5, tracked_clients: int = TRACKED_CLIENTS) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"decay={decay} must be in (0, 1)")
+        if tracked_clients < 1:
+            raise ValueError(f"tracked_clients={tracked_clients} must be >= 1")
         self.decay = decay
         self.min_pairs = min_pairs
+        self.tracked_clients = tracked_clients
         self.numerator = 0.0
         self.denominator = 0.0
         self.pairs = 0
         self.bound = 2.0  # the response the pace guards against; 2 = any client (the stable pace)
-        self._latest: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, base, delta)
-        self._other: tuple[int, np.ndarray, np.ndarray] | None = None  # latest one from another version
-        self._moved: np.ndarray | None = None  # scratch for x_a - x_b
-        self._changed: np.ndarray | None = None  # scratch for Delta_a - Delta_b
+        self._jobs: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}  # client -> (version, base, delta), by recency
+        self._chosen: tuple[int, np.ndarray | None, np.ndarray | None] | None = None  # (size, mask, indices)
+        self._spare: tuple[np.ndarray, np.ndarray] | None = None  # a forgotten job's arrays, for the next one
 
     def observe(self, arrival: Arrival, entries: np.ndarray | None = None) -> None:
-        """Pair ``arrival`` with the latest arrival from another start model and update the sums.
+        """Pair ``arrival`` with its client's previous job when that started from another model; update the sums.
 
         ``entries`` (a boolean mask over the flat model) restricts the measurement to trained entries:
         a BatchNorm counter moves by a constant whatever the model, and its large moves would read
         as no response at all.
         """
-        version = arrival.base_version
-        latest, other = self._latest, self._other
-        if latest is not None and latest[0] != version:
-            partner, dropped = latest, other
-        else:  # the latest started from the same model (or there is none): it is replaced, ``other`` kept
-            partner, dropped = other, latest
-        base, delta = self._copy_in(arrival, entries, dropped)  # into the dropped slot's buffers: no allocation
-        if partner is not None:
-            if self._moved is None or self._moved.shape != base.shape:
-                self._moved, self._changed = np.empty_like(base), np.empty_like(base)
-            moved = np.subtract(base, partner[1], out=self._moved)
+        client, version = arrival.client_index, arrival.base_version
+        base, delta = self._copy_in(arrival, entries)
+        previous = self._jobs.pop(client, None)
+        if previous is not None and previous[0] != version:
+            # the previous job's arrays are freed by this one: the differences are written over them
+            moved = np.subtract(base, previous[1], out=previous[1])
             squared = float(np.dot(moved, moved))
             if squared > 0.0:
-                changed = np.subtract(delta, partner[2], out=self._changed)
+                changed = np.subtract(delta, previous[2], out=previous[2])
                 self.numerator = self.decay * self.numerator - float(np.dot(changed, moved))
                 self.denominator = self.decay * self.denominator + squared
                 self.pairs += 1
                 self._update_bound()
-        if latest is not None and latest[0] != version:
-            self._other = latest
-        self._latest = (version, base, delta)
+        if previous is None and len(self._jobs) >= self.tracked_clients:
+            previous = self._jobs.pop(next(iter(self._jobs)))  # forget the least recently seen client
+        self._spare = None if previous is None else (previous[1], previous[2])
+        self._jobs[client] = (version, base, delta)
 
-    @staticmethod
-    def _copy_in(arrival: Arrival, entries: np.ndarray | None,
-                 slot: tuple[int, np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
-        """The arrival's start model and delta (on ``entries``), written into ``slot``'s arrays when given."""
-        size = arrival.base.size if entries is None else int(np.count_nonzero(entries))
-        if slot is not None and slot[1].size == size:
-            base, delta = slot[1], slot[2]
+    def _copy_in(self, arrival: Arrival, entries: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The arrival's start model and delta on the measured entries, written into spare arrays when there are."""
+        chosen = self._chosen_entries(arrival.base.size, entries)
+        size = arrival.base.size if chosen is None else chosen.size
+        spare = self._spare
+        if spare is not None and spare[0].size == size:
+            base, delta = spare
         else:
             base, delta = np.empty(size, np.float32), np.empty(size, np.float32)
-        if entries is None:
+        self._spare = None
+        if chosen is None:
             np.copyto(base, arrival.base)
             np.subtract(arrival.weights, arrival.base, out=delta)
         else:
-            np.compress(entries, arrival.base, out=base)
-            np.compress(entries, arrival.weights, out=delta)
+            np.take(arrival.base, chosen, out=base)
+            np.take(arrival.weights, chosen, out=delta)
             delta -= base
         return base, delta
+
+    def _chosen_entries(self, size: int, entries: np.ndarray | None) -> np.ndarray | None:
+        """Indices of the measured entries (``None``: all of them): the trained ones, at most
+        :data:`MEASURED_ENTRIES` of them drawn once with a fixed seed."""
+        if self._chosen is not None and self._chosen[0] == size and self._chosen[1] is entries:
+            return self._chosen[2]
+        if entries is None and size <= MEASURED_ENTRIES:
+            chosen = None
+        else:
+            chosen = np.arange(size) if entries is None else np.flatnonzero(entries)
+            if chosen.size > MEASURED_ENTRIES:
+                chosen = np.sort(np.random.default_rng(0).choice(chosen, MEASURED_ENTRIES, replace=False))
+        self._chosen = (size, entries, chosen)
+        return chosen
 
     def _update_bound(self) -> None:
         response = self.response

@@ -193,6 +193,8 @@ def run_cell(cell: dict) -> dict:
            "staleness-mean": summary.get("staleness-mean", 0.0), "seconds": round(time.perf_counter() - started, 1)}
     if "diverged" in summary:
         row["diverged"] = summary["diverged"]
+    # the measured pace's last reading and bound, where a strategy measures its clients (server_lr=0, pace="measured")
+    row.update({key: summary[key] for key in ("pace-response", "pace-bound") if key in summary})
     return row
 
 
