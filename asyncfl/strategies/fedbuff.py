@@ -60,12 +60,12 @@ class FedBuffConfig(StrategyConfig):
         Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
-        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on the arrivals
-        (:mod:`asyncfl.strategies.response`; at most twice the stable step). ``"stable"``: the bound for
-        any client. On Flower's quickstart app (8 nodes, 40 rounds, SGD momentum lr 0.01) FedBuff with
-        ``B = 2`` ended 17 points under FedAvg at the stable step and 5 above it measured; with ``B = 5``
-        the measured pace oscillated in short equal-speed runs (6 nodes, lr 0.1, 16 rounds: 0.63), with
-        ``B = 2`` it did not (0.89, 10 seeds; ``benchmarks/dropin``).
+        ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on each client's
+        consecutive jobs (:mod:`asyncfl.strategies.response`; at most twice the stable step). ``"stable"``:
+        the bound for any client. On Flower's quickstart app (8 nodes, 40 rounds, SGD momentum lr 0.01)
+        FedBuff with ``B = 2`` ended 17 points under FedAvg at the stable step and 4.4 above it measured;
+        with ``B = 5`` the measured pace oscillated in short equal-speed runs (6 nodes, lr 0.1, 16 rounds:
+        0.63), with ``B = 2`` it did not (0.90, 10 seeds; ``benchmarks/dropin``).
     """
 
     label: ClassVar[str] = "FedBuff"

@@ -21,9 +21,9 @@ system is more forgiving; equal speeds (e.g. Ray running same-sized jobs in turn
 worst case. A method's paper setting stays a keyword away.
 
 That bound is paid in rounds where learning is slow: with SGD momentum at lr 0.01 FedBuff at
-``B * g`` ended 31 points under FedAvg after 40 rounds. With ``pace="measured"`` (FedBuff's
-and FedEcho's default; opt-in for CA2FL and AFL-DW) a method measures the clients' response from the
-arrivals (:mod:`asyncfl.strategies.response`) and guards against
+``B * g`` ended 31 points under FedAvg after 40 rounds. With ``pace="measured"`` (the default of
+FedBuff, CA2FL, AFL-DW and FedEcho) a method measures the clients' response from each client's
+consecutive jobs (:mod:`asyncfl.strategies.response`) and guards against
 ``lambda_bound = min(2, max(1, 3 * lambda_hat))`` instead of 2: up to twice the stable step
 for clients that do not overshoot.
 
