@@ -76,11 +76,11 @@ def cache_lag(concurrency: int, updates_per_step: int) -> float:
     update replaces it, about ``K`` arrivals later, so an update's weight is spread over those
     arrivals instead of landing once. On the scalar recursion with equal speeds the largest
     stable step then equals the stable pace of a delay ``d + K / 2 - B / 4``, within 3 % for
-    ``K`` from 6 to 100 at ``B = K / 4`` (2.7 % above the edge at ``K = 100``, as the plain pace
-    there), and below it for larger buffers (``tests/test_pace.py`` runs the recursion through
-    :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is 0.69 times FedBuff's:
-    CA2FL at FedBuff's step ended at 0.47 on Flower's quickstart app with 8 nodes at equal speeds
-    (SGD momentum lr 0.1; FedAvg 0.92, ``benchmarks/dropin``).
+    ``K`` from 6 to 100 at ``B = K / 4`` (at ``K = 100, B = 10`` 2.7 % above the edge, where the plain
+    pace of FedBuff is 0.3 % above it), and below it for larger buffers (``tests/test_pace.py`` runs
+    the recursion through :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is
+    0.69 times FedBuff's: CA2FL at FedBuff's step ended at 0.62 on Flower's quickstart app with 8
+    nodes at equal speeds (SGD momentum lr 0.1, 3 seeds; FedAvg 0.93, ``benchmarks/dropin``).
     """
     return max(0.0, concurrency / 2 - updates_per_step / 4)
 
