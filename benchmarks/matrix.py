@@ -77,7 +77,8 @@ FEDECHO = Study(
             "fedecho.distill-lr": 1e-4,  # the run-config default when this study ran (now the paper's 3e-6)
             # the paper's server step (the run-config default when this study ran; now paced by the concurrency)
             "fedbuff.server-lr": 1.0, "ca2fl.server-lr": 1.0, "fedecho.server-lr": 1.0, "fedbuff.buffer-size": 5,
-            "fadas.buffer-size": 5, "fedecho.buffer-size": 5, "ca2fl.buffer-size": 5},
+            "fadas.buffer-size": 5, "fedecho.buffer-size": 5, "ca2fl.buffer-size": 5,
+            "fadas.beta1": 0.9},  # the paper's server momentum (the run-config default when this study ran; now 0.5)
     methods={
         "fedbuff": {"strategy": "fedbuff"},
         "ca2fl": {"strategy": "ca2fl"},
@@ -407,7 +408,8 @@ _FEDECHO_FMNIST_COMMON = {
     "eval-every": 4.0, "progress": False, "target-accuracy": "0.7,0.75",
     "fedecho.distill-set": "mnist5k", "fedecho.distill-size": 2000,
     "fedecho.distill-lr": 1e-4,  # the run-config default when this study ran (now the paper's 3e-6)
-    "fedbuff.buffer-size": 5, "ca2fl.buffer-size": 5, "fadas.buffer-size": 5, "fedecho.buffer-size": 5}
+    "fedbuff.buffer-size": 5, "ca2fl.buffer-size": 5, "fadas.buffer-size": 5, "fedecho.buffer-size": 5,
+    "fadas.beta1": 0.9}  # the paper's server momentum (the run-config default when this study ran; now 0.5)
 _FEDECHO_GRID_LOCAL = (0.01, 0.03, 0.1, 0.3)
 _FEDECHO_GRID_SERVER = {"fedbuff": (0.25, 0.5, 1.0, 2.0), "ca2fl": (0.25, 0.5, 1.0, 2.0),
                         "fadas": (1e-4, 1e-3, 1e-2, 1e-1), "fedecho": (0.25, 0.5, 1.0, 2.0)}

@@ -66,7 +66,7 @@ def test_fadas_buffers_then_steps_with_reduced_lr_for_stale_buffers():
 
 def test_fadas_default_buffer_follows_the_concurrency():
     # Prepare: 12 jobs in flight -> M = 12 // 4 = 3
-    strategy = FADAS(server_lr=1.0, beta1=0.0, beta2=0.0, epsilon=1e-12, gain_bound="none")
+    strategy = FADAS(server_lr=1.0, beta1=0.0, beta2=0.0, epsilon=1e-12)
     strategy.on_start(num_clients=20, concurrency=12)
     zero = np.zeros(1, np.float32)
     # Execute / Assert: the third arrival steps, by the sign of the mean delta (beta = 0, tau <= tau_c)
@@ -75,30 +75,10 @@ def test_fadas_default_buffer_follows_the_concurrency():
     assert strategy.summary()["buffer-size"] == 3
 
 
-def test_fadas_bounds_each_coordinates_gain_by_fedbuffs_stable_step():
-    # Prepare: K = 8, B = 2: FedBuff's stable step on the mean delta is g = paced_server_lr(2, 8)
-    g = paced_server_lr(2, 8)
-    strategy = FADAS(buffer_size=2, server_lr=0.01, beta1=0.0, beta2=0.0, epsilon=1e-12, gain_bound="stable")
-    strategy.on_start(num_clients=8, concurrency=8)
-    zero = np.zeros(2, np.float32)
-    # Execute: mean delta [1, 1e-4]; AMSGrad alone moves both coordinates by 0.01 (a gain of 100 on the second)
-    strategy.on_arrival(arrival(0, [1.0, 1e-4], zero), zero)
-    new = strategy.on_arrival(arrival(1, [1.0, 1e-4], zero), zero)
-    # Assert: the large coordinate keeps AMSGrad's step, the small one moves by g times its delta
-    assert np.allclose(new, [0.01, g * 1e-4], rtol=1e-5)
-
-
-def test_fadas_without_bound_is_the_papers_amsgrad_step():
-    strategy = FADAS(buffer_size=1, server_lr=0.01, beta1=0.0, beta2=0.0, epsilon=1e-12, gain_bound="none")
-    strategy.on_start(num_clients=8, concurrency=8)
-    zero = np.zeros(2, np.float32)
-    assert np.allclose(strategy.on_arrival(arrival(0, [1.0, 1e-4], zero), zero), [0.01, 0.01], rtol=1e-5)
-
-
 def test_fadas_moves_batchnorm_statistics_by_the_mean_update_not_by_amsgrad():
     # Prepare: entry 0 a weight, entry 1 a running mean (not trained); K = 8, B = 2
     g = paced_server_lr(2, 8)
-    strategy = FADAS(buffer_size=2, server_lr=0.01, beta1=0.0, beta2=0.0, epsilon=1e-12, gain_bound="none")
+    strategy = FADAS(buffer_size=2, server_lr=0.01, beta1=0.0, beta2=0.0, epsilon=1e-12)
     strategy.trained_entries = np.array([True, False])
     strategy.on_start(num_clients=8, concurrency=8)
     zero = np.zeros(2, np.float32)

@@ -44,6 +44,7 @@ SETTINGS = {
     "sgdm-0.01-r80": ("quickstart", "sgdm", 0.01, 80),  # the same app given the rounds to converge
     "adam-1e-3": ("quickstart", "adam", 1e-3, 40),
     "bn-sgdm-0.05": ("bn-mnist5k", "sgdm", 0.05, 15),
+    "bn-sgdm-0.05-r40": ("bn-mnist5k", "sgdm", 0.05, 40),  # the BatchNorm CNN given FADAS's horizon
     # the shape of the quickstart example's `flwr run` e2e test: 6 nodes, the example's lr 0.1, 16 rounds
     "e2e-shape": ("quickstart", "sgdm", 0.1, 16),
 }
