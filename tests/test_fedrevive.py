@@ -15,6 +15,7 @@ from asyncfl.models.flat import load_flat, model_to_flat, parameter_mask
 from asyncfl.strategies import AFLDW, Arrival, StrategyResources
 from asyncfl.strategies.fedrevive import (DDFedRevive, FedRevive, FedReviveConfig, multi_teacher_kd_loss,
                                           multi_teacher_kd_surrogate)
+from asyncfl.strategies.pace import paced_server_lr
 from asyncfl.strategies.revive.generator import Generator
 from asyncfl.strategies.revive.mixing import MixingTally
 from asyncfl.strategies.revive.pool import KDPool
@@ -122,6 +123,36 @@ def test_before_kd_start_fedrevive_is_afl_dw():
         assert np.array_equal(revive.on_arrival(_arrival(0, client, base, tau), base),
                               afl.on_arrival(_arrival(0, client, base, tau), base))
     assert revive.kd_updates == 0 and revive.synthesis_rounds == 0
+
+
+@pytest.mark.parametrize("pace", ["measured", "stable"])
+def test_the_automatic_step_follows_afl_dws_pace_before_kd_starts(pace):
+    # Prepare: two clients that move 10 % of the way to 0 from wherever they start (a weak response,
+    # which the measured pace answers with up to twice the stable step), 4 clients, 2 in flight
+    revive = FedRevive(_mlp, 3, SHAPE, pace=pace, synthesis_start=100, kd_start=100)
+    afl = AFLDW(pace=pace)
+    for strategy in (revive, afl):
+        strategy.on_start(num_clients=4, concurrency=2)
+    start = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    current = start.copy()
+    # Execute: each client's consecutive jobs start from different models, so the meter pairs them
+    for version in range(12):
+        base = start * np.float32(1.0 + 0.1 * version)
+        arrival = Arrival(version % 2, version, 1, base - np.float32(0.1) * base, base, 10, 0.1, 0.0)
+        new = revive.on_arrival(arrival, current)
+        # Assert: bitwise AFL-DW's step with the same pace, so one seed's runs part only where KD acts
+        assert np.array_equal(new, afl.on_arrival(arrival, current))
+        current = new
+    summary = revive.summary()
+    assert summary["server-lr"] == afl.summary()["server-lr"]
+    stable = AFLDW(pace="stable")
+    stable.on_start(num_clients=4, concurrency=2)
+    if pace == "measured":
+        assert summary["pace-response"] == pytest.approx(0.1, rel=1e-4)
+        assert summary["server-lr"] == pytest.approx(paced_server_lr(1, 2, revive.response_meter.bound), abs=1e-6)
+        assert summary["pace-bound"] < 2.0 and summary["server-lr"] > stable.server_lr
+    else:
+        assert "pace-bound" not in summary and summary["server-lr"] == pytest.approx(stable.server_lr, rel=1e-6)
 
 
 def test_distillation_moves_the_student_toward_the_buffered_teachers():

@@ -22,7 +22,7 @@ worst case. A method's paper setting stays a keyword away.
 
 That bound is paid in rounds where learning is slow: with SGD momentum at lr 0.01 FedBuff at
 ``B * g`` ended 31 points under FedAvg after 40 rounds. With ``pace="measured"`` (the default of
-FedBuff, CA2FL, AFL-DW and FedEcho) a method measures the clients' response from each client's
+FedBuff, CA2FL, AFL-DW, FedEcho and FedRevive) a method measures the clients' response from each client's
 consecutive jobs (:mod:`asyncfl.strategies.response`) and guards against
 ``lambda_bound = min(2, max(1, 3 * lambda_hat))`` instead of 2: up to twice the stable step
 for clients that do not overshoot.
