@@ -314,6 +314,11 @@ class FedRevive(Strategy):
     def _weights(self) -> torch.Tensor:
         return torch.from_numpy(teacher_class_weights([self._proportions(c) for c, _ in self._buffer])).float()
 
+    @property
+    def server_lr(self) -> float:
+        """``eta_s`` in use now: the configured one, or AFL-DW's paced step (:attr:`asyncfl.strategies.afl_dw.AFLDW.server_lr`)."""
+        return self.paced_lr(self.config.server_lr)
+
     def beta(self, staleness: int) -> float:
         """``beta(tau)``; DD-FedRevive uses the constant 0.5."""
         if self.data_driven:
@@ -378,19 +383,19 @@ class FedRevive(Strategy):
         self.updates += 1
         if not with_kd:
             # No KD half: bitwise AFL-DW's step, so FedRevive and AFL-DW runs of one seed part only where KD acts.
-            return afl_dw_step(current, arrival.delta, self.paced_lr(cfg.server_lr), beta)
+            return afl_dw_step(current, arrival.delta, self.server_lr, beta)
         started = time.perf_counter()
         delta_kd = self.distil(current)
         step = np.float32(1.0 - beta) * arrival.delta + np.float32(beta) * delta_kd
         self.mixing.observe_kd(beta, arrival.delta, delta_kd)
         self.kd_updates += 1
         self.seconds["distillation"] += time.perf_counter() - started
-        return current + np.float32(self.paced_lr(cfg.server_lr)) * step
+        return current + np.float32(self.server_lr) * step
 
     def summary(self) -> dict[str, float | int | str]:
         return {
             "variant": "dd-fedrevive" if self.data_driven else "fedrevive",
-            "server-lr": round(self.paced_lr(self.config.server_lr), 6),
+            "server-lr": round(self.server_lr, 6),
             "kd-updates": self.kd_updates,
             "synthesis-rounds": self.synthesis_rounds,
             "kd-pool-size": len(self.pool),
