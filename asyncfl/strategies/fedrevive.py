@@ -214,7 +214,8 @@ class FedRevive(Strategy):
                         "mixing", "response_meter")
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
-                 server_lr: float = 0.0, pace: str = "measured", beta: str = "cosine", max_staleness: float = 150.0,
+                 server_lr: float = 0.0, pace: str = "measured", beta: str = "cosine",
+                 max_staleness: float = 150.0,
                  beta_constant: float = 0.5, teacher_buffer_size: int = 8, probe_uploads: int = 2,
                  probe_temperature: float = 1.4, synthesis_every: int = 10, synthesis_start: int = 50,
                  kd_start: int = 100, kd_steps: int = 10, kd_batch_size: int = 32, kd_lr: float = 1e-4,
@@ -316,7 +317,8 @@ class FedRevive(Strategy):
 
     @property
     def server_lr(self) -> float:
-        """``eta_s`` in use now: the configured one, or AFL-DW's paced step (:attr:`asyncfl.strategies.afl_dw.AFLDW.server_lr`)."""
+        """``eta_s`` in use now: the configured one, or AFL-DW's paced step
+        (:attr:`asyncfl.strategies.afl_dw.AFLDW.server_lr`)."""
         return self.paced_lr(self.config.server_lr)
 
     def beta(self, staleness: int) -> float:
