@@ -85,3 +85,45 @@ def test_fedadt_without_resources_is_a_clear_error():
         FedADT.from_config(FedADTConfig(server_fraction=0.1))
     with pytest.raises(ValueError, match="alpha_min=0.7 must be <= alpha_max"):
         FedADTConfig(alpha_min=0.7, alpha_max=0.6)
+
+
+def test_t_squared_kl_scale_multiplies_the_teacher_term_by_t_squared():
+    # Prepare: teacher certain of class 0, student uniform; T = 2
+    student, teacher, labels = torch.tensor([[0.0, 0.0]]), torch.tensor([[4.0, 0.0]]), torch.tensor([1])
+    p = torch.softmax(teacher / 2.0, dim=1)[0]
+    kl = float((p * torch.log(p / 0.5)).sum())  # KL(p || uniform) by hand
+    # Execute / Assert: alpha 0.5: 0.5 * s * KL + 0.5 * ln 2 with s = 1 (as printed) or T^2 = 4
+    printed = fedadt_kd_loss(student, teacher, labels, alpha=0.5, temperature=2.0, kl_scale="none")
+    scaled = fedadt_kd_loss(student, teacher, labels, alpha=0.5, temperature=2.0, kl_scale="t-squared")
+    assert printed.item() == pytest.approx(0.5 * kl + 0.5 * np.log(2), rel=1e-5)
+    assert scaled.item() == pytest.approx(0.5 * 4.0 * kl + 0.5 * np.log(2), rel=1e-5)
+
+
+def test_summary_reports_what_the_correction_saw():
+    # Prepare: a teacher trained on the server set, a random client, KD weight 1 (teacher term only)
+    make, server_set, _, client = _setup()
+    teacher_net = make()
+    optimizer = torch.optim.SGD(teacher_net.parameters(), lr=0.5)
+    x, y = torch.from_numpy(server_set.x), torch.from_numpy(server_set.y)
+    for _ in range(200):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(teacher_net(x), y).backward()
+        optimizer.step()
+    teacher = model_to_flat(teacher_net)
+    only_teacher = FedADT(make, server_set, alpha_min=1.0, alpha_max=1.0, kd_lr=1e-6)
+    only_labels = FedADT(make, server_set, alpha_min=0.0, alpha_max=0.0, kd_lr=1e-6)
+    # Execute
+    for strategy in (only_teacher, only_labels):
+        strategy.on_arrival(_arrival(client, staleness=4), teacher)
+    # Assert: the teacher fits its training set better than the random client; the shares are 1 and 0
+    summary = only_teacher.summary()
+    assert summary["kd-teacher-accuracy"] > summary["kd-student-accuracy"]
+    assert summary["kd-kl-share"] == 1.0 and only_labels.summary()["kd-kl-share"] == 0.0
+
+
+def test_kl_scale_is_a_run_config_switch():
+    from asyncfl.strategies.settings import ConfigError
+
+    assert FedADTConfig.from_run_config({"fedadt.kl-scale": "t-squared"}).kl_scale == "t-squared"
+    with pytest.raises(ConfigError, match="none, t-squared"):
+        FedADTConfig(kl_scale="T2")

@@ -411,3 +411,25 @@ def test_max_staleness_zero_scales_the_cutoff_with_the_jobs_in_flight():
     assert afl.beta_of(20) == pytest.approx(0.75) and revive.beta(20) == pytest.approx(0.75)
     assert afl.beta_of(30) == 1.0 and revive.beta(15) == pytest.approx(0.5)
     assert AFLDW(max_staleness=150.0).beta_of(20) == pytest.approx((1 - math.cos(math.pi * 20 / 150)) / 2)
+
+
+def test_raw_warmup_takes_the_undamped_step_before_synthesis_then_afl_dws():
+    # Prepare: the reference server's warm-up for 2 updates (its freeze_rounds), KD far away
+    base = model_to_flat(build_model("mlp", SHAPE, 3, seed=1))
+    client = model_to_flat(build_model("mlp", SHAPE, 3, seed=2))
+    revive = FedRevive(_mlp, 3, SHAPE, server_lr=0.3, max_staleness=10.0, warmup="raw", synthesis_start=2,
+                       kd_start=100)
+    afl = AFLDW(server_lr=0.3, beta="cosine", max_staleness=10.0)
+    # Execute / Assert: updates 1-2 ignore beta(tau=8) (x + 0.3 delta), update 3 is AFL-DW's damped step
+    delta = client - base
+    for _ in range(2):
+        assert np.array_equal(revive.on_arrival(_arrival(0, client, base, 8), base), base + np.float32(0.3) * delta)
+    assert np.array_equal(revive.on_arrival(_arrival(0, client, base, 8), base),
+                          afl.on_arrival(_arrival(0, client, base, 8), base))
+    assert revive.summary()["raw-warmup-updates"] == 2
+
+
+def test_warmup_is_a_run_config_switch_with_its_choices_named():
+    assert FedReviveConfig.from_run_config({**defaults(), "fedrevive.warmup": "raw"}).warmup == "raw"
+    with pytest.raises(ConfigError, match="damped, raw"):
+        FedReviveConfig.from_run_config({**defaults(), "fedrevive.warmup": "undamped"})

@@ -5,9 +5,12 @@ the current global model (teacher, logits ``z_S``) corrects the client model
 (student, logits ``z_C``) by one pass of knowledge distillation over a small
 labeled server set (0.5% of the training data in the paper):
 
-``L = a(t) * KL(softmax(z_S / T) || softmax(z_C / T)) + (1 - a(t)) * CE(z_C, y)``
+``L = a(t) * s * KL(softmax(z_S / T) || softmax(z_C / T)) + (1 - a(t)) * CE(z_C, y)``
 
-with ``T = 3`` and the adaptive weight
+with ``T = 3``, ``s = 1`` as Eq. 7 is printed (``kl_scale="none"``) or ``s = T^2``
+(``kl_scale="t-squared"``, Hinton et al.'s factor that keeps the soft targets' gradient
+as large as the hard targets' whatever ``T``; the paper's code is not public), and the
+adaptive weight
 ``a(t) = a_min + (a_max - a_min) * min(1, t / T_g)`` (0.2, 0.6, ``T_g = 1000``: ``ramp_arrivals``;
 ``t`` is the global timestamp, i.e. the number of arrivals). Then
 ``w <- (1 - beta) w + beta w_i`` with ``beta = 1 / sqrt(tau + 1)``.
@@ -42,12 +45,19 @@ def fedadt_beta(tau: int) -> float:
     return 1.0 / math.sqrt(tau + 1.0)
 
 
+KL_SCALES = ("none", "t-squared")
+
+
 def fedadt_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
-                   alpha: float, temperature: float) -> torch.Tensor:
-    """``alpha * KL(softmax(z_S/T) || softmax(z_C/T)) + (1 - alpha) * CE(z_C, y)``, batch mean."""
+                   alpha: float, temperature: float, kl_scale: str = "none") -> torch.Tensor:
+    """``alpha * s * KL(softmax(z_S/T) || softmax(z_C/T)) + (1 - alpha) * CE(z_C, y)``, batch mean.
+
+    ``s`` is 1 for ``kl_scale="none"`` (Eq. 7 as printed) and ``T^2`` for ``"t-squared"``.
+    """
     kl = F.kl_div(F.log_softmax(student_logits / temperature, dim=1), F.softmax(teacher_logits / temperature, dim=1),
                   reduction="batchmean")
-    return alpha * kl + (1.0 - alpha) * F.cross_entropy(student_logits, labels)
+    scale = temperature**2 if kl_scale == "t-squared" else 1.0
+    return alpha * scale * kl + (1.0 - alpha) * F.cross_entropy(student_logits, labels)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class FedADTConfig(StrategyConfig):
     ----------
     temperature : float
         ``T`` of the distillation softmax.
+    kl_scale : {"none", "t-squared"}
+        Factor on the KL term: 1 as Eq. 7 is printed, or ``T^2`` (Hinton et al.), which
+        keeps the teacher's gradient comparable to the labels' at ``T = 3``.
     alpha_min, alpha_max : float
         Range of the adaptive KD weight ``a(t)``.
     ramp_arrivals : int
@@ -73,6 +86,7 @@ class FedADTConfig(StrategyConfig):
     prefix: ClassVar[str] = "fedadt"
 
     temperature: float = knob(3.0, above=0)
+    kl_scale: str = knob("none", choices=KL_SCALES)
     alpha_min: float = knob(0.2, minimum=0, maximum=1)
     alpha_max: float = knob(0.6, minimum=0, maximum=1)
     ramp_arrivals: int = knob(1000, minimum=1)
@@ -107,7 +121,7 @@ class FedADT(Strategy):
         Builds a fresh network of the global model's architecture (your ``Net``).
     server_data : ServerSet, (x, y) or Dataset
         Labeled distillation data on the server (0.5 % of the training data in the paper).
-    temperature, alpha_min, alpha_max, ramp_arrivals, kd_lr, kd_batch_size
+    temperature, kl_scale, alpha_min, alpha_max, ramp_arrivals, kd_lr, kd_batch_size
         See :class:`FedADTConfig`.
     seed : int
         Seeds the order of the server set in each KD pass.
@@ -115,13 +129,15 @@ class FedADT(Strategy):
 
     config_class = FedADTConfig
     # the teacher and student are loaded afresh for every correction: only the order stream and counters persist
-    state_attributes = ("_generator", "timestamp", "corrected")
+    state_attributes = ("_generator", "timestamp", "corrected", "_figures")
 
     def __init__(self, model_fn: Callable[[], nn.Module], server_data: Any, temperature: float = 3.0,
-                 alpha_min: float = 0.2, alpha_max: float = 0.6, ramp_arrivals: int = 1000, kd_lr: float = 0.01,
-                 kd_batch_size: int = 32, seed: int = 0, **flower_options: Any) -> None:
+                 kl_scale: str = "none", alpha_min: float = 0.2, alpha_max: float = 0.6, ramp_arrivals: int = 1000,
+                 kd_lr: float = 0.01, kd_batch_size: int = 32, seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedADTConfig(temperature, alpha_min, alpha_max, ramp_arrivals, kd_lr, kd_batch_size)
+        self.config = FedADTConfig(temperature=temperature, kl_scale=kl_scale, alpha_min=alpha_min,
+                                   alpha_max=alpha_max, ramp_arrivals=ramp_arrivals, kd_lr=kd_lr,
+                                   kd_batch_size=kd_batch_size)
         model_fn = checked_model_fn(model_fn, "FedADT")
         if isinstance(server_data, ServerSet):
             server_data = (server_data.x, server_data.y)
@@ -135,6 +151,10 @@ class FedADT(Strategy):
         self._generator = torch.Generator().manual_seed(seed)
         self.timestamp = 0
         self.corrected = 0
+        # sums over every KD batch: the teacher's and the (stale) student's accuracy on the server set, and the
+        # KL term's share of the pull on the student's logits (what the correction's two terms weigh, measured)
+        self._figures = {"batches": 0.0, "teacher-correct": 0.0, "student-correct": 0.0, "examples": 0.0,
+                         "kl-share": 0.0}
 
     @classmethod
     def from_config(cls, config: FedADTConfig, resources: StrategyResources | None = None,
@@ -158,11 +178,34 @@ class FedADT(Strategy):
             index = order[start : start + cfg.kd_batch_size]
             with torch.no_grad():
                 teacher_logits = self.teacher(self._x[index])
-            loss = fedadt_kd_loss(self.student(self._x[index]), teacher_logits, self._y[index], alpha, cfg.temperature)
+            student_logits = self.student(self._x[index])
+            self._record(student_logits.detach(), teacher_logits, self._y[index], alpha)
+            loss = fedadt_kd_loss(student_logits, teacher_logits, self._y[index], alpha, cfg.temperature, cfg.kl_scale)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
         return model_to_flat(self.student)
+
+    def _record(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                alpha: float) -> None:
+        """Add one batch to the mechanism's figures.
+
+        Each term's pull is the norm of its gradient with respect to the student's logits (closed
+        form: ``(1 - a) (softmax(z_C) - onehot)`` for the labels, ``a s (softmax(z_C / T) -
+        softmax(z_S / T)) / T`` for the teacher), so the share costs no extra backward pass.
+        """
+        cfg = self.config
+        scale = cfg.temperature**2 if cfg.kl_scale == "t-squared" else 1.0
+        hard = F.softmax(student_logits, dim=1) - F.one_hot(labels, student_logits.shape[1]).to(student_logits.dtype)
+        soft = F.softmax(student_logits / cfg.temperature, dim=1) - F.softmax(teacher_logits / cfg.temperature, dim=1)
+        pull_labels = (1.0 - alpha) * float(hard.norm())
+        pull_teacher = alpha * scale / cfg.temperature * float(soft.norm())
+        figures = self._figures
+        figures["batches"] += 1.0
+        figures["kl-share"] += pull_teacher / (pull_teacher + pull_labels) if pull_teacher + pull_labels > 0 else 0.0
+        figures["examples"] += float(len(labels))
+        figures["teacher-correct"] += float((teacher_logits.argmax(1) == labels).sum())
+        figures["student-correct"] += float((student_logits.argmax(1) == labels).sum())
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         client = arrival.weights
@@ -174,4 +217,17 @@ class FedADT(Strategy):
         return (1.0 - beta) * current + beta * client
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"kd-corrected": self.corrected, "server-set-size": int(len(self.server_set.y))}
+        """KD corrections made and, over every KD batch, what the correction's terms saw.
+
+        ``kd-teacher-accuracy`` and ``kd-student-accuracy``: the global model's and the stale client
+        models' accuracy on the server set's batches (before each step); ``kd-kl-share``: the mean
+        share of the teacher term in the pull on the student's logits (0 = labels only).
+        """
+        figures = self._figures
+        out: dict[str, float | int | str] = {"kd-corrected": self.corrected,
+                                             "server-set-size": int(len(self.server_set.y))}
+        if figures["batches"]:
+            out["kd-teacher-accuracy"] = round(figures["teacher-correct"] / figures["examples"], 4)
+            out["kd-student-accuracy"] = round(figures["student-correct"] / figures["examples"], 4)
+            out["kd-kl-share"] = round(figures["kl-share"] / figures["batches"], 4)
+        return out

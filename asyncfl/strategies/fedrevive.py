@@ -16,9 +16,12 @@ with ``Delta_KD = KD-Revive(x_i, x)``:
    drawn from the pool by its proxy class proportions, KL at temperature ``T``;
    ``Delta_KD = student - x``.
 
-Before ``kd-start`` only the ``(1 - beta)`` down-weighting applies (as the authors'
-public configuration does with 50/100 warm-up updates). ``beta`` is AFL-DW's
-family (1-cosine over ``tau_max`` by default; linear, step, constant).
+Before ``kd-start`` there is no KD half. ``warmup="damped"`` (default, ours) takes
+AFL-DW's step ``x + eta_s (1 - beta(tau)) Delta`` there; ``warmup="raw"`` is what the
+authors' reference server does: the undamped ``x + eta_s Delta`` for the updates before
+``synthesis-start`` (its ``freeze_rounds``: CIFAR-10 50, FEMNIST 400), then the damped
+step until KD starts. ``beta`` is AFL-DW's family (1-cosine over ``tau_max`` by default;
+linear, step, constant).
 
 DD-FedRevive (``data = "holdout"``): the pool is the server's labeled hold-out
 split instead of synthetic samples, teachers are weighted by the clients' true
@@ -56,6 +59,8 @@ from asyncfl.strategies.revive.proxies import ClassProportionProxies, teacher_cl
 from asyncfl.strategies.revive.synthesis import SynthesisConfig, synthesize
 from asyncfl.strategies.staleness import BETA_SCHEDULES, beta_schedule, staleness_cutoff
 
+#: The step before KD starts: AFL-DW's damped step, or the reference server's undamped one before synthesis.
+WARMUPS = ("damped", "raw")
 #: Where the built-in app's teacher class weights come from: probed proxies, or the real label histograms.
 REVIVE_PROPORTIONS = ("proxy", "true")
 
@@ -97,6 +102,9 @@ class FedReviveConfig(StrategyConfig):
         Weights of Eq. 4's three losses.
     reptile_step : float
         ``lambda`` of the Reptile meta-update ``theta <- (1 - lambda) theta + lambda theta'``.
+    warmup : {"damped", "raw"}
+        The step before KD starts: AFL-DW's ``(1 - beta)``-damped step throughout (ours), or the
+        reference server's undamped ``eta_s Delta`` before ``synthesis_start`` (its ``freeze_rounds``).
     kd_start, kd_steps, kd_batch_size, kd_lr, temperature : int, int, int, float, float
         The update KD starts at, ``K_KD`` Adam steps, per-teacher minibatch, learning rate, ``T``.
     pool_capacity : int
@@ -125,6 +133,7 @@ class FedReviveConfig(StrategyConfig):
     probe_temperature: float = knob(1.4, above=0)
     synthesis_every: int = knob(10, minimum=1)
     synthesis_start: int = knob(50, minimum=0)
+    warmup: str = knob("damped", choices=WARMUPS)
     kd_start: int = knob(100, minimum=0)
     kd_steps: int = knob(10, minimum=1)
     kd_batch_size: int = knob(32, minimum=1)
@@ -210,7 +219,7 @@ class FedRevive(Strategy):
     # the student and probe network are loaded afresh for every use; the generator, pool, proxies, teachers and
     # random streams carry over (the buffer as (client, teacher network) pairs: see teacher_slots)
     state_attributes = ("_teacher_nets", "teacher_slots", "_next_slot", "proxies", "generator", "pool", "_torch_rng",
-                        "_np_rng", "updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds",
+                        "_np_rng", "updates", "raw_updates", "synthesis_rounds", "kd_updates", "last_synthesis_loss", "seconds",
                         "mixing", "response_meter")
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int], *,
@@ -218,7 +227,7 @@ class FedRevive(Strategy):
                  max_staleness: float = 150.0,
                  beta_constant: float = 0.5, teacher_buffer_size: int = 8, probe_uploads: int = 2,
                  probe_temperature: float = 1.4, synthesis_every: int = 10, synthesis_start: int = 50,
-                 kd_start: int = 100, kd_steps: int = 10, kd_batch_size: int = 32, kd_lr: float = 1e-4,
+                 warmup: str = "damped", kd_start: int = 100, kd_steps: int = 10, kd_batch_size: int = 32, kd_lr: float = 1e-4,
                  temperature: float = 1.0, pool_capacity: int = 2048, latent_dim: int = 100,
                  synthesis_batch_size: int = 64, synthesis_steps: int = 2, generator_lr: float = 0.01,
                  latent_lr: float = 0.003, alpha_target: float = 1.0, alpha_feature: float = 0.3,
@@ -228,7 +237,7 @@ class FedRevive(Strategy):
         config = self.config_class(
             server_lr=server_lr, pace=pace, beta=beta, max_staleness=max_staleness, beta_constant=beta_constant,
             teacher_buffer_size=teacher_buffer_size, probe_uploads=probe_uploads, probe_temperature=probe_temperature,
-            synthesis_every=synthesis_every, synthesis_start=synthesis_start, kd_start=kd_start, kd_steps=kd_steps,
+            synthesis_every=synthesis_every, synthesis_start=synthesis_start, warmup=warmup, kd_start=kd_start, kd_steps=kd_steps,
             kd_batch_size=kd_batch_size, kd_lr=kd_lr, temperature=temperature, pool_capacity=pool_capacity,
             latent_dim=latent_dim, synthesis_batch_size=synthesis_batch_size, synthesis_steps=synthesis_steps,
             generator_lr=generator_lr, latent_lr=latent_lr, alpha_target=alpha_target, alpha_feature=alpha_feature,
@@ -263,6 +272,7 @@ class FedRevive(Strategy):
         self.updates = 0
         self.synthesis_rounds = 0
         self.kd_updates = 0
+        self.raw_updates = 0
         self.last_synthesis_loss = float("nan")
         # beta(tau) and the KD half's share of each step (over the parameters), for the summary
         self.mixing = MixingTally(parameter_mask(self.student))
@@ -384,6 +394,9 @@ class FedRevive(Strategy):
         with_kd = self.updates >= cfg.kd_start and len(self.pool) > 0 and beta > 0.0
         self.updates += 1
         if not with_kd:
+            if cfg.warmup == "raw" and self.updates <= cfg.synthesis_start:
+                self.raw_updates += 1
+                return afl_dw_step(current, arrival.delta, self.server_lr, 0.0)
             # No KD half: bitwise AFL-DW's step, so FedRevive and AFL-DW runs of one seed part only where KD acts.
             return afl_dw_step(current, arrival.delta, self.server_lr, beta)
         started = time.perf_counter()
@@ -399,6 +412,7 @@ class FedRevive(Strategy):
             "variant": "dd-fedrevive" if self.data_driven else "fedrevive",
             "server-lr": round(self.server_lr, 6),
             "kd-updates": self.kd_updates,
+            "raw-warmup-updates": self.raw_updates,
             "synthesis-rounds": self.synthesis_rounds,
             "kd-pool-size": len(self.pool),
             "last-synthesis-loss": round(self.last_synthesis_loss, 4),
