@@ -37,23 +37,41 @@ def is_builtin_app(app_dir: Path) -> bool:
     return components.get("serverapp") == BUILTIN_SERVERAPP
 
 
+def unknown_key_message(key: str, known: dict) -> str:
+    """One line for a run-config key the app does not have, with the nearest keys it does."""
+    import difflib
+
+    near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(k) for k in near)}?" if near else \
+        "every key is listed under [tool.flwr.app.config] in the app's pyproject.toml"
+    return f"unknown key {key!r}: {hint}"
+
+
 def check_run_config(app_dir: Path, run_config: list[str]) -> None:
     """Validate the fused run-config here, before a SuperLink or Ray starts.
 
     Flower itself rejects unknown keys of any app; the values are checked only for
-    asyncfl's built-in app, whose keys this module knows.
+    asyncfl's built-in app, whose keys this module knows: a ``key=value`` that another
+    strategy than the run's would ignore is refused too.
 
     Raises ``ValueError`` (unknown key, bad TOML) or
     :class:`asyncfl.config.ConfigError` (invalid value), naming what is valid.
     """
-    from flwr.common.config import get_fused_config_from_dir, parse_config_args
-
-    from asyncfl.config import parse_run_config
+    from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config, parse_config_args
 
     overrides = parse_config_args(run_config) if run_config else {}
+    known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+    for key in overrides:
+        if key not in known:
+            raise ValueError(unknown_key_message(key, known))
+
+    from asyncfl.config import parse_run_config, refuse_other_strategies_settings
+
     fused = get_fused_config_from_dir(app_dir, overrides)
     if is_builtin_app(app_dir):
         parse_run_config(fused)
+        typed = [item for item in run_config if not item.endswith(".toml")]
+        refuse_other_strategies_settings(parse_config_args(typed) if typed else {}, str(fused["strategy"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ with messages that name the valid choices.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from asyncfl.data.datasets import DATASETS, check_files
@@ -225,6 +225,52 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     except DatasetNotFoundError as exc:
         raise ConfigError(str(exc)) from exc
     return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift, options)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def foreign_settings(cfg: Mapping[str, Any], strategy: str) -> dict[str, list[str]]:
+    """The knobs of server strategies other than ``strategy`` that ``cfg`` sets away from their defaults.
+
+    Returns ``{run-config key: [strategies it belongs to]}``. Keys the strategy in use reads itself
+    (``fedavg.server-lr``, shared by the FedAvg-based baselines) are its own, not foreign.
+    """
+    own: set[str] = set()
+    if strategy in STRATEGY_CLASSES:
+        config_class = strategy_class(strategy).config_class
+        own = {config_class.key_of(spec.name) for spec in fields(config_class)}
+    foreign: dict[str, list[str]] = {}
+    for name in STRATEGY_CLASSES:
+        config_class = strategy_class(name).config_class
+        for spec in fields(config_class):
+            key = config_class.key_of(spec.name)
+            if key not in own and key in cfg and not _same_value(cfg[key], spec.default):
+                foreign.setdefault(key, []).append(name)
+    return foreign
+
+
+def refuse_other_strategies_settings(cfg: Mapping[str, Any], strategy: str) -> None:
+    """Refuse a knob of another server strategy set away from its default (:func:`foreign_settings`).
+
+    Such a setting would be ignored (``strategy='fedasync' fedbuff.buffer-size=3`` runs FedAsync
+    as if it were not there), so the experiment would not be the one asked for. ``asyncfl run``
+    applies it to the ``key=value`` overrides; a preset file (``conf/paper/*.toml``) may carry
+    the knobs of the baselines it is written to compare against.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, the strategies it belongs to and the strategy in use.
+    """
+    for key, owners in sorted(foreign_settings(cfg, strategy).items()):
+        users = " or ".join(f"'{name}'" for name in dict.fromkeys(owners))
+        raise ConfigError(f"{key}={cfg[key]!r} is a setting of strategy {users}, but this run's strategy is "
+                          f"'{strategy}', which ignores it: drop the key or set strategy='{owners[0]}'")
 
 
 def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None) -> DriftConfig:

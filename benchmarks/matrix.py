@@ -39,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncfl.server_app.run_folder import toml_value  # noqa: E402 (the repository's package, from a script)
+from asyncfl.config import foreign_settings  # noqa: E402 (the repository's package, from a script)
+from asyncfl.server_app.run_folder import toml_value  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -621,6 +622,10 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
     exists."""
     run_name = f"{name}__s{seed}"
     config = {**overrides, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name}
+    # a study's common settings name several methods' knobs; each run takes only its own strategy's (the app
+    # refuses another strategy's setting, which it would ignore)
+    for key in foreign_settings(config, str(config.get("strategy", "fedbuff"))):
+        del config[key]
     if finished(runs_dir / run_name):
         if not overrides.get("max-arrivals"):  # a horizon in time (every gossip study): nothing to extend
             return

@@ -179,3 +179,25 @@ def test_every_preset_parses_and_builds_its_model(preset, monkeypatch):
     model = build_model(cfg.data.model, (CHANNELS[cfg.data.dataset], side, side), 10, cfg.data.batchnorm,
                         track_statistics=cfg.data.track_statistics)
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_a_setting_of_another_strategy_is_refused_naming_both():
+    # Prepare / Execute / Assert: the command line's key=value of a strategy the run does not use
+    from asyncfl.cli import check_run_config
+
+    with pytest.raises(ConfigError, match="fedbuff.buffer-size=3 is a setting of strategy 'fedbuff'.*'fedasync'"):
+        check_run_config(ROOT, ["strategy='fedasync' fedbuff.buffer-size=3"])
+    with pytest.raises(ConfigError, match="fedasync.alpha=0.5 .* strategy is 'fedbuff'"):
+        check_run_config(ROOT, ["fedasync.alpha=0.5"])
+    # its own knobs, keys it shares (fedavg.server-lr) and another strategy's default value pass
+    check_run_config(ROOT, ["strategy='fedasync' fedasync.alpha=0.5 fedbuff.buffer-size=0"])
+    check_run_config(ROOT, ["strategy='stale-weighted' fedavg.server-lr=0.5"])
+
+
+def test_a_misspelled_key_is_answered_with_the_nearest_keys():
+    from asyncfl.cli import check_run_config
+
+    with pytest.raises(ValueError, match="unknown key 'max-arival': did you mean 'max-arrivals'"):
+        check_run_config(ROOT, ["max-arival=5"])
+    with pytest.raises(ValueError, match="unknown key 'zzz-qqq': every key is listed"):
+        check_run_config(ROOT, ["zzz-qqq=5"])
