@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from asyncfl.simulation.compare import compare_runs
 
+    for folder in args.runs:
+        missing = [name for name in ("metrics.csv", "summary.json") if not (folder / name).is_file()]
+        if missing:
+            parser.error(f"compare: {folder} is not a run folder (no {' or '.join(missing)}); pass folders that "
+                         "asyncfl runs wrote, e.g. outputs/<run-name>")
     print(compare_runs(args.runs, args.out, args.target))
     return 0
 
