@@ -218,3 +218,46 @@ def test_a_failed_background_logit_pass_is_raised_at_the_next_aggregation():
     assert echo.on_arrival(_arrival(0, clients[0], base), base) is None  # returns before the pass has run
     with pytest.raises(RuntimeError, match="logit pass failed"):
         echo.on_arrival(_arrival(1, clients[1], base), base)
+
+
+def test_each_aggregation_scores_the_logit_ensemble_against_the_model_it_teaches():
+    # Prepare: U of 30 labeled inputs; two clients whose models differ from the global model
+    from asyncfl.strategies.fedecho import FedEcho
+
+    rng = np.random.default_rng(0)
+    inputs = rng.normal(size=(30, 1, 8, 8)).astype(np.float32)
+    labels = rng.integers(0, 3, 30)
+    make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
+    current = model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=1))
+    strategy = FedEcho(make, inputs, buffer_size=2, server_lr=1.0, distill_steps=0, overlap_logits=False,
+                       distill_labels=labels)
+    clients = [model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=s)) for s in (2, 3)]
+    # Execute: two arrivals fill the buffer once
+    new = None
+    for index, weights in enumerate(clients):
+        new = strategy.on_arrival(Arrival(index, 0, 0, weights, current, 10, 0.1, 0.0), current)
+    # Assert: the figures by hand, from the same networks
+    def predictions(flat):
+        net = make()
+        load_flat(net, flat)
+        with torch.no_grad():
+            return net.eval()(torch.from_numpy(inputs))
+
+    ensemble = torch.stack([predictions(c).half().float() for c in clients]).mean(0).argmax(1).numpy()
+    own = predictions(new).argmax(1).numpy()
+    summary = strategy.summary()
+    assert summary["teacher-agreement"] == pytest.approx(float((ensemble == own).mean()), abs=1e-4)
+    assert summary["teacher-accuracy-on-u"] == pytest.approx(float((ensemble == labels).mean()), abs=1e-4)
+    assert summary["global-accuracy-on-u"] == pytest.approx(float((own == labels).mean()), abs=1e-4)
+    assert summary["teacher-better-share"] == float((ensemble == labels).mean() > (own == labels).mean())
+
+
+def test_holdout_distillation_labels_are_the_rows_of_its_inputs():
+    from asyncfl.data.unlabeled import distillation_labels
+
+    x = np.arange(200, dtype=np.float32).reshape(200, 1, 1, 1)
+    labels = np.arange(200) % 4
+    inputs = distillation_inputs("holdout", x, labels, size=10, seed=3, holdout_fraction=0.2)
+    ours = distillation_labels("holdout", labels, size=10, seed=3, holdout_fraction=0.2)
+    assert np.array_equal(labels[inputs[:, 0, 0, 0].astype(int)], ours)
+    assert distillation_labels("mnist5k", labels, size=10, seed=3) is None

@@ -93,6 +93,21 @@ def distillation_inputs(kind: str, x_train: np.ndarray, y_train: np.ndarray, siz
         pool = x_train[rows]
     else:
         raise ValueError(f"unknown distill-set {kind!r}; valid: {', '.join(DISTILL_SETS)}")
-    if len(pool) > size:
-        pool = pool[np.sort(np.random.default_rng([seed, 8]).choice(len(pool), size=size, replace=False))]
-    return np.ascontiguousarray(pool, dtype=np.float32)
+    return np.ascontiguousarray(pool[_subsample(len(pool), size, seed)], dtype=np.float32)
+
+
+def _subsample(count: int, size: int, seed: int) -> np.ndarray | slice:
+    """The seeded rows :func:`distillation_inputs` keeps of a pool of ``count`` (all when it is small enough)."""
+    if count <= size:
+        return slice(None)
+    return np.sort(np.random.default_rng([seed, 8]).choice(count, size=size, replace=False))
+
+
+def distillation_labels(kind: str, y_train: np.ndarray, size: int, seed: int, *,
+                        holdout_fraction: float = 0.0) -> np.ndarray | None:
+    """The task's labels of :func:`distillation_inputs`' rows where ``U`` is the task's own data (``holdout``);
+    ``None`` for another dataset, whose labels are not the clients' classes."""
+    if kind != "holdout":
+        return None
+    rows = holdout_rows(y_train, holdout_fraction, seed)
+    return np.asarray(y_train[rows][_subsample(len(rows), size, seed)], dtype=np.int64)

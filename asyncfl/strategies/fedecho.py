@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillation_inputs
+from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillation_inputs, distillation_labels
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.models.inference import chunked_forward
 from asyncfl.strategies.base import Arrival, Strategy
@@ -185,17 +185,22 @@ class FedEcho(Strategy):
         What ``server_lr=0`` follows (:class:`FedEchoConfig`).
     seed : int
         Seeds the distillation minibatches.
+    distill_labels : array, optional
+        The task's labels of ``U`` where ``U`` is the task's own data: only to measure, at each
+        aggregation, whether the stored-logit ensemble classifies ``U`` better than the global model
+        it distils into (the summary's ``teacher-*`` figures); the method never reads them.
     """
 
     config_class = FedEchoConfig
     # the student is loaded from the candidate model at every distillation; its Adam moments carry over
     state_attributes = ("bank", "optimizer", "_generator", "_sum", "_count", "aggregations", "_alpha_sum",
-                        "_alpha_count", "response_meter")
+                        "_alpha_count", "response_meter", "_teacher_figures")
 
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 0,
                  server_lr: float = 0.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 3e-6, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
-                 overlap_logits: bool = True, pace: str = "measured", seed: int = 0, **flower_options: Any) -> None:
+                 overlap_logits: bool = True, pace: str = "measured", seed: int = 0,
+                 distill_labels: Any = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
                                     alpha_min, alpha_max, clip, overlap_logits, pace=pace)
@@ -214,6 +219,14 @@ class FedEcho(Strategy):
         self._count = 0
         self.aggregations = 0
         self._alpha_sum, self._alpha_count = 0.0, 0  # for the summary's mean alpha
+        self.distill_labels = None if distill_labels is None else torch.as_tensor(np.asarray(distill_labels),
+                                                                                   dtype=torch.int64)
+        if self.distill_labels is not None and len(self.distill_labels) != len(self.unlabeled):
+            raise ValueError(f"FedEcho: distill_labels has {len(self.distill_labels)} labels for "
+                             f"{len(self.unlabeled)} distill_inputs")
+        # sums over aggregations: is the stored-logit ensemble (the teacher) better than the model it teaches?
+        self._teacher_figures = {"aggregations": 0.0, "agreement": 0.0, "ensemble-correct": 0.0,
+                                 "global-correct": 0.0, "ensemble-better": 0.0}
 
     @classmethod
     def from_config(cls, config: FedEchoConfig, resources: StrategyResources | None = None,
@@ -224,7 +237,10 @@ class FedEcho(Strategy):
         unlabeled = distillation_inputs(config.distill_set, resources.x_train, resources.y_train,
                                         config.distill_size, resources.seed, data_dir=resources.data_dir,
                                         holdout_fraction=resources.server_holdout)
-        strategy = cls(resources.make_model, unlabeled, seed=resources.seed, **config.keywords(), **flower_options)
+        labels = distillation_labels(config.distill_set, resources.y_train, config.distill_size, resources.seed,
+                                     holdout_fraction=resources.server_holdout)
+        strategy = cls(resources.make_model, unlabeled, seed=resources.seed, distill_labels=labels,
+                       **config.keywords(), **flower_options)
         strategy.distill_source = config.distill_set
         return strategy
 
@@ -279,7 +295,23 @@ class FedEcho(Strategy):
         self._count = 0
         self.aggregations += 1
         self.wait_for_logits()
+        self._compare_teacher(candidate)
         return self.distill(candidate) if cfg.distill_steps else candidate
+
+    def _compare_teacher(self, candidate: np.ndarray) -> None:
+        """Score the teacher (the stored-logit ensemble) against the model it is about to teach, on all of ``U``:
+        their argmax agreement, and, where ``U`` has the task's labels, each one's accuracy."""
+        ensemble = torch.from_numpy(self.bank.mean()).argmax(dim=1)
+        own = chunked_forward(load_flat(self.client_net, candidate).eval(), self.unlabeled).argmax(dim=1)
+        figures = self._teacher_figures
+        figures["aggregations"] += 1.0
+        figures["agreement"] += float((ensemble == own).float().mean())
+        if self.distill_labels is not None:
+            ensemble_accuracy = float((ensemble == self.distill_labels).float().mean())
+            global_accuracy = float((own == self.distill_labels).float().mean())
+            figures["ensemble-correct"] += ensemble_accuracy
+            figures["global-correct"] += global_accuracy
+            figures["ensemble-better"] += float(ensemble_accuracy > global_accuracy)
 
     def settle(self) -> None:
         self.wait_for_logits()
@@ -296,4 +328,20 @@ class FedEcho(Strategy):
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
             "server-lr": round(self.paced_lr(self.config.server_lr, self.buffer_size), 6),
             **self.pace_summary(),
+            **self._teacher_summary(),
         }
+
+    def _teacher_summary(self) -> dict[str, float]:
+        """Means over aggregations: ``teacher-agreement`` (the ensemble's and the new global model's argmax on
+        ``U``); with labeled ``U`` also each one's accuracy and the share of aggregations where the
+        ensemble was the better (what the distillation relies on)."""
+        figures = self._teacher_figures
+        count = figures["aggregations"]
+        if not count:
+            return {}
+        out = {"teacher-agreement": round(figures["agreement"] / count, 4)}
+        if self.distill_labels is not None:
+            out.update({"teacher-accuracy-on-u": round(figures["ensemble-correct"] / count, 4),
+                        "global-accuracy-on-u": round(figures["global-correct"] / count, 4),
+                        "teacher-better-share": round(figures["ensemble-better"] / count, 4)})
+        return out
