@@ -88,3 +88,23 @@ def test_mean_curve_averages_runs_at_each_time_after_smoothing_each_run(tmp_path
     assert times == [1.0, 2.0]
     # smoothed runs: s1 [0.0, 0.1], s2 [0.2, 0.3] -> means [0.1, 0.2], sd sqrt(0.02) each
     assert mean == pytest.approx([0.1, 0.2]) and sd == pytest.approx([0.02 ** 0.5] * 2)
+
+
+@pytest.mark.parametrize("name", ["fedadt-fmnist-paper", "fedecho-fmnist-paper", "fedrevive-fmnist-lag"])
+def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strategy(name, monkeypatch):
+    from flwr.common.config import flatten_dict, get_project_config
+
+    from asyncfl import config as config_module
+    from asyncfl.config import foreign_settings, parse_run_config
+
+    monkeypatch.setattr(config_module, "check_files", lambda *args: None)  # Fashion-MNIST need not be installed
+    matrix = _matrix()
+    study = matrix.STUDIES[name]
+    defaults = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
+    for cell, overrides, seed in matrix.cells(study):
+        config = {**overrides, "seed": seed}
+        for key in foreign_settings(config, config["strategy"]):
+            del config[key]
+        assert set(config) <= set(defaults), f"{cell}: unknown keys {set(config) - set(defaults)}"
+        parsed = parse_run_config({**defaults, **config})
+        assert parsed.strategy == config["strategy"] and parsed.engine.concurrency == overrides["concurrency"]
