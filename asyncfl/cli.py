@@ -47,7 +47,23 @@ def unknown_key_message(key: str, known: dict) -> str:
     return f"unknown key {key!r}: {hint}"
 
 
-def check_run_config(app_dir: Path, run_config: list[str]) -> None:
+def check_node_count(fused: dict, num_supernodes: int) -> None:
+    """Refuse a simulation whose nodes cannot fill the built-in app's concurrency (each node runs
+    ``jobs-per-client`` jobs at once): it would wait ``wait-for-nodes`` for nodes that never come, then run
+    fewer jobs in flight than asked for."""
+    from asyncfl.strategies.registry import STRATEGY_CLASSES
+
+    if str(fused.get("strategy")) not in STRATEGY_CLASSES:  # the gossip methods run every peer, no concurrency
+        return
+    concurrency, per_node = int(fused["concurrency"]), int(fused.get("jobs-per-client", 1))
+    if num_supernodes * per_node < concurrency:
+        fits = num_supernodes * per_node
+        raise ValueError(f"--num-supernodes {num_supernodes} cannot fill concurrency={concurrency} ({per_node} job "
+                         f"per node at once): pass --num-supernodes >= {-(-concurrency // per_node)} or "
+                         f"-c concurrency={fits}")
+
+
+def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int | None = None) -> None:
     """Validate the fused run-config here, before a SuperLink or Ray starts.
 
     Flower itself rejects unknown keys of any app; the values are checked only for
@@ -72,6 +88,8 @@ def check_run_config(app_dir: Path, run_config: list[str]) -> None:
         parse_run_config(fused)
         typed = [item for item in run_config if not item.endswith(".toml")]
         refuse_other_strategies_settings(parse_config_args(typed) if typed else {}, str(fused["strategy"]))
+        if num_supernodes is not None:
+            check_node_count(fused, num_supernodes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
         run_config = resolve_run_config(args.run_config)
         try:
-            check_run_config(args.app, run_config)
+            check_run_config(args.app, run_config, args.num_supernodes)
         except ValueError as exc:
             parser.error(f"invalid run-config: {exc}")
         if args.cpus_per_client <= 0:

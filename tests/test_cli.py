@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
+
 from asyncfl.deploy.simulation import CONNECTION, LocalSuperLink, run_failed
 
 
@@ -61,3 +63,20 @@ def test_resume_reuses_the_runs_own_run_config_with_changes_and_its_node_count(t
     assert resumed["output-dir"] == str(run.parent) and resumed["target-accuracy"] == "0.8,0.9"
     with pytest.raises(SystemExit):  # a folder that is not a run folder: a usage error before anything starts
         main(["run", "--resume", str(tmp_path)])
+
+
+def test_too_few_simulated_nodes_for_the_concurrency_are_refused_at_once(capsys):
+    # Prepare / Execute: 3 nodes cannot run the default app's 10 jobs at once
+    from asyncfl.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "--num-supernodes", "3"])
+    # Assert: refused before any SuperLink, in one line naming both fixes
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--num-supernodes 3 cannot fill concurrency=10" in err and "-c concurrency=3" in err
+    # a gossip method has no concurrency to fill
+    from asyncfl.cli import check_node_count
+
+    check_node_count({"strategy": "pushcen", "concurrency": 10}, 3)
+    check_node_count({"strategy": "fedbuff", "concurrency": 10, "jobs-per-client": 1}, 10)

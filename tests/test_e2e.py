@@ -220,7 +220,7 @@ def test_a_run_that_fails_on_the_superlink_exits_non_zero(tmp_path):
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         (folder / name).write_bytes(b"not a pickle")
     command = [sys.executable, "-m", "asyncfl.cli", "run", "--num-supernodes", "2", "-c",
-               f"dataset='cifar10' data-dir='{tmp_path}' model='mlp' max-arrivals=4 output-dir='{tmp_path}'"]
+               f"dataset='cifar10' data-dir='{tmp_path}' model='mlp' concurrency=2 max-arrivals=4 output-dir='{tmp_path}'"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "the run failed on the SuperLink" in result.stderr

@@ -189,8 +189,11 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
                          checkpoints=checkpoints, resume=resume, callbacks=callbacks)
     if server_eval is not None:
         server_eval.round, server_eval.version = (lambda: engine.round), (lambda: engine.versions.version)
-    flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s); stop at %s", name,
-             options.clock, config.concurrency, len(nodes),
+    in_flight = min(config.concurrency, len(nodes) * config.jobs_per_client)
+    capped = (f" (concurrency {config.concurrency}, capped by {len(nodes)} node(s) x {config.jobs_per_client} job "
+              "each)") if in_flight < config.concurrency else ""
+    flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s)%s; stop at %s", name,
+             options.clock, in_flight, len(nodes), capped,
              _stops_text(num_rounds, options.max_arrivals, options.max_time, config.round_arrivals,
                          flower.fraction_train))
     started = time.monotonic()
