@@ -195,6 +195,7 @@ def resume_run_config(folder: Path, overrides: list[str]) -> tuple[list[str], in
     run_config = read_run_config(folder)
     run_config.update(parse_config_args(overrides) if overrides else {})
     run_config.update({"resume-from": str(folder), "output-dir": str(folder.parent), "run-name": folder.name})
+    check_resumable(folder, run_config)  # before anything starts or is written
     resume_folder = folder / "resume"
     resume_folder.mkdir(exist_ok=True)
     write_run_config(resume_folder, run_config)
@@ -202,6 +203,30 @@ def resume_run_config(folder: Path, overrides: list[str]) -> tuple[list[str], in
     if (folder / "summary.json").exists():
         clients = json.loads((folder / "summary.json").read_text()).get("clients")
     return [str(resume_folder / RUN_CONFIG_FILE)], clients
+
+
+def check_resumable(folder: Path, run_config: dict) -> None:
+    """Refuse, here and now, a resume the ServerApp would refuse after the SuperLink and Ray started: a run-config
+    that is not valid, or another strategy or other knobs than the newest readable checkpoint's. A damaged newest
+    checkpoint is said and the older one that reads is the one checked (the ServerApp resumes from it too).
+
+    Raises
+    ------
+    ValueError
+        :class:`asyncfl.errors.CheckpointError` or :class:`asyncfl.config.ConfigError`, saying what differs by its
+        run-config key.
+    """
+    from asyncfl.config import parse_run_config
+    from asyncfl.server_app import checkpoint
+    from asyncfl.strategies.base import check_saved_strategy
+    from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
+
+    cfg = parse_run_config(run_config)
+    path, tree, skipped = checkpoint.newest_readable(folder)
+    for problem in skipped:
+        print(f"asyncfl: {problem}: resuming from the newest one that reads, {path.name}", file=sys.stderr)
+    if cfg.strategy in STRATEGY_CLASSES:
+        check_saved_strategy(tree["strategy"], strategy_class(cfg.strategy).__qualname__, cfg.strategy_config)
 
 
 def deployment_run_config(app_dir: Path, run_config: list[str]) -> list[str]:

@@ -486,3 +486,13 @@ def test_a_wall_clock_run_resumes_from_its_checkpoint_and_counts_the_jobs_lost_i
     assert resumed.summary["dispatched"] >= restore(None, saved["stats"])["dispatched"] + 30 - accepted
     assert resumed.summary["rejected-by-reason"] == {"lost-in-restart": in_flight}
     assert resumed.summary["server-versions"] == 10
+
+
+def test_a_knob_added_after_the_checkpoint_counts_as_saved_at_its_default():
+    # Prepare: a checkpoint written before FedBuff had its pace knob
+    state = FedBuff().state_dict()
+    del state["config"]["pace"]
+    # Execute / Assert: the default reproduces the saved run; another value does not
+    FedBuff().load_state_dict(state)
+    with pytest.raises(CheckpointError, match="pace=None there, 'stable' here"):
+        FedBuff(pace="stable").load_state_dict(state)

@@ -33,6 +33,21 @@ def test_two_local_superlinks_side_by_side_each_keep_their_own_address_and_clean
         [f"superlink-{first.port}.log", f"superlink-{second.port}.log"])
 
 
+def _app_defaults() -> dict:
+    from pathlib import Path
+
+    from flwr.common.config import flatten_dict, get_project_config
+
+    return flatten_dict(get_project_config(Path(__file__).resolve().parents[1])["tool"]["flwr"]["app"]["config"])
+
+
+def _saved(name: str, **knobs) -> dict:
+    """What a checkpoint of the built-in app holds for strategy ``name`` with ``knobs``."""
+    from asyncfl.strategies.registry import strategy_class
+
+    return strategy_class(name)(**knobs).state_dict()
+
+
 def test_resume_reuses_the_runs_own_run_config_with_changes_and_its_node_count(tmp_path):
     import json
 
@@ -47,12 +62,12 @@ def test_resume_reuses_the_runs_own_run_config_with_changes_and_its_node_count(t
     run.mkdir(parents=True)
     with pytest.raises(ValueError, match="no run_config.toml"):
         resume_run_config(run, [])
-    write_run_config(run, {"strategy": "fedbuff", "max-arrivals": 300, "model.batchnorm": False, "lr": 0.001,
-                           "run-name": "", "target-accuracy": "0.8,0.9"})
+    write_run_config(run, {**_app_defaults(), "strategy": "fedbuff", "max-arrivals": 300, "model.batchnorm": False,
+                           "lr": 0.001, "run-name": "", "target-accuracy": "0.8,0.9"})
     with pytest.raises(ValueError, match="no checkpoint in"):
         resume_run_config(run, [])
     (run / "checkpoints").mkdir()
-    checkpoint.write(run / "checkpoints" / "checkpoint-v000010-a00000050.npz", {"x": np.zeros(1)})
+    checkpoint.write(run / "checkpoints" / "checkpoint-v000010-a00000050.npz", {"strategy": _saved("fedbuff")})
     (run / "summary.json").write_text(json.dumps({"clients": 12}))
     files, clients = resume_run_config(run, ["max-arrivals=600"])
     resumed = read_run_config(run / "resume")
@@ -80,3 +95,30 @@ def test_too_few_simulated_nodes_for_the_concurrency_are_refused_at_once(capsys)
 
     check_node_count({"strategy": "pushcen", "concurrency": 10}, 3)
     check_node_count({"strategy": "fedbuff", "concurrency": 10, "jobs-per-client": 1}, 10)
+
+
+def test_resume_refusals_come_before_anything_starts_or_is_written_and_a_damaged_checkpoint_falls_back(
+        tmp_path, capsys):
+    from asyncfl.cli import resume_run_config
+    from asyncfl.server_app import checkpoint
+    from asyncfl.server_app.run_folder import write_run_config
+
+    # Prepare: a FedBuff run (buffer 0 = automatic) with two checkpoints
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    write_run_config(run, {**_app_defaults(), "run-name": "run"})
+    older = run / "checkpoints" / "checkpoint-v000010-a00000050.npz"
+    newer = run / "checkpoints" / "checkpoint-v000020-a00000100.npz"
+    for path in (older, newer):
+        checkpoint.write(path, {"strategy": _saved("fedbuff")})
+    # Execute / Assert: another strategy, another knob: refused naming what differs, nothing written
+    with pytest.raises(ValueError, match="the checkpoint's strategy is FedBuff, this run's is FedAsync"):
+        resume_run_config(run, ["strategy='fedasync'"])
+    with pytest.raises(ValueError, match=r"buffer_size=0 there, 3 here \(run-config fedbuff.buffer-size\)"):
+        resume_run_config(run, ["fedbuff.buffer-size=3"])
+    assert not (run / "resume").exists()
+    # a truncated newest checkpoint: said, and the older one is checked (and resumed from by the ServerApp)
+    newer.write_bytes(newer.read_bytes()[:100])
+    files, _ = resume_run_config(run, ["max-arrivals=600"])
+    assert "checkpoint-v000020-a00000100.npz is not a readable checkpoint" in capsys.readouterr().err
+    assert checkpoint.newest_readable(run)[0] == older and files

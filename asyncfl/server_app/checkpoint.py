@@ -125,6 +125,29 @@ def find(location: str | Path) -> Path:
                           f"{' and '.join(str(f) for f in folders)})")
 
 
+def newest_readable(location: str | Path) -> tuple[Path, dict, list[str]]:
+    """The newest checkpoint at ``location`` (as :func:`find` names it) that reads, its tree, and one line for
+    each newer one skipped as damaged (a crash mid-write leaves a truncated file only where the atomic rename
+    was bypassed, e.g. a copied folder or a full disk).
+
+    Raises
+    ------
+    CheckpointError
+        When there is none, or none reads (the first one's problem).
+    """
+    newest = find(location)
+    candidates = [newest] if Path(location).expanduser().is_file() else \
+        [p for p in reversed(listed(newest.parent))]
+    skipped: list[str] = []
+    for path in candidates:
+        try:
+            return path, read(path), skipped
+        except CheckpointError as exc:
+            skipped.append(str(exc))
+    raise CheckpointError(skipped[0] if len(skipped) == 1 else
+                          f"no checkpoint in {newest.parent} reads: " + "; ".join(skipped))
+
+
 def listed(folder: Path) -> list[Path]:
     """The checkpoints in ``folder``, oldest first (by arrivals, then version)."""
     if not folder.is_dir():

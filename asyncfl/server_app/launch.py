@@ -166,8 +166,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
                  if flower.evaluates_on_clients else None)
     resume, resumed_from = None, None
     if options.resume_from:
-        resumed_from = checkpoint.find(options.resume_from)
-        resume = checkpoint.read(resumed_from)
+        resumed_from, resume, skipped = checkpoint.newest_readable(options.resume_from)
+        for problem in skipped:
+            flwr_log(logging.WARNING, "%s: resuming from the newest one that reads, %s", problem, resumed_from.name)
         resume["journal"] = checkpoint.read_journal(resumed_from)
         checkpoint.check_fits(resume, strategy, codec, config)  # before anything in a run folder changes
     folder = _run_folder(options, name, resumed_from)

@@ -35,6 +35,38 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def check_saved_strategy(state: dict, class_name: str, config: Any) -> None:
+    """Refuse a checkpoint's strategy ``state`` unless it is ``class_name``'s, saved with ``config``'s knobs.
+
+    A knob the checkpoint does not record (added to the method later) counts as equal when ``config``
+    has it at its default, which reproduces what the saved run did. The message names each knob by its
+    keyword and, for the built-in app, its run-config key.
+
+    Raises
+    ------
+    StateError
+        Saying what differs.
+    """
+    from asyncfl.state import StateError, capture, restore
+
+    if state.get("class") != class_name:
+        raise StateError(f"the checkpoint's strategy is {state.get('class')}, this run's is {class_name}")
+    ours = restore(None, capture(config.keywords()))
+    theirs = restore(None, state["config"])
+    defaults = type(config).defaults() if hasattr(type(config), "defaults") else {}
+    differ = sorted(k for k in set(ours) | set(theirs) if not _same(ours.get(k), theirs.get(k))
+                    and not (k not in theirs and k in defaults and _same(ours.get(k), defaults[k])))
+    if differ:
+        def key(k: str) -> str:
+            try:
+                return f" (run-config {type(config).key_of(k)})"
+            except (AttributeError, StopIteration):
+                return ""
+
+        raise StateError(f"the checkpoint's {class_name} has other settings: " + ", ".join(
+            f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here{key(k)}" for k in differ))
+
+
 class Strategy(ABC):
     """A server-side method: turns arrivals into new global models.
 
@@ -281,17 +313,10 @@ class Strategy(ABC):
     def check_state(self, state: dict) -> None:
         """Raise :class:`~asyncfl.state.StateError` unless ``state`` is this class's, saved with the same knobs
         and holding every one of :attr:`state_attributes` (the message says what differs)."""
-        from asyncfl.state import StateError, capture, restore
+        from asyncfl.state import StateError
 
         ours_name = type(self).__qualname__
-        if state.get("class") != ours_name:
-            raise StateError(f"the checkpoint's strategy is {state.get('class')}, this run's is {ours_name}")
-        ours = restore(None, capture(self.config.keywords()))
-        theirs = restore(None, state["config"])
-        differ = sorted(k for k in set(ours) | set(theirs) if not _same(ours.get(k), theirs.get(k)))
-        if differ:
-            raise StateError(f"the checkpoint's {ours_name} has other settings: " + ", ".join(
-                f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in differ))
+        check_saved_strategy(state, ours_name, self.config)
         missing = sorted(set(self.state_attributes or ()) - set(state["state"]))
         if missing:
             raise StateError(f"the checkpoint's {ours_name} state lacks {', '.join(missing)}")
