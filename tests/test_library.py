@@ -321,3 +321,14 @@ def test_identity_query_only_where_the_client_order_matters():
         FedBuff(buffer_size=1, fraction_evaluate=0.0).start(grid, initial_record(), num_rounds=1, clock=clock,
                                                             delays=FIXED if clock == "virtual" else None)
         assert sum(m.metadata.message_type == "query" for m in grid.pushed) == expected, clock
+
+
+def test_help_on_a_strategy_describes_its_constructor():
+    import pydoc
+
+    import asyncfl
+
+    for name in ("FedBuff", "FedAsync", "FedADT", "FedRevive"):
+        text = pydoc.render_doc(getattr(asyncfl, name), renderer=pydoc.plaintext)
+        assert "Initialize self" not in text, name
+        assert f"Build {name}: its knobs are the keywords above" in text

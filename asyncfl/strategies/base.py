@@ -88,6 +88,14 @@ class Strategy(ABC):
     #: The method's knobs: a :class:`StrategyConfig` dataclass beside the class.
     config_class: type[StrategyConfig] = StrategyConfig
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and init.__doc__ is None:  # help() would say "Initialize self" for the constructor
+            init.__doc__ = (f"Build {cls.__name__}: its knobs are the keywords above (Parameters, checked by "
+                            f"{cls.config_class.__name__}); Flower's FedAvg keywords (fraction_train, "
+                            "fraction_evaluate, min_available_nodes, ...) pass through.")
+
     def __init__(self, **flower_options: Any) -> None:
         valid = [f.name for f in fields(FlowerOptions)]
         unknown = sorted(set(flower_options) - set(valid))
