@@ -61,4 +61,13 @@ class Callback:
 
     def on_evaluation(self, info: VersionInfo, metrics: dict) -> None:
         """The model of ``info.version`` was scored: ``metrics`` holds ``accuracy``, ``loss``, ``time``,
-        ``server_version``, ``arrivals``, ``round`` (and ``class_accuracy`` when the evaluator reports it)."""
+        ``server_version``, ``arrivals``, ``round`` (and ``class_accuracy`` when the evaluator reports it).
+        Once per version and round: the run's last row, at the stop, is not told again for the same model."""
+
+    def on_train_metrics(self, server_round: int, metrics: dict) -> None:
+        """Round ``server_round`` of client work closed: ``metrics`` are its accepted replies' train metrics,
+        aggregated as Flower's (``result.train_metrics_clientapp[server_round]``, e.g. ``train_loss``)."""
+
+    def on_federated_evaluation(self, server_round: int, metrics: dict) -> None:
+        """The ClientApps' evaluation of round ``server_round``'s model is in, aggregated as Flower's
+        (``result.evaluate_metrics_clientapp[server_round]``); with ``fraction_evaluate > 0`` only."""

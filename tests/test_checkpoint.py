@@ -405,7 +405,7 @@ def test_configure_evaluate_and_aggregate_evaluate_overrides_take_effect():
         grid, _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5)
     sent = [m.content.config_records["config"] for m in grid.pushed if m.metadata.message_type == "evaluate"]
     assert sent and all(c["split"] == f"val-{c['server-round']}" for c in sent)
-    assert set(result.evaluate_metrics_clientapp) == set(range(5))
+    assert set(result.evaluate_metrics_clientapp) == set(range(1, 5))  # rounds 1-4, none before training
     assert all(dict(m)["replies"] == 3 for m in result.evaluate_metrics_clientapp.values())
 
 
@@ -496,3 +496,31 @@ def test_a_knob_added_after_the_checkpoint_counts_as_saved_at_its_default():
     FedBuff().load_state_dict(state)
     with pytest.raises(CheckpointError, match="pace=None there, 'stable' here"):
         FedBuff(pace="stable").load_state_dict(state)
+
+
+def test_callbacks_carry_a_trackers_series_as_flowers_result_does():
+    from asyncfl import Callback
+
+    class Tracker(Callback):
+        def __init__(self):
+            self.train, self.federated, self.scored = {}, {}, []
+
+        def on_train_metrics(self, server_round, metrics):
+            self.train[server_round] = metrics
+
+        def on_federated_evaluation(self, server_round, metrics):
+            self.federated[server_round] = metrics
+
+        def on_evaluation(self, info, metrics):
+            self.scored.append((info.version, info.round))
+
+    # Prepare / Execute: 4 rounds with federated evaluation on half the nodes
+    tracker = Tracker()
+    result = FedBuff(buffer_size=3, fraction_evaluate=0.5).start(
+        _grid(), _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+        callbacks=[tracker])
+    # Assert: the same series as the Result, as they come; each (version, round) scored once
+    assert tracker.train == {r: dict(m) for r, m in result.train_metrics_clientapp.items()} and tracker.train
+    assert tracker.federated == {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
+    assert sorted(tracker.federated) == [1, 2, 3, 4]
+    assert len(tracker.scored) == len(set(tracker.scored))

@@ -85,11 +85,12 @@ def test_fedbuff_start_returns_flowers_result_keyed_by_round():
     assert result.evaluate_metrics_serverapp[2]["accuracy"] == pytest.approx(4.0)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
     assert "train_loss" in result.train_metrics_clientapp[1]
-    # federated evaluation: 2 of 4 nodes at the end of each round, their metrics averaged by num-examples
-    assert sorted(result.evaluate_metrics_clientapp) == [0, 1, 2, 3]
+    # federated evaluation: 2 of 4 nodes at the end of each round (not before the first, as Flower), their
+    # metrics averaged by num-examples
+    assert sorted(result.evaluate_metrics_clientapp) == [1, 2, 3]
     assert result.evaluate_metrics_clientapp[3]["eval-acc"] == pytest.approx(0.6)
     evaluate_requests = [m for m in grid.pushed if m.metadata.message_type == "evaluate"]
-    assert len(evaluate_requests) == 8
+    assert len(evaluate_requests) == 6
     assert [m.content["config"]["server-round"] for m in evaluate_requests[-2:]] == [3, 3]
     assert evaluate_requests[-1].content["config"]["model-version"] == 6
     # the train request carries the user's train_config plus the version keys; server-round is the round

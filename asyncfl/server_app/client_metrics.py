@@ -11,11 +11,15 @@ Only the metric records are kept, never the arrays: memory is one buffer's worth
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Sequence
 
 from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from asyncfl.strategies.flower_options import MetricsAggregation
+
+if TYPE_CHECKING:
+    from asyncfl.callbacks import Callback
 
 log = logging.getLogger("asyncfl.metrics")
 
@@ -55,9 +59,11 @@ def rounds_from_state(state: list) -> dict[int, MetricRecord]:
 class TrainMetrics:
     """Collects accepted train replies' metrics and aggregates them into ``by_round`` as each round closes."""
 
-    def __init__(self, weight_key: str = "num-examples", aggregate: MetricsAggregation | None = None) -> None:
+    def __init__(self, weight_key: str = "num-examples", aggregate: MetricsAggregation | None = None,
+                 callbacks: Sequence["Callback"] = ()) -> None:
         self.weight_key = weight_key
         self.aggregate = aggregate
+        self.callbacks = list(callbacks)
         self.by_round: dict[int, MetricRecord] = {}
         self._pending: list[RecordDict] = []
 
@@ -79,4 +85,6 @@ class TrainMetrics:
         record = aggregate_replies(self._pending, self.weight_key, self.aggregate, "train")
         if record is not None:
             self.by_round[round_] = record
+            for callback in self.callbacks:
+                callback.on_train_metrics(round_, dict(record))
         self._pending = []

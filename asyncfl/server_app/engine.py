@@ -129,6 +129,7 @@ class AsyncEngine(Resumable):
         self._round_start = 0.0
         self._now = 0.0  # the clock at the last accepted event
         self.callbacks = list(callbacks)
+        self._last_told: tuple[int, int] | None = None
         self.scoring = Scoring(config.eval_every, evaluate_fn, self.stats, recorder, federated_eval,
                                on_row=self._tell_evaluation if self.callbacks else None)
         self._seq = 0
@@ -510,6 +511,10 @@ class AsyncEngine(Resumable):
             self._round_done()
 
     def _tell_evaluation(self, state: ModelState, row: dict) -> None:
+        told = (state.version, state.round)
+        if told == self._last_told:  # the stop's row scores the model the last scheduled row scored
+            return
+        self._last_told = told
         info = VersionInfo(state.version, state.round, self.stats.arrivals, row["time"], state.record)
         for callback in self.callbacks:
             callback.on_evaluation(info, dict(row))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -24,6 +25,9 @@ from asyncfl import protocol
 from asyncfl.state import capture, restore
 from asyncfl.server_app.client_metrics import aggregate_replies, rounds_from_state, rounds_state
 from asyncfl.strategies.flower_options import FlowerOptions, configs_by_node
+
+if TYPE_CHECKING:
+    from asyncfl.callbacks import Callback
 
 POLL_EVERY_S = 0.05
 
@@ -55,8 +59,9 @@ class FederatedEvaluation:
     """
 
     def __init__(self, grid, options: FlowerOptions, evaluate_config: dict, seed: int, timeout: float,
-                 strategy=None) -> None:
+                 strategy=None, callbacks: Sequence["Callback"] = ()) -> None:
         self.grid = grid
+        self.callbacks = list(callbacks)
         self.options = options
         self.strategy = strategy  # its configure_evaluate / aggregate_evaluate (Flower's hooks), when overridden
         # one record for the whole run, as Flower passes it to configure_evaluate every round
@@ -176,6 +181,8 @@ class FederatedEvaluation:
                 self.by_round[round_] = record
                 flwr_log(logging.INFO, "federated evaluation of round %d on %d node(s): %s", round_,
                          len(point.replies), dict(record))
+                for callback in self.callbacks:
+                    callback.on_federated_evaluation(round_, dict(record))
             del self._points[round_]
 
     def _count(self, reason: str, n: int = 1) -> None:

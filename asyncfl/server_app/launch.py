@@ -161,9 +161,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=options.concurrency or cohort,
                                    round_arrivals=cohort if asynchronous else 0, node_wait=node_wait)
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
-    train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn)
-    federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout, strategy)
-                 if flower.evaluates_on_clients else None)
+    train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
+    federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
+                                     callbacks) if flower.evaluates_on_clients else None)
     resume, resumed_from = None, None
     if options.resume_from:
         resumed_from, resume, skipped = checkpoint.newest_readable(options.resume_from)

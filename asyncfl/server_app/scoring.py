@@ -69,7 +69,8 @@ class Scoring:
 
     def score(self, at: float, state: ModelState) -> None:
         """One row at clock ``at``."""
-        if self.federated_eval is not None and self._sent_round != state.round:
+        # as Flower: the ClientApps evaluate each round's model after training, not the initial one
+        if self.federated_eval is not None and state.round > 0 and self._sent_round != state.round:
             self._sent_round = state.round
             self.federated_eval.dispatch(state.round, state.version, state.record(), state.clients)
         if self.evaluate_fn is None:
