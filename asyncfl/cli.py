@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 
 from asyncfl.deploy.processes import TlsFiles
@@ -35,6 +36,31 @@ def is_builtin_app(app_dir: Path) -> bool:
     with open(app_dir / "pyproject.toml", "rb") as handle:
         components = tomllib.load(handle).get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
     return components.get("serverapp") == BUILTIN_SERVERAPP
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupted_message(app_dir: Path, fused: dict, started: float) -> str:
+    """One line after Ctrl-C: what was stopped, and how to go on from the run's newest checkpoint."""
+    from asyncfl.server_app import checkpoint
+
+    stopped = "asyncfl: interrupted: stopped the SuperLink and its simulation"
+    output = Path(str(fused.get("output-dir", "outputs")))
+    output = output if output.is_absolute() else app_dir.resolve() / output
+    name = str(fused.get("run-name", ""))
+    candidates = [output / name] if name else \
+        [p for p in output.glob("*") if (p / "run_config.toml").exists() and p.stat().st_mtime >= started - 1]
+    folders = sorted((p for p in candidates if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if not folders:
+        return f"{stopped}; no run folder was written yet"
+    folder = folders[-1]
+    try:
+        newest = checkpoint.find(folder)
+    except checkpoint.CheckpointError:
+        return f"{stopped}; {folder} has the rows written so far and no checkpoint yet (checkpoint-every)"
+    return (f"{stopped}; newest checkpoint {newest.name}: go on with asyncfl run --resume {folder}")
 
 
 def unknown_key_message(key: str, known: dict) -> str:
@@ -63,14 +89,14 @@ def check_node_count(fused: dict, num_supernodes: int) -> None:
                          f"-c concurrency={fits}")
 
 
-def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int | None = None) -> None:
+def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int | None = None) -> dict:
     """Validate the fused run-config here, before a SuperLink or Ray starts.
 
     Flower itself rejects unknown keys of any app; the values are checked only for
     asyncfl's built-in app, whose keys this module knows: a ``key=value`` that another
     strategy than the run's would ignore is refused too.
 
-    Raises ``ValueError`` (unknown key, bad TOML) or
+    Returns the fused run-config. Raises ``ValueError`` (unknown key, bad TOML) or
     :class:`asyncfl.config.ConfigError` (invalid value), naming what is valid.
     """
     from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config, parse_config_args
@@ -90,6 +116,7 @@ def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int |
         refuse_other_strategies_settings(parse_config_args(typed) if typed else {}, str(fused["strategy"]))
         if num_supernodes is not None:
             check_node_count(fused, num_supernodes)
+    return fused
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--out", type=Path, default=Path("comparison.png"), help="plot file (default: comparison.png)")
     compare.add_argument("--target", type=float, default=None, help="common target accuracy for time-to-target")
     args = parser.parse_args(argv)
-    # SIGTERM (e.g. a test timeout) unwinds like Ctrl-C, so the SuperLink is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C, and SIGTERM (e.g. a test timeout), unwind so the SuperLink and its simulation are stopped; SIGINT
+    # too where a shell started this command in the background with SIGINT ignored
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     if args.command == "run":
         if args.resume is not None:
             try:
@@ -145,13 +174,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
         run_config = resolve_run_config(args.run_config)
         try:
-            check_run_config(args.app, run_config, args.num_supernodes)
+            fused = check_run_config(args.app, run_config, args.num_supernodes)
         except ValueError as exc:
             parser.error(f"invalid run-config: {exc}")
         if args.cpus_per_client <= 0:
             parser.error(f"--cpus-per-client must be > 0, got {args.cpus_per_client}")
-        return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client,
-                       ray_address=args.ray_address)
+        started = time.time()
+        try:
+            return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client,
+                           ray_address=args.ray_address)
+        except KeyboardInterrupt:
+            print(interrupted_message(args.app, fused, started), file=sys.stderr)
+            return 130
     if args.command == "deploy":
         return _deploy(parser, args)
     if args.command == "docker":

@@ -122,3 +122,31 @@ def test_resume_refusals_come_before_anything_starts_or_is_written_and_a_damaged
     files, _ = resume_run_config(run, ["max-arrivals=600"])
     assert "checkpoint-v000020-a00000100.npz is not a readable checkpoint" in capsys.readouterr().err
     assert checkpoint.newest_readable(run)[0] == older and files
+
+
+def test_ctrl_c_stops_the_run_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    import signal
+
+    from asyncfl import cli
+    from asyncfl.server_app import checkpoint
+
+    # Prepare: a run that has written a checkpoint when the user presses Ctrl-C
+    installed = {}
+    monkeypatch.setattr(cli.signal, "signal", lambda sig, handler: installed.__setitem__(sig, handler))
+
+    def interrupted(*args, **kwargs):
+        folder = tmp_path / "run"
+        (folder / "checkpoints").mkdir(parents=True)
+        (folder / "run_config.toml").write_text("")
+        checkpoint.write(folder / "checkpoints" / "checkpoint-v000004-a00000008.npz", {"x": 1})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_app", interrupted)
+    # Execute
+    code = cli.main(["run", "-c", f"output-dir='{tmp_path}' run-name='run'"])
+    # Assert: Ctrl-C (even where a shell left SIGINT ignored) and SIGTERM unwind; one line, exit 130
+    assert installed[signal.SIGINT] is cli._interrupt and installed[signal.SIGTERM] is cli._interrupt
+    assert code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("asyncfl: interrupted: stopped the SuperLink and its simulation; newest checkpoint "
+                       f"checkpoint-v000004-a00000008.npz: go on with asyncfl run --resume {tmp_path / 'run'}")
