@@ -78,6 +78,11 @@ class FakeGrid:
         with self._lock:
             return self._pull(message_ids)
 
+    def send_and_receive(self, messages, *, timeout=None):
+        """Flower's synchronous call (a custom loop's): every reply that is not lost."""
+        with self._lock:
+            return self._pull(self._push(list(messages)))
+
     def _pull(self, message_ids):
         self.pull_calls += 1
         wanted = [mid for mid in self._waiting if mid in set(message_ids)]

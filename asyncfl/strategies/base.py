@@ -233,13 +233,45 @@ class Strategy(ABC):
         node trains when is the engine's choice (whoever is idle), not this method's; the
         arrays of the returned messages are not used (a job carries the model version it is
         sent with).
+
+        Called by a Flower app's own loop instead (outside :meth:`start`), it returns what Flower's
+        ``FedAvg`` would: requests to ``fraction_train`` of the nodes, each with a copy of ``config``
+        plus ``server-round`` (:mod:`asyncfl.strategies.custom_loop`).
         """
         from flwr.common import MessageType
 
         from asyncfl import protocol
 
+        if not self._in_start:  # a Flower app's own loop: Flower's sample, the caller's record left as it was
+            from asyncfl.strategies.custom_loop import configure_train_messages
+
+            return configure_train_messages(self, self._custom_loop, server_round, arrays, config, grid)
         config[protocol.SERVER_ROUND] = server_round
         return self._requests(arrays, config, grid, MessageType.TRAIN)
+
+    def aggregate_train(self, server_round: int,
+                        replies: "Iterable[Message]") -> "tuple[ArrayRecord | None, MetricRecord | None]":
+        """Flower's hook, for a Flower app that runs its own loop instead of :meth:`start`.
+
+        The round's replies go through the method's :meth:`on_arrival` in order, each with
+        staleness 0 (they all trained from the model :meth:`configure_train` sent), and the
+        model the method made comes back with the replies' train metrics aggregated as Flower's
+        (:mod:`asyncfl.strategies.custom_loop`). Such a loop is synchronous; :meth:`start` never
+        calls this hook.
+        """
+        return self._custom_loop.aggregate(server_round, replies)
+
+    @property
+    def _custom_loop(self):
+        from asyncfl.strategies.custom_loop import SynchronousRounds
+
+        if "_rounds" not in self.__dict__:
+            self.__dict__["_rounds"] = SynchronousRounds(self)
+        return self.__dict__["_rounds"]
+
+    @property
+    def _in_start(self) -> bool:
+        return self.__dict__.get("_starting", False)
 
     #: The attributes that change as arrivals come in (buffers, caches, moments, networks, random
     #: generators): what :meth:`state_dict` saves; ``()`` for a method without any. A subclass with
@@ -295,6 +327,10 @@ class Strategy(ABC):
         """
         from flwr.common import MessageType
 
+        if not self._in_start:  # a Flower app's own loop: Flower's sample of fraction_evaluate of the nodes
+            from asyncfl.strategies.custom_loop import evaluate_messages
+
+            return evaluate_messages(self, self._custom_loop, server_round, arrays, config, grid)
         return self._requests(arrays, config, grid, MessageType.EVALUATE)
 
     def _requests(self, arrays: "ArrayRecord", config: "ConfigRecord", grid: "Grid", message_type: str) -> list:
@@ -399,5 +435,21 @@ class Strategy(ABC):
         from asyncfl.server_app.launch import start_strategy
 
         run_options = RunOptions.from_keywords(options, **option_keywords)
-        return start_strategy(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
-                              evaluate_fn, run_options, run_config, callbacks)
+        self.__dict__["_starting"] = True  # Flower's hooks are the engine's from here (not a custom loop's)
+        try:
+            return start_strategy(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
+                                  evaluate_fn, run_options, run_config, callbacks)
+        finally:
+            self.__dict__["_starting"] = False
+
+
+def _register_with_flower() -> None:
+    """``isinstance(FedBuff(), flwr.serverapp.strategy.Strategy)`` holds: asyncfl's strategies have Flower's five
+    methods (``configure_train``, ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate``, ``summary``)
+    and its ``start`` signature, so code that checks for a Flower strategy takes them."""
+    from flwr.serverapp.strategy import Strategy as FlowerStrategy
+
+    FlowerStrategy.register(Strategy)
+
+
+_register_with_flower()

@@ -1,0 +1,126 @@
+"""An asyncfl strategy inside a Flower app's own loop: each round's replies through the method's math.
+
+Some Flower apps override ``start`` with a loop of their own (Flower's ``advanced-pytorch``
+example: ``configure_train`` -> ``grid.send_and_receive`` -> ``aggregate_train`` -> ...). Such a
+loop is synchronous: every node it sampled trains from the same model and the round waits for
+all of them. An asyncfl strategy in it keeps Flower's contract: ``configure_train`` samples
+``fraction_train`` of the nodes, as Flower's ``FedAvg`` does, without writing into the caller's
+config record, and ``aggregate_train`` hands the round's replies, in order, to the method's
+``on_arrival`` with staleness 0 (all trained from the round's model) and returns the model it
+made, with the replies' train metrics aggregated as Flower's. For asynchronous training, call
+``start`` (with callbacks for what the loop did around it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from asyncfl.strategies.arrival import Arrival
+
+if TYPE_CHECKING:
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+
+    from asyncfl.strategies.base import Strategy
+
+log = logging.getLogger("asyncfl.custom_loop")
+
+
+class SynchronousRounds:
+    """The state a custom loop needs between ``configure_train`` and ``aggregate_train``: the round's model."""
+
+    def __init__(self, strategy: "Strategy") -> None:
+        self.strategy = strategy
+        self.codec = None
+        self.model: np.ndarray | None = None
+        self.started = False
+        self._rng = random.Random(0)
+
+    def sample(self, nodes: list[int], fraction: float, minimum: int) -> list[int]:
+        """Flower's ``FedAvg`` sample: ``max(minimum, int(fraction * nodes))`` of ``nodes`` (none at fraction 0)."""
+        if fraction == 0.0:
+            return []
+        size = min(len(nodes), max(minimum, int(len(nodes) * fraction)))
+        return sorted(self._rng.sample(sorted(nodes), size))
+
+    def remember(self, arrays: "ArrayRecord") -> None:
+        """The model this round's requests carry (what every reply of the round trained from)."""
+        from asyncfl.server_app.launch import codec_and_model
+
+        self.codec, self.model = codec_and_model(arrays)
+
+    def aggregate(self, server_round: int, replies: Iterable["Message"]) -> tuple["ArrayRecord | None",
+                                                                                "MetricRecord | None"]:
+        """The round's replies through the strategy's ``on_arrival``, staleness 0; Flower's return shape."""
+        from asyncfl.server_app.client_metrics import aggregate_replies
+        from asyncfl.server_app.replies import RejectedReply, read_train_reply
+
+        strategy = self.strategy
+        if self.model is None:
+            raise RuntimeError(f"{type(strategy).__name__}.aggregate_train: call configure_train first (it "
+                               "remembers the model the round's nodes train from)")
+        replies = list(replies)
+        if not self.started:
+            strategy.on_start(num_clients=len(replies), concurrency=max(1, len(replies)))
+            self.started = True
+            log.info("%s in a custom loop runs synchronously: each round's replies go through its update rule "
+                     "with staleness 0; call start() for asynchronous training", type(strategy).__name__)
+        keys = strategy.flower.keys
+        current, accepted = self.model, []
+        for index, reply in enumerate(replies):
+            try:
+                weights = read_train_reply(reply, self.codec, keys)
+            except RejectedReply as exc:
+                log.warning("round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
+                continue
+            metrics = keys.metrics_of(reply.content)
+            examples = int(metrics.get(strategy.flower.weighted_by_key, 1)) if metrics is not None else 1
+            loss = float(metrics.get("train_loss", metrics.get("train-loss", np.nan))) if metrics is not None \
+                else float("nan")
+            arrival = Arrival(int(reply.metadata.src_node_id), server_round - 1, 0, weights, self.model, examples,
+                              loss, float(server_round))
+            new = strategy.on_arrival(arrival, current)
+            current = new if new is not None else current
+            accepted.append(reply.content)
+        if not accepted:
+            return None, None
+        metrics = aggregate_replies(accepted, strategy.flower.weighted_by_key, strategy.flower.train_metrics_aggr_fn,
+                                    "train")
+        return self.codec.to_record(current), metrics
+
+
+def _messages(strategy: "Strategy", arrays: "ArrayRecord", config: "ConfigRecord", server_round: int,
+              nodes: list[int], message_type: str) -> list["Message"]:
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from asyncfl import protocol
+
+    sent = ConfigRecord({**dict(config), protocol.SERVER_ROUND: server_round})  # the caller's record stays as it was
+    content = RecordDict({strategy.flower.arrayrecord_key: arrays, strategy.flower.configrecord_key: sent})
+    return [Message(content, dst_node_id=node, message_type=message_type) for node in nodes]
+
+
+def configure_train_messages(strategy: "Strategy", rounds: SynchronousRounds, server_round: int,
+                             arrays: "ArrayRecord", config: "ConfigRecord", grid) -> list["Message"]:
+    """A custom loop's train requests: Flower's sample of ``fraction_train`` of the nodes, each with a copy of
+    ``config`` plus ``server-round``; the round's model is remembered for :meth:`SynchronousRounds.aggregate`."""
+    from flwr.common import MessageType
+
+    rounds.remember(arrays)
+    every = list(grid.get_node_ids())
+    nodes = rounds.sample(every, strategy.flower.fraction_train, strategy.flower.min_train_nodes)
+    log.info("configure_train: sampled %d nodes (out of %d)", len(nodes), len(every))
+    return _messages(strategy, arrays, config, server_round, nodes, MessageType.TRAIN)
+
+
+def evaluate_messages(strategy: "Strategy", rounds: SynchronousRounds, server_round: int, arrays: "ArrayRecord",
+                      config: "ConfigRecord", grid) -> list["Message"]:
+    """A custom loop's evaluation requests: Flower's sample of ``fraction_evaluate`` of the nodes (none at 0)."""
+    from flwr.common import MessageType
+
+    nodes = rounds.sample(list(grid.get_node_ids()), strategy.flower.fraction_evaluate,
+                          strategy.flower.min_evaluate_nodes)
+    return _messages(strategy, arrays, config, server_round, nodes, MessageType.EVALUATE)

@@ -1,0 +1,52 @@
+"""An asyncfl strategy in a Flower app's own loop (Flower's Strategy.start, as advanced-pytorch overrides it)."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp.strategy import Strategy as FlowerStrategy
+
+from asyncfl.strategies import FedAsync, FedBuff
+from tests.fake_grid import FakeGrid, trained_reply
+
+
+def _plus_one(node, message):
+    """Every node returns the model it got plus 1 (a delta of +1)."""
+    w = message.content.array_records["arrays"]["w"].numpy()
+    return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(1.0))}), num_examples=10, loss=0.25)
+
+
+def test_flowers_own_loop_runs_the_methods_math_synchronously_on_flowers_sample():
+    # Prepare: 8 nodes; FedBuff B = 2, server step 1, half the nodes per round as FedAvg(fraction_train=0.5)
+    grid = FakeGrid(8, _plus_one)
+    strategy = FedBuff(buffer_size=2, server_lr=1.0, fraction_train=0.5, fraction_evaluate=0.0)
+    train_config = ConfigRecord({"lr": 0.1})
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    # Execute: Flower's Strategy.start, the loop a Flower app's custom start copies
+    assert isinstance(strategy, FlowerStrategy)
+    result = FlowerStrategy.start(strategy, grid, initial, num_rounds=3, train_config=train_config,
+                                  evaluate_fn=lambda r, arrays: MetricRecord({"w": float(arrays["w"].numpy()[0])}))
+    # Assert: 4 of 8 nodes per round; each round's 4 replies (delta +1 from the round's model) make two FedBuff
+    # steps of +1 from that model: +2 a round
+    trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
+    assert len(trains) == 12 and len({m.metadata.dst_node_id for m in trains[:4]}) == 4
+    assert [m.content["config"]["server-round"] for m in trains[::4]] == [1, 2, 3]
+    assert dict(train_config) == {"lr": 0.1}  # the caller's record is not written into
+    assert np.allclose(result.arrays["w"].numpy(), 6.0)
+    assert [result.evaluate_metrics_serverapp[r]["w"] for r in (0, 1, 2, 3)] == [0.0, 2.0, 4.0, 6.0]
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    assert result.train_metrics_clientapp[1]["train-loss"] == pytest.approx(0.25)
+    assert not [m for m in grid.pushed if m.metadata.message_type == "evaluate"]  # fraction_evaluate = 0
+
+
+def test_a_malformed_reply_in_a_custom_loop_is_rejected_and_the_round_goes_on():
+    def some_broken(node, message):
+        reply = _plus_one(node, message)
+        if node % 2:
+            reply.content.array_records["arrays"]["w"] = Array(np.full(3, np.nan, dtype=np.float32))
+        return reply
+
+    strategy = FedAsync(alpha=1.0, staleness="constant", fraction_train=1.0)
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(4, some_broken), initial, num_rounds=1)
+    # FedAsync with alpha 1 takes each (finite) reply: the model is the last good client's, w = 1
+    assert np.allclose(result.arrays["w"].numpy(), 1.0)
