@@ -999,7 +999,13 @@ def grid_best_lines(study: Study, runs_dir: Path) -> list[str]:
 
 #: summary.json figures of a method's own mechanism, listed per row where the runs report them.
 MECHANISM_FIGURES = ("beta-mean", "beta-share-above-0.5", "kd-share-geomean", "kd-norm-ratio-geomean",
-                     "clamped-bn-variances")
+                     "clamped-bn-variances", "staleness-mean",
+                     # FedADT's correction: what the teacher and the stale model score on the server set, and the
+                     # teacher term's share of the pull on the student's logits
+                     "kd-teacher-accuracy", "kd-student-accuracy", "kd-kl-share",
+                     # FedEcho's teacher: the stored-logit ensemble against the model it distils into, on U
+                     "teacher-agreement", "teacher-accuracy-on-u", "global-accuracy-on-u", "teacher-better-share",
+                     "raw-warmup-updates")
 
 
 def mechanism_lines(runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[str]:
