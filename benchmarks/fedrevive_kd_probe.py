@@ -110,7 +110,7 @@ class ProbedFedRevive(FedRevive):
     def _probe(self, arrival, current: np.ndarray, delta_kd: np.ndarray) -> dict:
         x, y = _PROBE["x"], _PROBE["y"]
         xs, ys = x.numpy(), y.numpy()
-        beta, lr = self.beta(arrival.staleness), self.paced_lr(self.config.server_lr)
+        beta, lr = self.beta(arrival.staleness), self._paced_lr(self.config.server_lr)
         delta = arrival.delta
         real_kd = self._real_kd(current)
         mask = self.mixing.mask  # norms and angles over parameters (BatchNorm statistics left out)

@@ -73,7 +73,7 @@ class AFLDW(Strategy):
                  beta_constant: float = 0.5, pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant, pace)
-        self.measure_response(pace, server_lr)
+        self._measure_response(pace, server_lr)
         self.mixing = MixingTally()
 
     def beta_of(self, tau: int) -> float:
@@ -82,7 +82,7 @@ class AFLDW(Strategy):
                              self.config.beta_constant)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        self.observe_response(arrival)
+        self._observe_response(arrival)
         beta = self.beta_of(arrival.staleness)
         self.mixing.observe_beta(beta)
         return afl_dw_step(current, arrival.delta, self.server_lr, beta)
@@ -90,7 +90,7 @@ class AFLDW(Strategy):
     @property
     def server_lr(self) -> float:
         """``eta_s`` in use now (the configured one, or the paced ``g(K) * 2 / lambda_bound``)."""
-        return self.paced_lr(self.config.server_lr)
+        return self._paced_lr(self.config.server_lr)
 
     def summary(self) -> dict[str, float | int | str]:
-        return {"server-lr": round(self.server_lr, 6), **self.mixing.summary(), **self.pace_summary()}
+        return {"server-lr": round(self.server_lr, 6), **self.mixing.summary(), **self._pace_summary()}

@@ -143,21 +143,21 @@ class Strategy(ABC):
     #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
     response_meter: "ResponseMeter | None" = None
 
-    def measure_response(self, pace: str, server_lr: float) -> None:
+    def _measure_response(self, pace: str, server_lr: float) -> None:
         """Keep a :class:`~asyncfl.strategies.response.ResponseMeter` when the automatic step (``server_lr=0``)
         follows the clients' measured response (``pace="measured"``)."""
         self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
 
-    def observe_response(self, arrival: Arrival) -> None:
+    def _observe_response(self, arrival: Arrival) -> None:
         """Feed ``arrival`` to the response meter, if any (on the trained entries only)."""
         if self.response_meter is not None:
             self.response_meter.observe(arrival, self.trained_entries)
 
-    def pace_summary(self) -> dict[str, float | int | None]:
+    def _pace_summary(self) -> dict[str, float | int | None]:
         """The measured pace's figures for :meth:`summary` (none without a meter)."""
         return self.response_meter.summary() if self.response_meter is not None else {}
 
-    def paced_lr(self, configured: float, updates_per_step: int = 1, extra_delay: float = 0.0) -> float:
+    def _paced_lr(self, configured: float, updates_per_step: int = 1, extra_delay: float = 0.0) -> float:
         """The server learning rate to use: ``configured``, or when it is 0 (auto) the stable pace for ``K`` jobs
         in flight, ``min(1, B * g(K, B))``, scaled by ``2 / lambda_bound`` when a response meter measures the
         clients (:mod:`asyncfl.strategies.pace`), with ``extra_delay`` updates added to the delay ``d`` (CA2FL's
@@ -298,7 +298,7 @@ class Strategy(ABC):
             raise StateError(f"{type(self).__qualname__} does not say what its state is, so it cannot be "
                              "checkpointed: give it a state_attributes tuple (() when it keeps none), or "
                              "state_dict()/load_state_dict() methods")
-        self.settle()
+        self._settle()
         return {"class": type(self).__qualname__, "config": capture(self.config.keywords(), "config"),
                 "state": {name: capture(getattr(self, name), name) for name in self.state_attributes}}
 
@@ -365,7 +365,7 @@ class Strategy(ABC):
         if missing:
             raise StateError(f"the checkpoint's {ours_name} state lacks {', '.join(missing)}")
 
-    def settle(self) -> None:
+    def _settle(self) -> None:
         """Finish any background work (a thread computing logits or teachers) so the state is complete."""
 
     def start(

@@ -76,7 +76,7 @@ class CA2FL(Strategy):
                  **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = CA2FLConfig(buffer_size, server_lr, pace)
-        self.measure_response(pace, server_lr)
+        self._measure_response(pace, server_lr)
         self.num_clients = 0
         self._cache: dict[int, np.ndarray] = {}
         self._cache_sum: np.ndarray | None = None
@@ -99,10 +99,10 @@ class CA2FL(Strategy):
         """``eta`` in use now: the configured one, or the paced ``min(1, M * g * 2 / lambda_bound)`` with ``g`` the
         share for the delay ``d(K, M)`` plus the cache's lag ``K / 2 - M / 4`` (:func:`asyncfl.strategies.pace.cache_lag`)."""
         buffer_size = self.buffer_size
-        return self.paced_lr(self.config.server_lr, buffer_size, cache_lag(self.concurrency or buffer_size, buffer_size))
+        return self._paced_lr(self.config.server_lr, buffer_size, cache_lag(self.concurrency or buffer_size, buffer_size))
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        self.observe_response(arrival)
+        self._observe_response(arrival)
         delta = arrival.delta
         if self._sum is None:
             self._sum = np.zeros_like(delta)
@@ -128,4 +128,4 @@ class CA2FL(Strategy):
     def summary(self) -> dict[str, float | int | str]:
         return {"aggregations": self.aggregations, "buffer-size": self.buffer_size, "server-lr": round(self.server_lr, 6),
                 "cache-clients": len(self._cache),
-                "cache-mb": round(self.cache_bytes / 2**20, 2), **self.pace_summary()}
+                "cache-mb": round(self.cache_bytes / 2**20, 2), **self._pace_summary()}

@@ -142,7 +142,7 @@ class FADAS(Strategy):
         if trained is None:
             new = current + np.float32(lr) * self.optimizer.direction(mean_update)
         else:
-            new = current + np.float32(self.paced_lr(0.0, buffer_size)) * mean_update  # statistics: FedBuff's step
+            new = current + np.float32(self._paced_lr(0.0, buffer_size)) * mean_update  # statistics: FedBuff's step
             new[trained] = current[trained] + np.float32(lr) * self.optimizer.direction(mean_update[trained])
         self._sum[:] = 0.0
         self._count, self._tau_max = 0, 0

@@ -94,7 +94,7 @@ class FedBuff(Strategy):
                  pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedBuffConfig(buffer_size, server_lr, staleness_weighting, pace)
-        self.measure_response(pace, server_lr)
+        self._measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0
         self.aggregations = 0
@@ -105,7 +105,7 @@ class FedBuff(Strategy):
         return self._count
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        self.observe_response(arrival)
+        self._observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
         if self._sum is None:
             self._sum = np.zeros_like(arrival.weights)
@@ -125,8 +125,8 @@ class FedBuff(Strategy):
     @property
     def server_lr(self) -> float:
         """``eta_s`` in use now (the configured one, or the paced ``min(1, B * g(K, B) * 2 / lambda_bound)``)."""
-        return self.paced_lr(self.config.server_lr, self.buffer_size)
+        return self._paced_lr(self.config.server_lr, self.buffer_size)
 
     def summary(self) -> dict[str, float | int | str]:
         return {"aggregations": self.aggregations, "buffer-size": self.buffer_size, "buffered-at-end": self._count,
-                "server-lr": round(self.server_lr, 6), **self.pace_summary()}
+                "server-lr": round(self.server_lr, 6), **self._pace_summary()}

@@ -204,7 +204,7 @@ class FedEcho(Strategy):
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
                                     alpha_min, alpha_max, clip, overlap_logits, pace=pace)
-        self.measure_response(pace, server_lr)
+        self._measure_response(pace, server_lr)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
         self.unlabeled = torch.from_numpy(unlabeled)
@@ -281,7 +281,7 @@ class FedEcho(Strategy):
             self.record_logits(arrival.client_index, arrival.weights)
         else:  # one worker thread: the bank is filled in arrival order
             self._logit_jobs.append(self._logit_thread.submit(self.record_logits, arrival.client_index, arrival.weights))
-        self.observe_response(arrival)
+        self._observe_response(arrival)
         if self._sum is None:
             self._sum = np.zeros_like(arrival.delta)
         self._sum += arrival.delta
@@ -290,7 +290,7 @@ class FedEcho(Strategy):
         buffer_size = self.buffer_size
         if self._count < buffer_size:
             return None
-        candidate = fedbuff_step(current, self._sum, buffer_size, self.paced_lr(cfg.server_lr, buffer_size))
+        candidate = fedbuff_step(current, self._sum, buffer_size, self._paced_lr(cfg.server_lr, buffer_size))
         self._sum[:] = 0.0
         self._count = 0
         self.aggregations += 1
@@ -313,7 +313,7 @@ class FedEcho(Strategy):
             figures["global-correct"] += global_accuracy
             figures["ensemble-better"] += float(ensemble_accuracy > global_accuracy)
 
-    def settle(self) -> None:
+    def _settle(self) -> None:
         self.wait_for_logits()
 
     def summary(self) -> dict[str, float | int | str]:
@@ -326,8 +326,8 @@ class FedEcho(Strategy):
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
-            "server-lr": round(self.paced_lr(self.config.server_lr, self.buffer_size), 6),
-            **self.pace_summary(),
+            "server-lr": round(self._paced_lr(self.config.server_lr, self.buffer_size), 6),
+            **self._pace_summary(),
             **self._teacher_summary(),
         }
 

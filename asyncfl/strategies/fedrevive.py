@@ -243,7 +243,7 @@ class FedRevive(Strategy):
             generator_lr=generator_lr, latent_lr=latent_lr, alpha_target=alpha_target, alpha_feature=alpha_feature,
             alpha_adversarial=alpha_adversarial, reptile_step=reptile_step, overlap_teachers=overlap_teachers)
         self.config = config
-        self.measure_response(pace, server_lr)
+        self._measure_response(pace, server_lr)
         self.num_classes = num_classes
         make_model = checked_model_fn(model_fn, "FedRevive")
         if not isinstance(num_classes, int) or num_classes < 2:
@@ -329,7 +329,7 @@ class FedRevive(Strategy):
     def server_lr(self) -> float:
         """``eta_s`` in use now: the configured one, or AFL-DW's paced step
         (:attr:`asyncfl.strategies.afl_dw.AFLDW.server_lr`)."""
-        return self.paced_lr(self.config.server_lr)
+        return self._paced_lr(self.config.server_lr)
 
     def beta(self, staleness: int) -> float:
         """``beta(tau)``; DD-FedRevive uses the constant 0.5."""
@@ -373,7 +373,7 @@ class FedRevive(Strategy):
 
     # ---------------------------------------------------------------- arrival
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
-        self.observe_response(arrival)
+        self._observe_response(arrival)
         started = time.perf_counter()
         if self.true_proportions is None:
             self.proxies.observe(arrival.client_index, load_flat(self.probe_net, arrival.weights))
@@ -418,7 +418,7 @@ class FedRevive(Strategy):
             "last-synthesis-loss": round(self.last_synthesis_loss, 4),
             "teacher-proportions": "true (ablation)" if self.true_proportions is not None else "probing proxy",
             **self.mixing.summary(),
-            **self.pace_summary(),
+            **self._pace_summary(),
             # Wall milliseconds per arrival (all arrivals, warm-up included), and per synthesis round / KD update.
             **{f"{phase}-ms-per-arrival": round(1000.0 * seconds / max(self.updates, 1), 2)
                for phase, seconds in self.seconds.items()},
