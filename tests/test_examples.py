@@ -55,7 +55,7 @@ def test_quickstart_pytorch_with_one_import_changed_learns(tmp_path):
         assert f"server-side evaluation of round {round_} (server version" in output
     assert "federated evaluation of round 16 on 3 node(s)" in output
     assert "stop at 16 rounds = 96 accepted updates" in output
-    assert "FedBuff finished" in output and "16 rounds, 96 arrivals, 48 server versions" in output
+    assert "FedBuff finished" in output and "16 rounds (of 6 updates), 96 arrivals, 48 server versions" in output
     # a stock ClientApp: no identity query on the (default) wall clock, so no traceback per node
     assert "Traceback" not in output
 

@@ -33,6 +33,7 @@ from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
 from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
+from asyncfl.server_app.scoring import ModelState
 from asyncfl.state import capture, restore
 
 if TYPE_CHECKING:
@@ -66,8 +67,6 @@ class ServerEvaluation:
     def __init__(self, evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None], codec: ModelCodec) -> None:
         self.evaluate_fn = evaluate_fn
         self.codec = codec
-        self.round: Callable[[], int] = lambda: 0  # set once the engine exists
-        self.version: Callable[[], int] = lambda: 0
         self.by_round: dict[int, MetricRecord] = {}
         if hasattr(evaluate_fn, "select"):
             self.select = evaluate_fn.select
@@ -84,14 +83,15 @@ class ServerEvaluation:
         if state["evaluate_fn"] is not None:
             restore(self.evaluate_fn, state["evaluate_fn"], "evaluate_fn")
 
-    def __call__(self, flat: np.ndarray) -> tuple:
-        round_ = self.round()
-        metrics = self.evaluate_fn(round_, self.codec.to_record(flat))
+    def score(self, state: ModelState, arrivals: int) -> tuple:
+        """``(loss, accuracy[, per-class accuracy])`` of the model in ``state``, scored at round ``state.round``."""
+        round_ = state.round
+        metrics = self.evaluate_fn(round_, self.codec.to_record(state.model))
         if metrics is None:
             return math.nan, math.nan
         self.by_round[round_] = metrics
-        flwr_log(logging.INFO, "server-side evaluation of round %d (server version %d): %s", round_, self.version(),
-                 dict(metrics))
+        flwr_log(logging.INFO, "server-side evaluation of round %d (server version %d, %d arrivals): %s", round_,
+                 state.version, arrivals, dict(metrics))
         scores = (_first_number(metrics, LOSS_KEYS), _first_number(metrics, ACCURACY_KEYS))
         per_class = metrics.get(CLASS_ACCURACY_KEY)
         return (*scores, list(per_class)) if isinstance(per_class, list) else scores
@@ -188,8 +188,6 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                          keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
                          checkpoints=checkpoints, resume=resume, callbacks=callbacks)
-    if server_eval is not None:
-        server_eval.round, server_eval.version = (lambda: engine.round), (lambda: engine.versions.version)
     in_flight = min(config.concurrency, len(nodes) * config.jobs_per_client)
     capped = (f" (concurrency {config.concurrency}, capped by {len(nodes)} node(s) x {config.jobs_per_client} job "
               "each)") if in_flight < config.concurrency else ""
@@ -238,9 +236,13 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         summary=summary(),
     )
     s = result.summary
-    flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds, %d arrivals, %d server versions, %d rejected, "
-             "mean staleness %.2f", name, s["wall-seconds"], s["rounds"], s["arrivals"], s["server-versions"],
-             s["rejected-updates"], s["staleness-mean"])
+    per_round = f" (of {config.round_arrivals} updates)" if config.round_arrivals else ""
+    flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds%s, %d arrivals, %d server versions, %d rejected, "
+             "mean staleness %.2f", name, s["wall-seconds"], s["rounds"], per_round, s["arrivals"],
+             s["server-versions"], s["rejected-updates"], s["staleness-mean"])
+    if server_eval is not None and recorder is not None and len(engine.stats.evaluations) > len(server_eval.by_round):
+        flwr_log(logging.INFO, "%d server-side evaluations, the last of each round below; every one: %s",
+                 len(engine.stats.evaluations), recorder.folder / "metrics.csv")
     for line in str(result).splitlines():  # Flower's closing report, keyed by round
         flwr_log(logging.INFO, "\t%s", line)
     return result

@@ -80,7 +80,9 @@ class Scoring:
         # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
         key = (state.version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
         if self._last is None or self._last[0] != key:
-            result = self.evaluate_fn(state.model)
+            # the app's evaluator is told where the run is (round, version, arrivals); a plain one gets the model
+            result = self.evaluate_fn.score(state, self.stats.arrivals) if hasattr(self.evaluate_fn, "score") \
+                else self.evaluate_fn(state.model)
             per_class = [round(float(a), 6) for a in result[2]] if len(result) > 2 else None
             self._last = (key, float(result[0]), float(result[1]), per_class)
         _, loss, accuracy, per_class = self._last
