@@ -36,7 +36,8 @@ _PUBLIC = {
     "WPred": "asyncfl.strategies.stale_compensation",
     "AsynTiers": "asyncfl.strategies.stale_compensation",
     "LocalProgram": "asyncfl.strategies.gi.unrolled",
-    "ConfigError": "asyncfl.strategies.settings",
+    "ConfigError": "asyncfl.errors",
+    "StateError": "asyncfl.errors",
     "RunOptions": "asyncfl.options",
     "Callback": "asyncfl.callbacks",
     "VersionInfo": "asyncfl.callbacks",
@@ -72,12 +73,12 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC 
     from asyncfl.strategies.gi import GICompensation
     from asyncfl.strategies.stale_compensation import StaleWeighted, DCASGD, WPred, AsynTiers
     from asyncfl.strategies.gi.unrolled import LocalProgram
-    from asyncfl.strategies.settings import ConfigError, StrategyConfig
+    from asyncfl.strategies.settings import StrategyConfig
     from asyncfl.options import RunOptions
     from asyncfl.callbacks import Callback, VersionInfo
     from asyncfl.errors import (
         RunFailed, NoNodesConnected, NothingToDispatch, ClientAppsFailing, TooFewPeers, MissingClientInfo,
-        CheckpointError,
+        CheckpointError, ConfigError, StateError,
     )
     from asyncfl.client_app.extras import answer_identity, pad_to_emulated_duration
     from asyncfl.simulation.delays import DelayModel, ComponentDelay

@@ -11,10 +11,12 @@ from __future__ import annotations
 from flwr.app.exception import AppExitException
 from flwr.supercore.exit import ExitCode
 
-from asyncfl.strategies.settings import ConfigError
-
 __all__ = ["CheckpointError", "ClientAppsFailing", "ConfigError", "MissingClientInfo", "NoNodesConnected",
-           "NothingToDispatch", "RunFailed", "TooFewPeers"]
+           "NothingToDispatch", "RunFailed", "StateError", "TooFewPeers"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which, where it came from and what is valid."""
 
 
 class RunFailed(RuntimeError, AppExitException):
@@ -46,3 +48,7 @@ class MissingClientInfo(RunFailed):
 class CheckpointError(ConfigError):
     """A checkpoint cannot be written or resumed from: missing, damaged, or made by another strategy, model
     layout or incompatible settings (the message says what differs). Raised before anything is overwritten."""
+
+
+class StateError(CheckpointError):
+    """A value cannot be captured, or a saved tree does not fit the live object."""

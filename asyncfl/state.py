@@ -21,14 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from asyncfl.errors import CheckpointError
+from asyncfl.errors import CheckpointError, StateError  # noqa: F401 (StateError re-exported)
 
 #: Tag of a captured value that is not a plain one.
 KIND = "__kind__"
-
-
-class StateError(CheckpointError):
-    """A value cannot be captured, or a saved tree does not fit the live object."""
 
 
 def capture(value: Any, where: str = "state") -> Any:

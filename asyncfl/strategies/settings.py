@@ -21,12 +21,10 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Mapping, TypeVar, get_type_hints
 
+from asyncfl.errors import ConfigError  # noqa: F401 (re-exported: strategies raise it from here)
+
 C = TypeVar("C", bound="Knobs")
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message says which, where it came from and what is valid."""
 
 
 def knob(default: Any, *, minimum: float | None = None, maximum: float | None = None, above: float | None = None,
