@@ -2,13 +2,11 @@
 
 Server-side methods run a model over hundreds or thousands of inputs at once
 (FedEcho's logits of every arriving model on ``U``, FedRevive's probe set, the
-server's evaluation). On this machine's CPU (2 MiB L2 per core) one big batch
-is much slower per sample than chunks of 64: the CNN's forward over 1000
-inputs takes ~500 ms in chunks of 500 and ~155 ms in chunks of 64 (one thread;
-the first layer's activations of 500 samples are 50 MB, of 64 samples 6 MB);
-ResNet-18 over 256 CIFAR inputs 4.2 s vs 3.0 s; LeNet-5 and the MLP are flat.
-Per-sample outputs are the same bits at every chunk size (tested), so only the
-time changes. ``benchmarks/server_methods.py`` measures it.
+server's evaluation). On a CPU with a small L2 cache one big batch is slower per
+sample than chunks of 64, whose first layer's activations fit the cache (a CNN's
+500 samples hold 50 MB there, 64 samples 6 MB). Per-sample outputs are the same
+bits at every chunk size (tested), so only the time changes; the server-methods
+benchmark measures it (linked from docs/methods.md).
 """
 
 from __future__ import annotations

@@ -18,9 +18,8 @@ How often: a message is pulled again after ``age / 8`` seconds, kept between
 simulations of fast clients) are seen quickly, and a reply waits at most about
 an eighth of its own round trip (capped at 1 s) to be noticed. Every pull is an
 HTTP request that costs the SuperLink and the ServerApp CPU the ClientApps on
-the same cores then lack: pulling every message every 0.2 s cost 48 CPU
-seconds more than Flower's own loop over a 60-job loopback run
-(``benchmarks/deploy``). The later notice costs the next job nothing as long
+the same cores then lack (a fixed short interval cost far more CPU than Flower's
+own loop on a loopback deployment, docs/deployment.md). The later notice costs the next job nothing as long
 as it stays under Flower 1.41 and 1.42's SuperNode idle sleep (3 s between pulls when it
 has no message), which it is.
 """

@@ -1,8 +1,8 @@
 """A Grid that runs a real ClientApp in this process: Flower's strategies and ours on the same app, fast.
 
 For studies and tests that need many seeded runs of an app on a small machine (the drop-in
-study in ``benchmarks/dropin`` compares Flower's own ``FedAvg`` with every asyncfl strategy
-at equal client work): through ``flwr run`` each run pays a SuperLink, Ray and one process
+study compares Flower's own ``FedAvg`` with every asyncfl strategy at equal client work):
+through ``flwr run`` each run pays a SuperLink, Ray and one process
 per message; here every message goes straight to the app's ``ClientApp`` (its
 ``@app.train`` / ``@app.evaluate`` functions, unchanged) with a per-node ``Context``, and the
 reply is ready when the push returns. Use the virtual clock with it (replies are all back at

@@ -41,7 +41,6 @@ DELAY_PRESETS: dict[str, DelayModel | RuntimeCategories] = {
     ),
     # a quarter of the clients slower than the rest, half of them 4x and half 10x, on every run (exact tier
     # shares), jobs +-0.2 around their client's mean: where asynchrony should reach FedAvg's accuracy sooner
-    # (benchmarks/dropin)
     "quarter-slow": DelayModel(
         download=ComponentDelay("constant", ((1.0, 0.0),)),
         train=ComponentDelay("uniform", ((0.75, 1.0), (0.125, 4.0), (0.125, 10.0)), spread=0.2, exact_shares=True),

@@ -33,8 +33,7 @@ class AFLDWConfig(StrategyConfig):
     server_lr : float
         ``eta_s``; 0 (default) = ``g(K) = sin(pi / (2 (2K - 1)))`` for ``K`` jobs in flight, the
         largest step that staleness ``K - 1`` leaves stable, about FedAvg's pace per update
-        (:mod:`asyncfl.strategies.pace`; with the fixed 0.1 it had, AFL-DW lagged FedAvg by 16 points
-        on Flower's quickstart app with SGD momentum at lr 0.01, ``benchmarks/dropin``).
+        (:mod:`asyncfl.strategies.pace`; a fixed 0.1 lagged FedAvg where client steps are small).
     beta : {"cosine", "linear", "step", "constant"}
         The ``beta(tau)`` family (FedRevive App. I.1; 1-cosine is the paper's).
     max_staleness : float
@@ -45,11 +44,8 @@ class AFLDWConfig(StrategyConfig):
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by ``2 / lambda_bound``
         from the clients' response measured on each client's consecutive jobs
-        (:mod:`asyncfl.strategies.response`). On Flower's quickstart app (8 nodes, 40 rounds, 3 seeds;
-        ``benchmarks/dropin``) it took AFL-DW at SGD lr 0.01 from 14 points under FedAvg to 5 above
-        (heterogeneous speeds; equal speeds: 14 under to 4 above) and is within 1.3 points of FedAvg in every
-        other setting; with 6 nodes at equal speeds in 16 rounds it ends 2.7 points under asyncfl's FedAvg
-        (10 seeds; the stable step 1.1). ``"stable"``: the bound for any client.
+        (:mod:`asyncfl.strategies.response`); it closes the stable step's lag where client steps are
+        small (measured in the drop-in study: docs/methods.md, "Default server steps"). ``"stable"``: the bound for any client.
     """
 
     label: ClassVar[str] = "AFLDW"

@@ -38,24 +38,18 @@ class CA2FLConfig(StrategyConfig):
     ----------
     buffer_size : int
         ``M``: arrivals per global update; 0 (default) = ``K // 4`` within ``[2, 10]`` for ``K`` jobs in
-        flight. On Flower's quickstart app (8 nodes, 40 rounds, 3 seeds; ``benchmarks/dropin``) ``M = 2``
-        instead of 5 ended within 0.7 points of FedAvg with SGD momentum at lr 0.05 and 0.1, Adam and a
-        BatchNorm CNN (``M = 5``: within 1.1), 15 instead of 30 under at SGD lr 0.01, and 0.784 instead
-        of 0.777 with 6 nodes at equal speeds in 16 rounds (10 seeds; FedAvg 0.916).
+        flight, as FedBuff's (the paper's ``M = 5`` is a keyword).
     server_lr : float
         ``eta``; 0 (default) = ``min(1, M * g)``, the stable pace per update for the delay of ``K`` jobs in
         flight plus the cache's lag (:func:`asyncfl.strategies.pace.cache_lag`: each cached update is
         re-applied at every step until its client returns, so CA2FL takes 0.69 times FedBuff's step at
-        ``K = 8, M = 2``; at FedBuff's step it ended at 0.62 with 8 nodes at equal speeds, SGD momentum
-        lr 0.1, where FedAvg ended at 0.93, ``benchmarks/dropin``). The paper's setting is ``server_lr=1.0``
-        (with ``eta = 1, M = 5, K = 8`` CA2FL diverged on Flower's quickstart app, mean final 0.53).
+        ``K = 8, M = 2``; at FedBuff's step it oscillated). The paper's setting is ``server_lr=1.0``, with
+        which CA2FL diverged at equal speeds (measured in the drop-in study: docs/methods.md).
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows, as for FedBuff (:class:`asyncfl.strategies.fedbuff.FedBuffConfig`):
-        the clients' measured response (default) or the bound for any client. With 8 nodes in 40 rounds
-        (3 seeds) the measured pace ends within 0.5 points of Flower's FedAvg in all five settings with
-        heterogeneous speeds and within 1.7 at equal speeds (the stable step: 35 and 32 points under at SGD
-        lr 0.01); with 6 nodes at equal speeds in 16 rounds 4.7 under (10 seeds; the stable step 7.6), a slower
-        start that 32 rounds close (0.926, FedAvg 0.932).
+        the clients' measured response (default) or the bound for any client, which lags FedAvg where
+        client steps are small. The cache's lag makes CA2FL start slower than FedBuff; short equal-speed
+        runs show it (measured in the drop-in study: docs/methods.md).
     """
 
     label: ClassVar[str] = "CA2FL"

@@ -17,13 +17,9 @@ Default ``beta1 = 0.5`` (the paper's 0.9 is a keyword): the server momentum's la
 to the staleness. An average over ``1 / (1 - beta1)`` steps applies each buffered update
 ``beta1 / (1 - beta1)`` steps late on average, 9 steps (18 updates at ``M = 2``) at 0.9
 on top of the ``K - 1`` updates an update is already stale; asynchrony itself acts as
-momentum (Mitliagkas et al., 2016, "Asynchrony begets momentum"). On Flower's quickstart
-app with 8 nodes (``benchmarks/dropin/fadas-*``, 3 seeds) 0.5 instead of 0.9 took Adam
-clients from 3.7 points under FedAvg to 1.8 above (7.9 to 2.9 under at equal speeds), the
-6-node 16-round equal-speed runs from 0.845 to 0.892 (10 seeds, FedAvg 0.916), and SGD
-momentum at lr 0.05 / 0.1 / 0.01 to 0.921 / 0.919 / 0.921 (FedAvg 0.917 / 0.919 / 0.810);
-at equal speeds those cost it a point (0.907 / 0.917 at lr 0.05 / 0.1, FedAvg 0.916 / 0.926).
-``tests/test_pace.py`` shows the lag on a stale quadratic.
+momentum (Mitliagkas et al., 2016, "Asynchrony begets momentum"). The smaller lag brought
+FADAS level with FedAvg where 0.9 left it behind (measured in the drop-in study: docs/methods.md, "Default server steps"); ``tests/test_pace.py`` shows the lag on
+a stale quadratic.
 
 AMSGrad steps the trained entries only. BatchNorm running statistics and counters are
 not trained by gradients (the paper's models carry none); they take FedBuff's stable
@@ -82,10 +78,7 @@ class FADASConfig(StrategyConfig):
     buffer_size : int
         ``M``: arrivals per server step; 0 (default) = ``K // 4`` within ``[2, 10]`` for ``K`` jobs in
         flight. The AMSGrad step moves each coordinate by about ``eta`` whatever the updates' size, so
-        ``M`` sets how fast FADAS moves per client update: on Flower's quickstart app (8 nodes, 40 rounds,
-        3 seeds; ``benchmarks/dropin``) ``M = 2`` instead of 5 took it from 2.0 to 0.2 points under FedAvg
-        with SGD momentum at lr 0.05, from 22.5 to 11.5 under on a BatchNorm CNN in 15 rounds, and with 6
-        nodes at equal speeds in 16 rounds from 0.62 to 0.83 (FedAvg 0.92).
+        ``M`` sets how fast FADAS moves per client update: a smaller ``M`` moves it more often.
     server_lr : float
         ``eta`` (the paper's 1e-3).
     beta1 : float

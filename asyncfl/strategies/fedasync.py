@@ -30,10 +30,8 @@ class FedAsyncConfig(StrategyConfig):
     ----------
     alpha : float
         ``alpha``: the mixing weight of a fresh client model, in (0, 1]. Default 1: a stale model is
-        mixed in by ``(1 + tau)^-1/2`` alone. On Flower's quickstart app with SGD momentum at lr 0.01
-        (40 rounds, 3 seeds) ``alpha = 0.6`` (our former default) ended 4.4 points under FedAvg and
-        ``alpha = 1`` 0.7; in every other drop-in setting, equal speeds included, the two are within
-        1 point of each other (``benchmarks/dropin``).
+        mixed in by ``(1 + tau)^-1/2`` alone. Xie et al.'s 0.6 (a keyword) lags FedAvg where client
+        steps are small and is level with 1 elsewhere (measured in the drop-in study: docs/methods.md).
     staleness : {"constant", "polynomial", "hinge"}
         The staleness function ``s(tau)`` (Xie et al., Sec. 5.2).
     staleness_decay : float

@@ -49,23 +49,20 @@ class FedBuffConfig(StrategyConfig):
     ----------
     buffer_size : int
         ``B``: updates per aggregation; 0 (default) = ``K // 4`` within ``[2, 10]`` for ``K`` jobs in
-        flight (:func:`asyncfl.strategies.pace.auto_buffer_size`: with ``B = 5`` and 6 nodes at equal
-        speeds FedBuff ended 12 points under FedAvg after 16 rounds, with ``B = 2`` 2 points).
+        flight (:func:`asyncfl.strategies.pace.auto_buffer_size`: a buffer close to ``K`` resonates at
+        equal speeds).
     server_lr : float
         ``eta_s``; 0 (default) = ``min(1, B * g(K, B))``, the stable pace of
         :mod:`asyncfl.strategies.pace` (0.41 for ``B = 5, K = 8``), scaled by the measured response
-        (``pace``). With ``eta_s = 1, B = 5, K = 8`` FedBuff oscillated on Flower's quickstart app with
-        SGD momentum at lr 0.1 (mean final accuracy 0.59 vs FedAvg's 0.92, 3 seeds; ``benchmarks/dropin``).
+        (``pace``). The paper's ``eta_s = 1`` (a keyword) oscillates at ``B = 5, K = 8`` with equal
+        speeds (measured in the drop-in study: docs/methods.md, "Default server steps").
     staleness_weighting : {"none", "sqrt"}
         Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
         ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on each client's
         consecutive jobs (:mod:`asyncfl.strategies.response`; at most twice the stable step). ``"stable"``:
-        the bound for any client. On Flower's quickstart app (8 nodes, 40 rounds, SGD momentum lr 0.01)
-        FedBuff with ``B = 2`` ended 17 points under FedAvg at the stable step and 4.4 above it measured;
-        with ``B = 5`` the measured pace oscillated in short equal-speed runs (6 nodes, lr 0.1, 16 rounds:
-        0.63), with ``B = 2`` it did not (0.90, 10 seeds; ``benchmarks/dropin``).
+        the bound for any client, which lags FedAvg where client steps are small (docs/methods.md).
     """
 
     label: ClassVar[str] = "FedBuff"

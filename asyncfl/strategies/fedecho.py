@@ -111,10 +111,8 @@ class FedEchoConfig(StrategyConfig):
     ----------
     buffer_size : int
         ``M``, arrivals per global update; 0 (default) = ``K // 4`` within ``[2, 10]`` for ``K`` jobs in
-        flight, as FedBuff's (:func:`asyncfl.strategies.pace.auto_buffer_size`). With the measured pace it
-        took FedEcho on Flower's quickstart app (8 nodes, 40 rounds, 3 seeds; ``benchmarks/dropin``) from
-        3.0 to 1.5 points under FedAvg with SGD momentum at lr 0.05 and from 2.8 under to 0.5 above with
-        Adam clients, at the price of a distillation every 2 updates instead of 5.
+        flight, as FedBuff's (:func:`asyncfl.strategies.pace.auto_buffer_size`), at the price of a
+        distillation every ``M`` updates (every 2 at ``K = 8``; the paper's ``M = 5`` is a keyword).
     server_lr : float
         ``eta``; 0 (default) = ``min(1, M * g(K, M))``, the stable pace
         (:mod:`asyncfl.strategies.pace`), scaled by the measured response (``pace``). The paper's
@@ -124,10 +122,8 @@ class FedEchoConfig(StrategyConfig):
     distill_batch_size, distill_lr, clip : int, float, float
         ``|B|``, ``eta_d`` (Adam) and ``nu`` (gradient-norm clip). ``eta_d`` defaults to the paper's 3e-6
         (its App. B). Adam moves every weight by about ``eta_d`` per step whatever the clients' update
-        size, so a larger ``eta_d`` outweighs small client steps: at 1e-4 (our former default) FedEcho
-        ended 51 points under FedAvg with SGD momentum at lr 0.01 on Flower's quickstart app (8 nodes,
-        40 rounds, 3 seeds; ``benchmarks/dropin``), at 3e-6 5 points above it, and within a point or
-        above in every other setting there.
+        size, so a larger ``eta_d`` outweighs small client steps (1e-4, our former default, undid them
+        at SGD lr 0.01: measured in the drop-in study: docs/methods.md, "Default server steps").
     alpha_min, alpha_max : float
         Range of the uncertainty weight (equal values: a fixed ``alpha``).
     overlap_logits : bool

@@ -10,10 +10,8 @@ Its pace: a client model is its base (about ``K`` arrivals old) plus one update,
 average of the last ``Q`` is about ``K + Q / 2`` arrivals behind plus one mean update: one
 mean update per ``K + Q / 2`` arrivals, where FedAvg makes one per ``K``. A small window
 keeps up, a large one smooths noise; the default ``Q = ceil(K / 2)`` costs a fifth of
-FedAvg's pace. Measured on Flower's quickstart app (K = 8, SGD momentum at lr 0.01, 3 seeds):
-``Q = 10`` ended at 0.52 where FedAvg ended at 0.81, ``Q = 4`` at 0.75 (``benchmarks/dropin``).
-The window costs time, not the model: given 80 rounds instead of 40, ``Q = 4`` ends 1.7 points
-under FedAvg (0.875, FedAvg 0.892; ``Q = 2``: 0.868), where FedAvg itself is still climbing at 40.
+FedAvg's pace. The window costs time, not the model: given twice the rounds FedFa ends level with
+FedAvg where a short run leaves it behind (measured in the drop-in study: docs/methods.md).
 """
 
 from __future__ import annotations

@@ -80,14 +80,12 @@ class FedReviveConfig(StrategyConfig):
         What ``server_lr=0`` follows, as for AFL-DW, FedRevive's parameter-space step
         (:class:`asyncfl.strategies.afl_dw.AFLDWConfig`): ``"measured"`` (default) scales the stable
         step by ``2 / lambda_bound`` from each client's consecutive jobs
-        (:mod:`asyncfl.strategies.response`); ``"stable"`` keeps the bound for any client.
-        On Flower's quickstart app with SGD momentum at lr 0.01 (8 nodes, 40 rounds, 3 seeds;
-        ``benchmarks/dropin/kd-pace``) the stable step left FedRevive 14.5 points under Flower's
-        FedAvg (0.665 +- 0.168, FedAvg 0.810), the measured one 5.2 above (0.862; AFL-DW 0.861).
+        (:mod:`asyncfl.strategies.response`); ``"stable"`` keeps the bound for any client, which lags
+        FedAvg where client steps are small (measured in the drop-in study: docs/methods.md).
     beta, max_staleness, beta_constant : str, float, float
         The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW). ``tau_max`` 0 = 1.5 x
-        the jobs in flight, the reference code's regime (typical ``beta`` 0.75); the default 150 at 20 in flight
-        keeps ``beta`` near 0.05, where KD barely enters the step (benchmarks/fedrevive-fmnist).
+        the jobs in flight, the reference code's ratio of ``tau_max`` to the jobs in flight; the default 150
+        keeps ``beta`` small at a few dozen jobs in flight, where KD barely enters the step.
     teacher_buffer_size : int
         ``c``: the most recent client models kept as teachers.
     probe_uploads, probe_temperature : int, float

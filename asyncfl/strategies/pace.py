@@ -12,16 +12,13 @@ converges on its own has ``lambda < 2``, so
 
 is the largest step that stays stable for every such client, whatever the app. It is close
 to FedAvg's pace (one mean update per ``K`` updates, ``g = 1 / K``), which sits on the edge:
-on Flower's quickstart app (SGD momentum 0.9, lr 0.05, 8 nodes, equal speeds, 3 seeds)
-FedBuff with ``B / K = 0.625`` oscillated (final 0.871, best 0.904; FedAvg 0.919) and
-CA2FL diverged at lr 0.1, while ``B * g = 0.41`` ended at 0.907 (``benchmarks/dropin``).
-The papers' fixed steps (FedBuff's ``eta_s = 1``: 1.6 mean updates per job at ``B = 5,
-K = 8``) diverged there outright. With heterogeneous speeds the delays spread out and the
+a FedBuff step of ``B / K`` oscillates at equal speeds where ``B * g`` does not, and the papers'
+fixed steps (FedBuff's ``eta_s = 1``: 1.6 mean updates per job at ``B = 5, K = 8``) diverge
+(measured in the drop-in study: docs/methods.md, "Default server steps"). With heterogeneous speeds the delays spread out and the
 system is more forgiving; equal speeds (e.g. Ray running same-sized jobs in turn) are the
 worst case. A method's paper setting stays a keyword away.
 
-That bound is paid in rounds where learning is slow: with SGD momentum at lr 0.01 FedBuff at
-``B * g`` ended 31 points under FedAvg after 40 rounds. With ``pace="measured"`` (the default of
+That bound is paid in rounds where learning is slow (small client steps: SGD at a small lr). With ``pace="measured"`` (the default of
 FedBuff, CA2FL, AFL-DW, FedEcho and FedRevive) a method measures the clients' response from each client's
 consecutive jobs (:mod:`asyncfl.strategies.response`) and guards against
 ``lambda_bound = min(2, max(1, 3 * lambda_hat))`` instead of 2: up to twice the stable step
@@ -29,9 +26,8 @@ for clients that do not overshoot.
 
 The buffer matters as much as the step. With ``B`` close to ``K`` (FedBuff's former ``B = 5`` at
 ``K = 6``) every update of an aggregation started from the previous version: at equal speeds all
-of them are one version stale, and the measured pace oscillated in short runs (6 nodes, 16
-rounds, lr 0.1: 0.63, the stable step 0.78, FedAvg 0.92). :func:`auto_buffer_size` keeps
-``B`` near ``K / 4``, where both paces end within 2.5 points of FedAvg there.
+of them are one version stale, and the measured pace oscillated in short runs.
+:func:`auto_buffer_size` keeps ``B`` near ``K / 4``, where neither pace does.
 """
 
 from __future__ import annotations
@@ -50,10 +46,8 @@ def auto_buffer_size(concurrency: int) -> int:
 
     With ``B`` close to ``K`` nearly every update of a step started from the previous version: at
     equal speeds the staleness is one version for all of them, a single sharp delay on which the
-    step resonates, where ``K / B >= 4`` spreads the delays over several versions. On Flower's
-    quickstart app with 6 nodes at equal speeds (SGD momentum lr 0.1, 16 rounds, 10 seeds;
-    ``benchmarks/dropin``) FedBuff ended at 0.799 with ``B = 5``, 0.857 with ``B = 3`` (5 seeds)
-    and 0.897 with ``B = 2`` (FedAvg 0.918). ``B = 1`` with the measured pace ended at 0.24: a client
+    step resonates, where ``K / B >= 4`` spreads the delays over several versions (measured in the
+    drop-in study: docs/methods.md). ``B >= 2`` because with ``B = 1`` and the measured pace a client
     re-dispatched from the model its own update made reads its own delta back as no response.
     """
     if concurrency < 1:
@@ -79,8 +73,7 @@ def cache_lag(concurrency: int, updates_per_step: int) -> float:
     ``K`` from 6 to 100 at ``B = K / 4`` (at ``K = 100, B = 10`` 2.7 % above the edge, where the plain
     pace of FedBuff is 0.3 % above it), and below it for larger buffers (``tests/test_pace.py`` runs
     the recursion through :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is
-    0.69 times FedBuff's: CA2FL at FedBuff's step ended at 0.62 on Flower's quickstart app with 8
-    nodes at equal speeds (SGD momentum lr 0.1, 3 seeds; FedAvg 0.93, ``benchmarks/dropin``).
+    0.69 times FedBuff's; at FedBuff's step CA2FL oscillated (docs/methods.md).
     """
     return max(0.0, concurrency / 2 - updates_per_step / 4)
 

@@ -3,8 +3,7 @@
 The stable pace (:mod:`asyncfl.strategies.pace`) assumes the worst client: one whose update
 moves the model ``lambda = 2`` times its distance to the minimum (a momentum optimizer that
 overshoots). Most apps are far from it, and where learning is slow (small client learning
-rates) that bound costs rounds: on Flower's quickstart app with SGD momentum at lr 0.01,
-FedBuff at the stable pace ended 31 points under FedAvg after 40 rounds.
+rates) that bound costs rounds (measured in the drop-in study: docs/methods.md).
 
 Two updates of the same client that started from different global models ``x_a`` and ``x_b``
 measure its response along the server's own moves (a secant, as in Barzilai and Borwein, 1988):
@@ -16,9 +15,9 @@ is the Rayleigh quotient of ``A_c`` along ``x_a - x_b``. The pair is one client'
 jobs. Two different clients' updates also differ by their own optima (non-IID data, or only
 minibatch luck), and since the server's recent moves are made of those same updates, that
 difference correlates with ``x_a - x_b``. The former pairing (each arrival with the latest one
-from another model) under-read the response with equal speeds: AFL-DW, which steps per arrival,
-ended at 0.37 with it where the stable step ended at 0.92 (SGD momentum lr 0.1, 8 nodes); the same client's jobs read
-``lambda_hat`` 0.8-1.3 there, kept the stable step and ended at 0.93 (``benchmarks/dropin``).
+from another model) under-read the response with equal speeds, so AFL-DW, which steps per arrival,
+took too large a step and fell far behind the stable step; the same client's jobs read a response near 1
+there and kept the stable step (measured in the drop-in study: docs/methods.md).
 Summing numerator and denominator over recent pairs (each decayed by ``decay`` per pair)
 weights a pair by ``||x_a - x_b||^2``, so pairs from nearby models, whose secant is mostly
 client noise, count little. When the server starts to oscillate, its moves line up with the
@@ -39,7 +38,7 @@ from asyncfl.strategies.arrival import Arrival
 RESPONSE_SAFETY = 3.0
 #: The smallest bound, 1: a client that moves the model to its own optimum without overshooting, so the step
 #: grows to at most twice the stable pace. A floor of 0.5 (four times) let AFL-DW, which steps per arrival,
-#: fall from 0.92 to 0.81 late in one run with Adam clients (``benchmarks/dropin``).
+#: lose accuracy late in a run with Adam clients (the drop-in study).
 RESPONSE_FLOOR = 1.0
 #: Per pair the bound falls by at most this factor (it rises at once): a brief low reading, such as the
 #: first rounds' plateau where updates grow along the server's moves, cannot enlarge the step much.
