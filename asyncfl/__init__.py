@@ -13,28 +13,15 @@ Names are imported on first use, so a ClientApp process that imports
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from asyncfl.strategies.registry import class_modules
+
 __version__ = "0.1.0"
 
 _PUBLIC = {
     "Strategy": "asyncfl.strategies.base",
     "Arrival": "asyncfl.strategies.base",
     "AsyncResult": "asyncfl.server_app.launch",
-    "FedAvg": "asyncfl.strategies.fedavg",
-    "FedAsync": "asyncfl.strategies.fedasync",
-    "FedBuff": "asyncfl.strategies.fedbuff",
-    "AFLDW": "asyncfl.strategies.afl_dw",
-    "CA2FL": "asyncfl.strategies.ca2fl",
-    "FADAS": "asyncfl.strategies.fadas",
-    "FedFa": "asyncfl.strategies.fedfa",
-    "FedADT": "asyncfl.strategies.fedadt",
-    "FedEcho": "asyncfl.strategies.fedecho",
-    "FedRevive": "asyncfl.strategies.fedrevive",
-    "DDFedRevive": "asyncfl.strategies.fedrevive",
-    "GICompensation": "asyncfl.strategies.gi",
-    "StaleWeighted": "asyncfl.strategies.stale_compensation",
-    "DCASGD": "asyncfl.strategies.stale_compensation",
-    "WPred": "asyncfl.strategies.stale_compensation",
-    "AsynTiers": "asyncfl.strategies.stale_compensation",
+    **class_modules(),  # every method, from the one registry (asyncfl/strategies/registry.py)
     "LocalProgram": "asyncfl.strategies.gi.unrolled",
     "ConfigError": "asyncfl.errors",
     "StateError": "asyncfl.errors",
@@ -70,7 +57,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC 
     from asyncfl.strategies.fedadt import FedADT
     from asyncfl.strategies.fedecho import FedEcho
     from asyncfl.strategies.fedrevive import FedRevive, DDFedRevive
-    from asyncfl.strategies.gi import GICompensation
+    from asyncfl.strategies.gi.strategy import GICompensation
     from asyncfl.strategies.stale_compensation import StaleWeighted, DCASGD, WPred, AsynTiers
     from asyncfl.strategies.gi.unrolled import LocalProgram
     from asyncfl.strategies.settings import StrategyConfig

@@ -8,13 +8,13 @@ first use, so importing a submodule (the registry, the settings) loads no other 
 
 from importlib import import_module
 
+from asyncfl.strategies.registry import class_modules
+
 _EXPORTS = {
-    "Arrival": "base", "Strategy": "base", "StrategyConfig": "settings", "ConfigError": "settings",
-    "StrategyResources": "resources", "strategy_class": "registry",
-    "FedAvg": "fedavg", "FedAsync": "fedasync", "FedBuff": "fedbuff", "AFLDW": "afl_dw", "CA2FL": "ca2fl",
-    "FADAS": "fadas", "FedFa": "fedfa", "FedADT": "fedadt", "FedEcho": "fedecho", "FedRevive": "fedrevive",
-    "DDFedRevive": "fedrevive", "GICompensation": "gi.strategy", "StaleWeighted": "stale_compensation",
-    "DCASGD": "stale_compensation", "WPred": "stale_compensation", "AsynTiers": "stale_compensation",
+    "Arrival": "asyncfl.strategies.base", "Strategy": "asyncfl.strategies.base",
+    "StrategyConfig": "asyncfl.strategies.settings", "ConfigError": "asyncfl.errors",
+    "StrategyResources": "asyncfl.strategies.resources", "strategy_class": "asyncfl.strategies.registry",
+    **class_modules(),  # every method, from the one registry
 }
 
 __all__ = sorted(_EXPORTS)
@@ -23,6 +23,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'asyncfl.strategies' has no attribute {name!r}")
-    value = getattr(import_module(f"asyncfl.strategies.{_EXPORTS[name]}"), name)
+    value = getattr(import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
