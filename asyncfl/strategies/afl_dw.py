@@ -45,7 +45,8 @@ class AFLDWConfig(StrategyConfig):
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by ``2 / lambda_bound``
         from the clients' response measured on each client's consecutive jobs
         (:mod:`asyncfl.strategies.response`); it closes the stable step's lag where client steps are
-        small (measured in the drop-in study: docs/methods.md, "Default server steps"). ``"stable"``: the bound for any client.
+        small (measured in the drop-in study: docs/methods.md, "Default server steps"). ``"stable"``: the
+        bound for any client.
     """
 
     label: ClassVar[str] = "AFLDW"
@@ -68,7 +69,8 @@ class AFLDW(Strategy):
     def __init__(self, server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
                  beta_constant: float = 0.5, pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = AFLDWConfig(server_lr, beta, max_staleness, beta_constant, pace)
+        self.config = AFLDWConfig(server_lr=server_lr, beta=beta, max_staleness=max_staleness,
+                                  beta_constant=beta_constant, pace=pace)
         self._measure_response(pace, server_lr)
         self.mixing = MixingTally()
 

@@ -18,8 +18,8 @@ to the staleness. An average over ``1 / (1 - beta1)`` steps applies each buffere
 ``beta1 / (1 - beta1)`` steps late on average, 9 steps (18 updates at ``M = 2``) at 0.9
 on top of the ``K - 1`` updates an update is already stale; asynchrony itself acts as
 momentum (Mitliagkas et al., 2016, "Asynchrony begets momentum"). The smaller lag brought
-FADAS level with FedAvg where 0.9 left it behind (measured in the drop-in study: docs/methods.md, "Default server steps"); ``tests/test_pace.py`` shows the lag on
-a stale quadratic.
+FADAS level with FedAvg where 0.9 left it behind (measured in the drop-in study: docs/methods.md,
+"Default server steps"); ``tests/test_pace.py`` shows the lag on a stale quadratic.
 
 AMSGrad steps the trained entries only. BatchNorm running statistics and counters are
 not trained by gradients (the paper's models carry none); they take FedBuff's stable
@@ -110,7 +110,8 @@ class FADAS(Strategy):
     def __init__(self, buffer_size: int = 0, server_lr: float = 1e-3, beta1: float = 0.5, beta2: float = 0.99,
                  epsilon: float = 1e-8, staleness_threshold: int = 5, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FADASConfig(buffer_size, server_lr, beta1, beta2, epsilon, staleness_threshold)
+        self.config = FADASConfig(buffer_size=buffer_size, server_lr=server_lr, beta1=beta1, beta2=beta2,
+                                  epsilon=epsilon, staleness_threshold=staleness_threshold)
         self.optimizer = AMSGrad(beta1, beta2, epsilon)
         self._sum: np.ndarray | None = None
         self._count = 0

@@ -90,7 +90,8 @@ class FedBuff(Strategy):
     def __init__(self, buffer_size: int = 0, server_lr: float = 0.0, staleness_weighting: str = "none",
                  pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedBuffConfig(buffer_size, server_lr, staleness_weighting, pace)
+        self.config = FedBuffConfig(buffer_size=buffer_size, server_lr=server_lr,
+                                    staleness_weighting=staleness_weighting, pace=pace)
         self._measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0

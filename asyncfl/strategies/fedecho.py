@@ -198,8 +198,9 @@ class FedEcho(Strategy):
                  overlap_logits: bool = True, pace: str = "measured", seed: int = 0,
                  distill_labels: Any = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedEchoConfig(buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr,
-                                    alpha_min, alpha_max, clip, overlap_logits, pace=pace)
+        self.config = FedEchoConfig(buffer_size=buffer_size, server_lr=server_lr, distill_steps=distill_steps,
+                                    distill_batch_size=distill_batch_size, distill_lr=distill_lr, alpha_min=alpha_min,
+                                    alpha_max=alpha_max, clip=clip, overlap_logits=overlap_logits, pace=pace)
         self._measure_response(pace, server_lr)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")

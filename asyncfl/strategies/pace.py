@@ -14,13 +14,14 @@ is the largest step that stays stable for every such client, whatever the app. I
 to FedAvg's pace (one mean update per ``K`` updates, ``g = 1 / K``), which sits on the edge:
 a FedBuff step of ``B / K`` oscillates at equal speeds where ``B * g`` does not, and the papers'
 fixed steps (FedBuff's ``eta_s = 1``: 1.6 mean updates per job at ``B = 5, K = 8``) diverge
-(measured in the drop-in study: docs/methods.md, "Default server steps"). With heterogeneous speeds the delays spread out and the
-system is more forgiving; equal speeds (e.g. Ray running same-sized jobs in turn) are the
-worst case. A method's paper setting stays a keyword away.
+(measured in the drop-in study: docs/methods.md, "Default server steps"). With heterogeneous
+speeds the delays spread out and the system is more forgiving; equal speeds (e.g. Ray running
+same-sized jobs in turn) are the worst case. A method's paper setting stays a keyword away.
 
-That bound is paid in rounds where learning is slow (small client steps: SGD at a small lr). With ``pace="measured"`` (the default of
-FedBuff, CA2FL, AFL-DW, FedEcho and FedRevive) a method measures the clients' response from each client's
-consecutive jobs (:mod:`asyncfl.strategies.response`) and guards against
+That bound is paid in rounds where learning is slow (small client steps: SGD at a small lr).
+With ``pace="measured"`` (the default of FedBuff, CA2FL, AFL-DW, FedEcho and FedRevive) a method
+measures the clients' response from each client's consecutive jobs
+(:mod:`asyncfl.strategies.response`) and guards against
 ``lambda_bound = min(2, max(1, 3 * lambda_hat))`` instead of 2: up to twice the stable step
 for clients that do not overshoot.
 
