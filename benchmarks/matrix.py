@@ -375,10 +375,8 @@ FEDADT_FMNIST = Study(
 FEDADT_FMNIST_PAPER = Study(
     name="fedadt-fmnist-paper",
     supernodes=500,
-    common={"dataset": "fashion-mnist", "model": "cnn", "optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
-            "local-epochs": 5, "local-steps": 0, "batch-size": 32, "concurrency": 100, "max-arrivals": 1000,
-            "eval-every": 2500.0, "progress": False, "target-accuracy": "0.7,0.75", **_FEDADT_DELAYS,
-            "dirichlet-alpha": 0.5},
+    common={**FEDADT_FMNIST.common, "model": "cnn", "local-epochs": 5, "concurrency": 100, "max-arrivals": 1000,
+            "eval-every": 2500.0, "dirichlet-alpha": 0.5},
     methods={
         "fedadt": {"strategy": "fedadt"},
         "fedadt-t2": {"strategy": "fedadt", "fedadt.kl-scale": "t-squared"},
