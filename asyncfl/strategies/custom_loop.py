@@ -18,6 +18,7 @@ import random
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
+from flwr.common.logger import log as flwr_log
 
 from asyncfl.strategies.arrival import Arrival
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
     from asyncfl.strategies.base import Strategy
 
-log = logging.getLogger("asyncfl.custom_loop")
 
 
 class SynchronousRounds:
@@ -66,15 +66,16 @@ class SynchronousRounds:
         if not self.started:
             strategy.on_start(num_clients=len(replies), concurrency=max(1, len(replies)))
             self.started = True
-            log.info("%s in a custom loop runs synchronously: each round's replies go through its update rule "
-                     "with staleness 0; call start() for asynchronous training", type(strategy).__name__)
+            # on Flower's logger, as the loop's own lines: a custom loop never configures asyncfl's
+            flwr_log(logging.INFO, "%s in a custom loop runs synchronously: each round's replies go through its "
+                     "update rule with staleness 0; call start() for asynchronous training", type(strategy).__name__)
         keys = strategy.flower.keys
         current, accepted = self.model, []
         for index, reply in enumerate(replies):
             try:
                 weights = read_train_reply(reply, self.codec, keys)
             except RejectedReply as exc:
-                log.warning("round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
+                flwr_log(logging.WARNING, "round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
                 continue
             metrics = keys.metrics_of(reply.content)
             examples = int(metrics.get(strategy.flower.weighted_by_key, 1)) if metrics is not None else 1
@@ -112,7 +113,7 @@ def configure_train_messages(strategy: "Strategy", rounds: SynchronousRounds, se
     rounds.remember(arrays)
     every = list(grid.get_node_ids())
     nodes = rounds.sample(every, strategy.flower.fraction_train, strategy.flower.min_train_nodes)
-    log.info("configure_train: sampled %d nodes (out of %d)", len(nodes), len(every))
+    flwr_log(logging.INFO, "configure_train: sampled %d nodes (out of %d)", len(nodes), len(every))
     return _messages(strategy, arrays, config, server_round, nodes, MessageType.TRAIN)
 
 
