@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -63,6 +64,15 @@ class Study:
     paper_time_reference: str | None = None  # the GI paper's Tables 10-11: time relative to this method (= 100)
     stale_window_start: float | None = None  # affected-class accuracy is also averaged over the evaluations after it
     grid_families: tuple[str, ...] = ()  # a tuning grid: rows named "<family>-..." compete for their family's best
+
+
+def tuned(grid: str, family: str) -> dict:
+    """A method's settings at the best point of the tuning study ``grid`` (highest final accuracy of ``family``'s
+    rows), read from that study's stored runs when a study using it runs (:func:`resolve_tuned`)."""
+    return {TUNED_KEY: f"{grid}/{family}"}
+
+
+TUNED_KEY = "tuned-from"
 
 
 # FedEcho's comparison (its Tables 2-3) at CPU scale: the paper's concurrency ratio (M_c = half the clients)
@@ -458,12 +468,7 @@ FEDECHO_FMNIST_TUNE = Study(
 # 0.1: the highest final accuracy), seeds 1-3, the paper's hardest and mildest cells. The ablation removes only
 # the distillation (FedEcho's tuned step with 0 distillation steps: its buffered step alone); extra rows: U = the
 # resized sklearn digits instead of MNIST, and FedEcho and FedBuff at the paper's server step 1 (its Table 8).
-_FEDECHO_TUNED = {
-    "fedbuff": {"strategy": "fedbuff", "lr": 0.1, "fedbuff.server-lr": 0.5},
-    "ca2fl": {"strategy": "ca2fl", "lr": 0.3, "ca2fl.server-lr": 0.5},
-    "fadas": {"strategy": "fadas", "lr": 0.3, "fadas.server-lr": 0.01},
-    "fedecho": {"strategy": "fedecho", "lr": 0.1, "fedecho.server-lr": 0.5},
-}
+_FEDECHO_TUNED = {family: tuned("fedecho-fmnist-tune", family) for family in ("fedbuff", "ca2fl", "fadas", "fedecho")}
 _LARGE_01 = {"delay-model": "fedecho-large", "dirichlet-alpha": 0.1}
 FEDECHO_FMNIST = Study(
     name="fedecho-fmnist",
@@ -976,9 +981,9 @@ def gi_lines(runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[
     return ["", "Gradient-inversion figures per run (summary.json):", "", *lines] if lines else []
 
 
-def grid_best_lines(study: Study, runs_dir: Path) -> list[str]:
-    """A tuning grid's choice: per family, the row with the highest mean final accuracy over its cells' runs."""
-    lines = []
+def grid_scores(study: Study, runs_dir: Path) -> dict[str, dict[str, float]]:
+    """A tuning grid's rows by family: ``{family: {method: mean final accuracy over its cells' runs}}``."""
+    out: dict[str, dict[str, float]] = {}
     for family in study.grid_families:
         scores = {}
         for method in study.methods:
@@ -988,11 +993,47 @@ def grid_best_lines(study: Study, runs_dir: Path) -> list[str]:
                 if finals:
                     scores[method] = statistics.fmean(finals)
         if scores:
-            best = max(scores, key=scores.get)
-            runner_up = sorted(scores.values())[-2] if len(scores) > 1 else float("nan")
-            lines.append(f"- {family}: {best} ({100 * scores[best]:.1f} %; next best {100 * runner_up:.1f} %; "
-                         f"{len(scores)} grid points run)")
+            out[family] = scores
+    return out
+
+
+def grid_best_lines(study: Study, runs_dir: Path) -> list[str]:
+    """A tuning grid's choice: per family, the row with the highest mean final accuracy over its cells' runs."""
+    lines = []
+    for family, scores in grid_scores(study, runs_dir).items():
+        best = max(scores, key=scores.get)
+        runner_up = sorted(scores.values())[-2] if len(scores) > 1 else float("nan")
+        lines.append(f"- {family}: {best} ({100 * scores[best]:.1f} %; next best {100 * runner_up:.1f} %; "
+                     f"{len(scores)} grid points run)")
     return ["", "Best grid point per method (highest final accuracy):", "", *lines] if lines else []
+
+
+def resolve_tuned(study: Study) -> Study:
+    """``study`` with every :func:`tuned` placeholder replaced by its grid's best point, from the grid's stored runs.
+
+    Raises
+    ------
+    SystemExit
+        When the grid has no finished run of that family yet (run the grid first).
+    """
+    best: dict[str, dict] = {}
+
+    def settings(config: dict) -> dict:
+        if TUNED_KEY not in config:
+            return config
+        grid_name, family = config[TUNED_KEY].split("/")
+        if grid_name not in best:
+            grid = STUDIES[grid_name]
+            scores = grid_scores(grid, ROOT / "benchmarks" / grid.name / "runs")
+            best[grid_name] = {f: grid.methods[max(s, key=s.get)] for f, s in scores.items()}
+        if family not in best[grid_name]:
+            raise SystemExit(f"{study.name} takes {family}'s settings from the grid {grid_name}, which has no finished "
+                             f"run of it: run `matrix.py {grid_name}` first")
+        rest = {k: v for k, v in config.items() if k != TUNED_KEY}
+        return {**best[grid_name][family], **rest}
+
+    return dataclasses.replace(study, methods={m: settings(c) for m, c in study.methods.items()},
+                               extra={n: settings(c) for n, c in study.extra.items()})
 
 
 #: summary.json figures of a method's own mechanism, listed per row where the runs report them.
@@ -1101,7 +1142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true",
                         help="also draw curves-<scenario>.png: each row's accuracy vs virtual time, mean +- sd band")
     args = parser.parse_args(argv)
-    study = STUDIES[args.study]
+    study = resolve_tuned(STUDIES[args.study])
     runs_dir = ROOT / "benchmarks" / study.name / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     if not args.table:

@@ -108,3 +108,23 @@ def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strate
         assert set(config) <= set(defaults), f"{cell}: unknown keys {set(config) - set(defaults)}"
         parsed = parse_run_config({**defaults, **config})
         assert parsed.strategy == config["strategy"] and parsed.engine.concurrency == overrides["concurrency"]
+
+
+def test_the_comparison_takes_each_methods_settings_from_its_grids_stored_runs():
+    # The FedEcho comparison's methods come from fedecho-fmnist-tune's best points (its stored runs): the values
+    # the comparison ran with (benchmarks/fedecho-fmnist/README.md)
+    matrix = _matrix()
+    study = matrix.resolve_tuned(matrix.STUDIES["fedecho-fmnist"])
+    assert study.methods["fedbuff"] == {"strategy": "fedbuff", "lr": 0.1, "fedbuff.server-lr": 0.5}
+    assert study.methods["ca2fl"] == {"strategy": "ca2fl", "lr": 0.3, "ca2fl.server-lr": 0.5}
+    assert study.methods["fadas"] == {"strategy": "fadas", "lr": 0.3, "fadas.server-lr": 0.01}
+    assert study.methods["fedecho-no-kd"] == {"strategy": "fedecho", "lr": 0.1, "fedecho.server-lr": 0.5,
+                                              "fedecho.distill-steps": 0}
+    assert study.extra["fedbuff-g1__large-dir0.1"]["fedbuff.server-lr"] == 1.0  # an override of the tuned point
+
+
+def test_a_study_whose_grid_has_not_run_says_so(tmp_path, monkeypatch):
+    matrix = _matrix()
+    monkeypatch.setattr(matrix, "ROOT", tmp_path)  # no stored runs at all
+    with pytest.raises(SystemExit, match="run `matrix.py fedecho-fmnist-tune` first"):
+        matrix.resolve_tuned(matrix.STUDIES["fedecho-fmnist"])
