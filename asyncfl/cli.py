@@ -252,7 +252,7 @@ def check_resumable(folder: Path, run_config: dict) -> None:
     """
     from asyncfl.config import parse_run_config
     from asyncfl.server_app import checkpoint
-    from asyncfl.strategies.base import check_saved_strategy
+    from asyncfl.strategies.strategy_state import check_saved_strategy
     from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
 
     cfg = parse_run_config(run_config)

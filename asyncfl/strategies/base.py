@@ -1,4 +1,10 @@
-"""The strategy interface: react to one client arrival, never touch Grid or clocks."""
+"""The strategy interface: react to one client arrival, never touch Grid or clocks.
+
+:class:`Strategy` is the method's interface (``on_start``, ``on_arrival``, ``dispatch_model``,
+``on_round_end``, ``summary``) and ``start``; its other concerns are pieces of their own:
+the automatic step (:mod:`asyncfl.strategies.paced`), Flower's hooks
+(:mod:`asyncfl.strategies.hooks`) and checkpoint state (:mod:`asyncfl.strategies.strategy_state`).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +16,15 @@ import numpy as np
 
 from asyncfl.strategies.arrival import Arrival  # noqa: F401  (re-exported: strategies import it from here)
 from asyncfl.strategies.flower_options import FlowerOptions
-from asyncfl.strategies.pace import BUFFER_BOUNDS, auto_buffer_size, paced_server_lr
-from asyncfl.strategies.response import ResponseMeter
+from asyncfl.strategies.hooks import FlowerHooks
+from asyncfl.strategies.paced import PacedSteps
 from asyncfl.strategies.settings import StrategyConfig
+from asyncfl.strategies.strategy_state import StrategyState
 
 if TYPE_CHECKING:  # the engine side is imported only when a run starts
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
 
-    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
     from flwr.serverapp import Grid
 
     from asyncfl.callbacks import Callback
@@ -28,46 +35,7 @@ if TYPE_CHECKING:  # the engine side is imported only when a run starts
 _DEFAULT_OPTIONS = FlowerOptions()
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Knob values equal (arrays and nested values compared by content)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
-    return bool(a == b)
-
-
-def check_saved_strategy(state: dict, class_name: str, config: Any) -> None:
-    """Refuse a checkpoint's strategy ``state`` unless it is ``class_name``'s, saved with ``config``'s knobs.
-
-    A knob the checkpoint does not record (added to the method later) counts as equal when ``config``
-    has it at its default, which reproduces what the saved run did. The message names each knob by its
-    keyword and, for the built-in app, its run-config key.
-
-    Raises
-    ------
-    StateError
-        Saying what differs.
-    """
-    from asyncfl.state import StateError, capture, restore
-
-    if state.get("class") != class_name:
-        raise StateError(f"the checkpoint's strategy is {state.get('class')}, this run's is {class_name}")
-    ours = restore(None, capture(config.keywords()))
-    theirs = restore(None, state["config"])
-    defaults = type(config).defaults() if hasattr(type(config), "defaults") else {}
-    differ = sorted(k for k in set(ours) | set(theirs) if not _same(ours.get(k), theirs.get(k))
-                    and not (k not in theirs and k in defaults and _same(ours.get(k), defaults[k])))
-    if differ:
-        def key(k: str) -> str:
-            try:
-                return f" (run-config {type(config).key_of(k)})"
-            except (AttributeError, StopIteration):
-                return ""
-
-        raise StateError(f"the checkpoint's {class_name} has other settings: " + ", ".join(
-            f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here{key(k)}" for k in differ))
-
-
-class Strategy(ABC):
+class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     """A server-side method: turns arrivals into new global models.
 
     Subclasses implement :meth:`on_arrival`. The engine owns the global model;
@@ -132,54 +100,6 @@ class Strategy(ABC):
         """The Flower ``FedAvg`` options this strategy was built with (defaults when none were given)."""
         return self.__dict__.get("_flower", _DEFAULT_OPTIONS)
 
-    #: Jobs in flight (``K``), as the engine told :meth:`on_start`; ``None`` before a run.
-    concurrency: int | None = None
-
-    #: Entries of the flat model that are trained (BatchNorm statistics and integer counters excluded), as the
-    #: engine sets it before :meth:`on_start`; ``None``: every entry (or not known).
-    trained_entries: np.ndarray | None = None
-
-    #: Set by a strategy whose automatic step follows the clients' measured response
-    #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
-    response_meter: "ResponseMeter | None" = None
-
-    def _measure_response(self, pace: str, server_lr: float) -> None:
-        """Keep a :class:`~asyncfl.strategies.response.ResponseMeter` when the automatic step (``server_lr=0``)
-        follows the clients' measured response (``pace="measured"``)."""
-        self.response_meter = ResponseMeter() if pace == "measured" and not server_lr else None
-
-    def _observe_response(self, arrival: Arrival) -> None:
-        """Feed ``arrival`` to the response meter, if any (on the trained entries only)."""
-        if self.response_meter is not None:
-            self.response_meter.observe(arrival, self.trained_entries)
-
-    def _pace_summary(self) -> dict[str, float | int | None]:
-        """The measured pace's figures for :meth:`summary` (none without a meter)."""
-        return self.response_meter.summary() if self.response_meter is not None else {}
-
-    def _paced_lr(self, configured: float, updates_per_step: int = 1, extra_delay: float = 0.0) -> float:
-        """The server learning rate to use: ``configured``, or when it is 0 (auto) the stable pace for ``K`` jobs
-        in flight, ``min(1, B * g(K, B))``, scaled by ``2 / lambda_bound`` when a response meter measures the
-        clients (:mod:`asyncfl.strategies.pace`), with ``extra_delay`` updates added to the delay ``d`` (CA2FL's
-        :func:`~asyncfl.strategies.pace.cache_lag`). Before :meth:`on_start` (no ``K`` known) auto is 1."""
-        if configured > 0:
-            return configured
-        meter = self.response_meter
-        return paced_server_lr(updates_per_step, self.concurrency or updates_per_step,
-                               meter.bound if meter is not None else 2.0, extra_delay)
-
-    @property
-    def buffer_size(self) -> int:
-        """Updates per server step of a buffered method (FedBuff, CA2FL, FADAS, FedEcho: its ``config.buffer_size``),
-        or when that is 0 (auto) ``K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
-        (:func:`asyncfl.strategies.pace.auto_buffer_size`). Before :meth:`on_start` auto is 2."""
-        configured = getattr(self.config, "buffer_size", None)
-        if configured is None:
-            raise AttributeError(f"{type(self).__name__} does not buffer updates")
-        if configured > 0:
-            return configured
-        return auto_buffer_size(self.concurrency) if self.concurrency else BUFFER_BOUNDS[0]
-
     #: When True the engine runs synchronous rounds: it dispatches a full cohort
     #: only when no job is in flight and calls :meth:`on_round_end` after the last
     #: reply of the round (accepted or lost).
@@ -212,161 +132,6 @@ class Strategy(ABC):
         """Strategy-specific figures for ``summary.json`` (Flower's ``summary()`` logs and returns None; an
         override of that shape is called too, and adds nothing)."""
         return {}
-
-    # ------------------------------------------------------------ Flower's hooks
-    def overrides(self, hook: str) -> bool:
-        """Whether this strategy's class overrides ``hook`` (a Flower hook the engine then calls; it skips
-        building requests for one that is not overridden)."""
-        return getattr(type(self), hook) is not getattr(Strategy, hook)
-
-    def configure_train(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
-                        grid: "Grid") -> "Iterable[Message]":
-        """Flower's hook: the train requests of round ``server_round``, one per node.
-
-        Called as Flower calls it: once per round of client work (see :meth:`start`'s
-        ``num_rounds``), when the round's first job is dispatched, with the global model then
-        in effect and the same ``train_config`` record every round (so an override that
-        changes it in place, e.g. halving ``config["lr"]`` every 5 rounds, changes it for good,
-        as under Flower's ``FedAvg``). Every job of the round carries the config of the
-        returned message addressed to its node (or of the first message, for a node without
-        one); the engine adds ``model-version``, ``job-seed`` and ``dispatch-time``. Which
-        node trains when is the engine's choice (whoever is idle), not this method's; the
-        arrays of the returned messages are not used (a job carries the model version it is
-        sent with).
-
-        Called by a Flower app's own loop instead (outside :meth:`start`), it returns what Flower's
-        ``FedAvg`` would: requests to ``fraction_train`` of the nodes, each with a copy of ``config``
-        plus ``server-round`` (:mod:`asyncfl.strategies.custom_loop`).
-        """
-        from flwr.common import MessageType
-
-        from asyncfl import protocol
-
-        if not self._in_start:  # a Flower app's own loop: Flower's sample, the caller's record left as it was
-            from asyncfl.strategies.custom_loop import configure_train_messages
-
-            return configure_train_messages(self, self._custom_loop, server_round, arrays, config, grid)
-        config[protocol.SERVER_ROUND] = server_round
-        return self._requests(arrays, config, grid, MessageType.TRAIN)
-
-    def aggregate_train(self, server_round: int,
-                        replies: "Iterable[Message]") -> "tuple[ArrayRecord | None, MetricRecord | None]":
-        """Flower's hook, for a Flower app that runs its own loop instead of :meth:`start`.
-
-        The round's replies go through the method's :meth:`on_arrival` in order, each with
-        staleness 0 (they all trained from the model :meth:`configure_train` sent), and the
-        model the method made comes back with the replies' train metrics aggregated as Flower's
-        (:mod:`asyncfl.strategies.custom_loop`). Such a loop is synchronous; :meth:`start` never
-        calls this hook.
-        """
-        return self._custom_loop.aggregate(server_round, replies)
-
-    @property
-    def _custom_loop(self):
-        from asyncfl.strategies.custom_loop import SynchronousRounds
-
-        if "_rounds" not in self.__dict__:
-            self.__dict__["_rounds"] = SynchronousRounds(self)
-        return self.__dict__["_rounds"]
-
-    @property
-    def _in_start(self) -> bool:
-        return self.__dict__.get("_starting", False)
-
-    #: The attributes that change as arrivals come in (buffers, caches, moments, networks, random
-    #: generators): what :meth:`state_dict` saves; ``()`` for a method without any. A subclass with
-    #: more state names it here, or overrides :meth:`state_dict` / :meth:`load_state_dict` (as a torch
-    #: ``Module`` does). ``None`` (a strategy that has not said): it cannot be checkpointed.
-    state_attributes: tuple[str, ...] | None = None
-
-    @property
-    def checkpointable(self) -> bool:
-        """Whether this strategy says what its state is (:attr:`state_attributes`, or its own :meth:`state_dict`)."""
-        return self.state_attributes is not None or type(self).state_dict is not Strategy.state_dict
-
-    def state_dict(self) -> dict:
-        """Everything that makes this strategy's next updates what they will be, as a plain copy.
-
-        A fresh strategy built with the same keywords, started with :meth:`on_start` and given
-        this dict through :meth:`load_state_dict` makes the same updates from the same arrivals:
-        what a checkpoint saves and a resumed run restores. Contents: the class, its knobs
-        (a checkpoint refuses another class or other knobs) and :attr:`state_attributes`.
-        """
-        from asyncfl.state import StateError, capture
-
-        if self.state_attributes is None:
-            raise StateError(f"{type(self).__qualname__} does not say what its state is, so it cannot be "
-                             "checkpointed: give it a state_attributes tuple (() when it keeps none), or "
-                             "state_dict()/load_state_dict() methods")
-        self._settle()
-        return {"class": type(self).__qualname__, "config": capture(self.config.keywords(), "config"),
-                "state": {name: capture(getattr(self, name), name) for name in self.state_attributes}}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Take the state :meth:`state_dict` saved (after :meth:`on_start`, before the first arrival).
-
-        Raises
-        ------
-        StateError
-            When ``state`` is another class's, or was saved with other knobs (naming what differs).
-        """
-        from asyncfl.state import restore
-
-        self.check_state(state)
-        for name in self.state_attributes:
-            setattr(self, name, restore(getattr(self, name, None), state["state"][name], name))
-
-    def configure_evaluate(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
-                           grid: "Grid") -> "Iterable[Message]":
-        """Flower's hook: the federated-evaluation requests of round ``server_round``, one per node.
-
-        Called at each federated evaluation point (``fraction_evaluate > 0``) with the model in
-        effect then and the same ``evaluate_config`` record every time. Each sampled node gets the
-        config of the returned message addressed to it (the sample itself is the engine's, seeded);
-        ``server-round`` and ``model-version`` are added.
-        """
-        from flwr.common import MessageType
-
-        if not self._in_start:  # a Flower app's own loop: Flower's sample of fraction_evaluate of the nodes
-            from asyncfl.strategies.custom_loop import evaluate_messages
-
-            return evaluate_messages(self, self._custom_loop, server_round, arrays, config, grid)
-        return self._requests(arrays, config, grid, MessageType.EVALUATE)
-
-    def _requests(self, arrays: "ArrayRecord", config: "ConfigRecord", grid: "Grid", message_type: str) -> list:
-        """One ``message_type`` message per node of ``grid``, all carrying ``arrays`` and ``config`` (as Flower's
-        ``FedAvg`` builds them, under this strategy's record keys)."""
-        from flwr.app import Message, RecordDict
-
-        content = RecordDict({self.flower.arrayrecord_key: arrays, self.flower.configrecord_key: config})
-        return [Message(content, dst_node_id=node, message_type=message_type) for node in grid.get_node_ids()]
-
-    def aggregate_evaluate(self, server_round: int, replies: "Iterable[Message]") -> "MetricRecord | None":
-        """Flower's hook: one round's federated-evaluation replies -> its ``evaluate_metrics_clientapp`` entry.
-
-        Default: ``evaluate_metrics_aggr_fn`` over the replies (Flower's weighted average by
-        ``weighted_by_key``). Called when every reply of the point is in or lost; each reply's
-        content holds its metric record under ``"metrics"``.
-        """
-        from asyncfl.server_app.client_metrics import aggregate_replies
-
-        flower = self.flower
-        return aggregate_replies([reply.content for reply in replies], flower.weighted_by_key,
-                                 flower.evaluate_metrics_aggr_fn, "evaluate")
-
-    def check_state(self, state: dict) -> None:
-        """Raise :class:`~asyncfl.state.StateError` unless ``state`` is this class's, saved with the same knobs
-        and holding every one of :attr:`state_attributes` (the message says what differs)."""
-        from asyncfl.state import StateError
-
-        ours_name = type(self).__qualname__
-        check_saved_strategy(state, ours_name, self.config)
-        missing = sorted(set(self.state_attributes or ()) - set(state["state"]))
-        if missing:
-            raise StateError(f"the checkpoint's {ours_name} state lacks {', '.join(missing)}")
-
-    def _settle(self) -> None:
-        """Finish any background work (a thread computing logits or teachers) so the state is complete."""
 
     def start(
         self,

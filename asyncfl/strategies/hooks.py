@@ -1,0 +1,119 @@
+"""Flower's strategy hooks on an asyncfl strategy: what the engine calls, and what a Flower app's own loop calls.
+
+One piece of :class:`asyncfl.strategies.base.Strategy`. Inside :meth:`Strategy.start` the engine
+calls ``configure_train`` once per round of client work (for the round's config) and
+``configure_evaluate`` / ``aggregate_evaluate`` at each federated evaluation point; a Flower app
+that overrides ``start`` with its own loop gets Flower's contract (:mod:`asyncfl.strategies.custom_loop`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+    from flwr.serverapp import Grid
+
+
+class FlowerHooks:
+    """Flower's ``configure_*`` / ``aggregate_*`` hooks (mixed into :class:`~asyncfl.strategies.base.Strategy`)."""
+
+    # ------------------------------------------------------------ Flower's hooks
+    def overrides(self, hook: str) -> bool:
+        """Whether this strategy's class overrides ``hook`` (a Flower hook the engine then calls; it skips
+        building requests for one that is not overridden)."""
+        return getattr(type(self), hook) is not getattr(FlowerHooks, hook)
+
+    def configure_train(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
+                        grid: "Grid") -> "Iterable[Message]":
+        """Flower's hook: the train requests of round ``server_round``, one per node.
+
+        Called as Flower calls it: once per round of client work (see :meth:`start`'s
+        ``num_rounds``), when the round's first job is dispatched, with the global model then
+        in effect and the same ``train_config`` record every round (so an override that
+        changes it in place, e.g. halving ``config["lr"]`` every 5 rounds, changes it for good,
+        as under Flower's ``FedAvg``). Every job of the round carries the config of the
+        returned message addressed to its node (or of the first message, for a node without
+        one); the engine adds ``model-version``, ``job-seed`` and ``dispatch-time``. Which
+        node trains when is the engine's choice (whoever is idle), not this method's; the
+        arrays of the returned messages are not used (a job carries the model version it is
+        sent with).
+
+        Called by a Flower app's own loop instead (outside :meth:`start`), it returns what Flower's
+        ``FedAvg`` would: requests to ``fraction_train`` of the nodes, each with a copy of ``config``
+        plus ``server-round`` (:mod:`asyncfl.strategies.custom_loop`).
+        """
+        from flwr.common import MessageType
+
+        from asyncfl import protocol
+
+        if not self._in_start:  # a Flower app's own loop: Flower's sample, the caller's record left as it was
+            from asyncfl.strategies.custom_loop import configure_train_messages
+
+            return configure_train_messages(self, self._custom_loop, server_round, arrays, config, grid)
+        config[protocol.SERVER_ROUND] = server_round
+        return self._requests(arrays, config, grid, MessageType.TRAIN)
+
+    def aggregate_train(self, server_round: int,
+                        replies: "Iterable[Message]") -> "tuple[ArrayRecord | None, MetricRecord | None]":
+        """Flower's hook, for a Flower app that runs its own loop instead of :meth:`start`.
+
+        The round's replies go through the method's :meth:`on_arrival` in order, each with
+        staleness 0 (they all trained from the model :meth:`configure_train` sent), and the
+        model the method made comes back with the replies' train metrics aggregated as Flower's
+        (:mod:`asyncfl.strategies.custom_loop`). Such a loop is synchronous; :meth:`start` never
+        calls this hook.
+        """
+        return self._custom_loop.aggregate(server_round, replies)
+
+    @property
+    def _custom_loop(self):
+        from asyncfl.strategies.custom_loop import SynchronousRounds
+
+        if "_rounds" not in self.__dict__:
+            self.__dict__["_rounds"] = SynchronousRounds(self)
+        return self.__dict__["_rounds"]
+
+    @property
+    def _in_start(self) -> bool:
+        return self.__dict__.get("_starting", False)
+
+    def configure_evaluate(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
+                           grid: "Grid") -> "Iterable[Message]":
+        """Flower's hook: the federated-evaluation requests of round ``server_round``, one per node.
+
+        Called at each federated evaluation point (``fraction_evaluate > 0``) with the model in
+        effect then and the same ``evaluate_config`` record every time. Each sampled node gets the
+        config of the returned message addressed to it (the sample itself is the engine's, seeded);
+        ``server-round`` and ``model-version`` are added.
+        """
+        from flwr.common import MessageType
+
+        if not self._in_start:  # a Flower app's own loop: Flower's sample of fraction_evaluate of the nodes
+            from asyncfl.strategies.custom_loop import evaluate_messages
+
+            return evaluate_messages(self, self._custom_loop, server_round, arrays, config, grid)
+        return self._requests(arrays, config, grid, MessageType.EVALUATE)
+
+    def _requests(self, arrays: "ArrayRecord", config: "ConfigRecord", grid: "Grid", message_type: str) -> list:
+        """One ``message_type`` message per node of ``grid``, all carrying ``arrays`` and ``config`` (as Flower's
+        ``FedAvg`` builds them, under this strategy's record keys)."""
+        from flwr.app import Message, RecordDict
+
+        content = RecordDict({self.flower.arrayrecord_key: arrays, self.flower.configrecord_key: config})
+        return [Message(content, dst_node_id=node, message_type=message_type) for node in grid.get_node_ids()]
+
+    def aggregate_evaluate(self, server_round: int, replies: "Iterable[Message]") -> "MetricRecord | None":
+        """Flower's hook: one round's federated-evaluation replies -> its ``evaluate_metrics_clientapp`` entry.
+
+        Default: ``evaluate_metrics_aggr_fn`` over the replies (Flower's weighted average by
+        ``weighted_by_key``). Called when every reply of the point is in or lost; each reply's
+        content holds its metric record under ``"metrics"``.
+        """
+        from asyncfl.server_app.client_metrics import aggregate_replies
+
+        flower = self.flower
+        return aggregate_replies([reply.content for reply in replies], flower.weighted_by_key,
+                                 flower.evaluate_metrics_aggr_fn, "evaluate")
