@@ -333,3 +333,20 @@ def test_help_on_a_strategy_describes_its_constructor():
         text = pydoc.render_doc(getattr(asyncfl, name), renderer=pydoc.plaintext)
         assert "Initialize self" not in text, name
         assert f"Build {name}: its knobs are the keywords above" in text
+
+
+def test_the_worked_example_strategy_in_the_docs_runs_and_its_test_passes():
+    # the two code blocks of docs/library.md "Write your own asynchronous strategy", executed as written
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
+    section = text.split("## Write your own asynchronous strategy", 1)[1].split("\n## ", 1)[0]
+    example, test = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict = {}
+    exec(compile(example + test, "docs/library.md", "exec"), namespace)
+    namespace["test_capped_async_mixes_by_staleness_and_drops_the_stalest"]()
+    # and the engine runs it: a seeded simulation over the fake Grid
+    result = namespace["CappedAsync"](mixing=0.6).start(FakeGrid(4, client), initial_record(), num_rounds=2,
+                                                       clock="virtual", delays=FIXED, concurrency=2, seed=1)
+    assert result.summary["arrivals"] == 8 and "dropped" in result.summary
