@@ -286,14 +286,14 @@ def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None
 
 
 def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> GossipConfig:
-    if engine.clock != "virtual" or engine.max_virtual_time <= 0:
+    if engine.clock != "virtual" or engine.max_time <= 0:
         raise ConfigError(f"{strategy} runs on the gossip relay's virtual clock: set clock = 'virtual' and "
                           "max-virtual-time > 0 (the horizon)")
     try:
         return GossipConfig(
             method=strategy, out_degree=int(cfg["gossip.out-degree"]), buffer_capacity=int(cfg["gossip.buffer-capacity"]),
             dedup=bool(cfg["gossip.dedup"]), delayed_fraction=float(cfg["gossip.delayed-fraction"]),
-            eval_points=int(cfg["gossip.eval-points"]), horizon=engine.max_virtual_time,
+            eval_points=int(cfg["gossip.eval-points"]), horizon=engine.max_time,
             link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
             k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
             cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]))

@@ -209,15 +209,12 @@ class RunOptions(Knobs):
         preset, model = resolve_delays(self.clock, self.delays)
         identify = (self.clock == "virtual" or self.emulate_delay_scale > 0) if self.identify_nodes is None \
             else self.identify_nodes
-        return EngineConfig(
-            clock=self.clock, concurrency=concurrency, max_arrivals=self.max_arrivals, max_virtual_time=self.max_time,
-            eval_every=self.evaluate_every_time, target_accuracy=tuple(self.target_accuracy), job_timeout=timeout,
-            wait_for_nodes=node_wait, seed=self.seed, delay_preset=preset, delays=model, progress=self.progress,
-            emulate_delay_scale=self.emulate_delay_scale, overlap=self.overlap_server_compute,
-            server_time_scale=self.server_time_scale, round_deadline=self.round_deadline,
-            pipeline_late_clients=self.pipeline_late_clients, max_rounds=num_rounds,
-            eval_every_rounds=self.evaluate_every, round_arrivals=round_arrivals, identify_nodes=identify,
-            jobs_per_client=self.jobs_per_client)
+        resolved = dict(concurrency=concurrency, delays=model, delay_preset=preset, identify_nodes=identify,
+                        target_accuracy=tuple(self.target_accuracy), job_timeout=timeout, wait_for_nodes=node_wait,
+                        max_rounds=num_rounds, round_arrivals=round_arrivals)
+        as_set = {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(EngineConfig)
+                  if spec.name in self.names() and spec.name not in resolved}  # one name from start() to the engine
+        return EngineConfig(**as_set, **resolved)
 
 
 def _whole(name: str, value: Any, minimum: int, optional: bool = False, key: str | None = "") -> None:
@@ -260,36 +257,52 @@ def resolve_delays(clock: str, delays: Any) -> tuple[str, DelayModel | RuntimeCa
                       f"got {type(delays).__name__}")
 
 
+#: Marks an EngineConfig field a resumed run must match (a checkpoint records it).
+MATCH_ON_RESUME = {"resume": True}
+
+
+def _resumed(default: Any = dataclasses.MISSING) -> Any:
+    return dataclasses.field(default=default, metadata=MATCH_ON_RESUME)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The options resolved for one run: what :class:`~asyncfl.server_app.engine.AsyncEngine` reads.
 
-    Built by :meth:`RunOptions.engine_config`, which checks everything a user sets; the
-    fields here are the resolved values (``concurrency`` an integer, ``delays`` a model,
-    ``max_rounds`` Flower's ``num_rounds``, ``job_timeout`` its ``timeout``).
+    Built by :meth:`RunOptions.engine_config`, which checks everything a user sets. A field
+    that is an option has the option's name (its run-config key: :meth:`RunOptions.key_of`);
+    the values are resolved (``concurrency`` an integer, ``delays`` a model). The rest come
+    from the run: ``max_rounds`` is Flower's ``num_rounds``, ``job_timeout`` its ``timeout``,
+    ``round_arrivals`` the cohort a round stands for. Fields marked :data:`MATCH_ON_RESUME`
+    are recorded in checkpoints and must match when a run resumes.
     """
 
-    clock: str
-    concurrency: int
+    clock: str = _resumed()
+    concurrency: int = _resumed()
     max_arrivals: int
-    max_virtual_time: float
-    eval_every: float
+    max_time: float
+    evaluate_every_time: float = _resumed()
     target_accuracy: tuple[float, ...]
     job_timeout: float
     wait_for_nodes: float
-    seed: int
-    delay_preset: str
+    seed: int = _resumed()
+    delay_preset: str = _resumed()
     delays: DelayModel | RuntimeCategories | IntertwinedDelays
     progress: bool
-    emulate_delay_scale: float = 0.0
-    overlap: bool = False
-    server_time_scale: float = 0.0
-    round_deadline: float = 0.0
-    pipeline_late_clients: bool = False
+    emulate_delay_scale: float = _resumed(0.0)
+    overlap_server_compute: bool = _resumed(False)
+    server_time_scale: float = _resumed(0.0)
+    round_deadline: float = _resumed(0.0)
+    pipeline_late_clients: bool = _resumed(False)
     max_rounds: int = 0  # stop after this many rounds (0 = no cap); Flower's num_rounds
-    eval_every_rounds: int = 0  # also evaluate every this many rounds (0 = by clock only)
+    evaluate_every: int = _resumed(0)  # also evaluate every this many rounds (0 = by clock only)
     # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
     # FedAvg would train); 0: a round is a server version (synchronous strategies)
-    round_arrivals: int = 0
-    identify_nodes: bool = True  # ask nodes for partition id and size (query messages) before the first job
-    jobs_per_client: int = 1  # wall clock: jobs a client may have out at once (> 1 queues its next job)
+    round_arrivals: int = _resumed(0)
+    identify_nodes: bool = _resumed(True)  # ask nodes for partition id and size (query messages) before the first job
+    jobs_per_client: int = _resumed(1)  # wall clock: jobs a client may have out at once (> 1 queues its next job)
+
+    @classmethod
+    def resume_fields(cls) -> tuple[str, ...]:
+        """The fields a checkpoint records and a resumed run must match."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("resume"))

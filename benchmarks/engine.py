@@ -185,8 +185,11 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
     for name in names:
         cls = strategy_class(name)
         strategy = cls.from_config(cls.config_class.from_run_config(run_config), resources)
-        config = EngineConfig("virtual", 10, max(20, arrivals // 10) if name in distilling else arrivals, 0.0, 1e9, (), 60.0, 0.0, 0, "fedrevive-default",
-                              DELAY_PRESETS["fedrevive-default"], False)
+        config = EngineConfig(clock="virtual", concurrency=10,
+                              max_arrivals=max(20, arrivals // 10) if name in distilling else arrivals, max_time=0.0,
+                              evaluate_every_time=1e9, target_accuracy=(), job_timeout=60.0, wait_for_nodes=0.0, seed=0,
+                              delay_preset="fedrevive-default", delays=DELAY_PRESETS["fedrevive-default"],
+                              progress=False)
         engine = AsyncEngine(InstantGrid(50), strategy, codec, codec.flatten(list(state.values())),
                              config, {}, lambda m: (0.0, 0.0))
         stats = engine.run()

@@ -524,3 +524,19 @@ def test_callbacks_carry_a_trackers_series_as_flowers_result_does():
     assert tracker.federated == {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
     assert sorted(tracker.federated) == [1, 2, 3, 4]
     assert len(tracker.scored) == len(set(tracker.scored))
+
+
+def test_settings_recorded_under_their_former_names_are_read_under_todays():
+    """Checkpoints written before EngineConfig took RunOptions' names (eval_every, eval_every_rounds, overlap) still
+    fit the run that made them, and still say what differs."""
+    from asyncfl.options import RunOptions
+
+    config = RunOptions(clock="virtual", delays="uniform-speed", evaluate_every=2, evaluate_every_time=5.0).engine_config(
+        num_rounds=3, timeout=10.0, concurrency=2, round_arrivals=2, node_wait=0.0)
+    today = checkpoint.resume_settings(config)
+    former = {{"evaluate_every_time": "eval_every", "evaluate_every": "eval_every_rounds",
+               "overlap_server_compute": "overlap"}.get(k, k): v for k, v in today.items()}
+    assert "overlap" in former and "overlap_server_compute" not in former
+    assert checkpoint.saved_settings({"settings": former}) == today
+    former["eval_every"] = 7.0
+    assert checkpoint.saved_settings({"settings": former})["evaluate_every_time"] == 7.0

@@ -106,7 +106,7 @@ def test_overlap_and_server_time_on_the_clock_exclude_each_other():
     with pytest.raises(ConfigError, match="overlap-server-compute"):
         parse_run_config(defaults(**{"overlap-server-compute": True, "server-time-scale": 1.0}))
     cfg = parse_run_config(defaults(**{"overlap-server-compute": True}))
-    assert cfg.engine.overlap and cfg.engine.server_time_scale == 0.0
+    assert cfg.engine.overlap_server_compute and cfg.engine.server_time_scale == 0.0
 
 
 def test_gradient_inversion_settings_are_validated_before_any_work():

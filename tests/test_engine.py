@@ -27,7 +27,7 @@ FIXED = DelayModel(
 
 def engine_config(**overrides) -> EngineConfig:
     base = dict(
-        clock="virtual", concurrency=3, max_arrivals=6, max_virtual_time=0.0, eval_every=1.0,
+        clock="virtual", concurrency=3, max_arrivals=6, max_time=0.0, evaluate_every_time=1.0,
         target_accuracy=(), job_timeout=5.0, wait_for_nodes=0.0, seed=7, delay_preset="custom",
         delays=FIXED, progress=False,
     )
@@ -107,7 +107,7 @@ def test_error_replies_are_counted_and_the_slot_is_reused():
     stats = engine.run()
     assert stats.arrivals == 6
     assert stats.rejected["error-reply"] >= 2
-    assert not engine._in_flight
+    assert not engine.state.in_flight
 
 
 def test_lost_replies_time_out_and_the_run_finishes():
@@ -210,7 +210,7 @@ def test_same_seed_same_evaluations_different_seed_differs():
 
 
 def test_max_virtual_time_stops_at_the_limit():
-    engine = make_engine(FakeGrid(3, plus_one), FedBuff(buffer_size=1), max_arrivals=0, max_virtual_time=2.5, concurrency=1)
+    engine = make_engine(FakeGrid(3, plus_one), FedBuff(buffer_size=1), max_arrivals=0, max_time=2.5, concurrency=1)
     stats = engine.run()
     assert stats.arrivals == 2
     assert engine.now == 2.5
@@ -450,7 +450,7 @@ def _dispatched_versions(grid):
 def test_overlap_dispatches_the_freed_slot_with_the_pre_update_model():
     plain, overlapped = FakeGrid(4, plus_one), FakeGrid(4, plus_one)
     make_engine(plain, EveryArrivalUpdates(), concurrency=2, max_arrivals=4).run()
-    make_engine(overlapped, EveryArrivalUpdates(), concurrency=2, max_arrivals=4, overlap=True).run()
+    make_engine(overlapped, EveryArrivalUpdates(), concurrency=2, max_arrivals=4, overlap_server_compute=True).run()
     # Jobs 0-1 start on version 0; the job replacing the first arrival gets version 1 without overlap,
     # version 0 (the model before that arrival's update) with it.
     assert _dispatched_versions(plain)[2] == 1
@@ -488,7 +488,7 @@ def three_rounds_late_run(**overrides):
     strategy = RoundRecording()
     grid = FakeGrid(6, plus_one, label_counts=counts)
     engine = make_engine(grid, strategy, delays=spec, delay_preset="intertwined", concurrency=6, round_deadline=1.0,
-                         max_arrivals=0, max_virtual_time=6.0, **overrides)
+                         max_arrivals=0, max_time=6.0, **overrides)
     engine.run()
     on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
     late = [s for s in strategy.seen if s[1] in (1, 4)]
@@ -515,7 +515,7 @@ def test_pipelined_late_clients_train_every_round_and_each_job_lands_s_rounds_af
     assert [s[3] for s in on_time][:8] == [1.0] * 4 + [2.0] * 4 and all(s[2] == 0 for s in on_time)
     trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
     assert sum(engine.clients.index(m.metadata.dst_node_id) in (1, 4) for m in trains) >= 6
-    assert not any(engine._busy[c] < 0 for c in engine._busy)
+    assert not any(engine.slots.busy[c] < 0 for c in engine.slots.busy)
 
 
 def test_label_counts_are_asked_for_only_when_the_delay_model_needs_them():
@@ -590,7 +590,7 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
     trains = [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"]
     assert sorted(trains[:first_wave]) == [101, 101, 102, 102]  # each node has its next job waiting
     assert engine.stats.arrivals == 6
-    assert max(engine._busy.values(), default=0) <= 2
+    assert max(engine.slots.busy.values(), default=0) <= 2
 
 
 def test_jobs_per_client_above_one_needs_the_wall_clock():

@@ -1,6 +1,7 @@
 """The package's import graph points one way: no cycles, and the engine loads no parser, data, models or torch."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,21 @@ def test_the_names_ides_see_are_the_public_names_loaded_on_first_use():
     block = next(node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
     seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert seen == asyncfl._PUBLIC
+
+
+def test_no_module_reads_the_engines_private_names():
+    """The engine's state is its EngineState; what other modules do with an engine goes through public names
+    (resume, journal), not a mixin reaching into its privates."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "engine.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bengine\._[a-z]", line):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{number}")
+    assert offenders == []
+
+
+def test_the_engine_module_stays_small():
+    """One reply, one straight path: the loop and the reply path in under ~450 lines (issue 41)."""
+    assert len((PACKAGE / "server_app" / "engine.py").read_text().splitlines()) < 450

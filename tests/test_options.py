@@ -81,5 +81,5 @@ def test_the_built_in_app_reads_the_same_options_from_its_run_config():
         PYPROJECT["clock"], PYPROJECT["concurrency"], PYPROJECT["max-arrivals"], PYPROJECT["seed"])
     assert options.identify_nodes is True and options.evaluate_every == 0
     assert options.evaluate_every_time == PYPROJECT["eval-every"] and options.target_accuracy == (0.8, 0.9)
-    assert cfg.engine.max_virtual_time == options.max_time and cfg.engine.concurrency == options.concurrency
+    assert cfg.engine.max_time == options.max_time and cfg.engine.concurrency == options.concurrency
     assert dataclasses.asdict(options)["delays"] == dataclasses.asdict(cfg.engine)["delays"]

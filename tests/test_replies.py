@@ -8,7 +8,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.common.constant import ErrorCode
 
 from asyncfl.server_app.codec import ModelCodec
-from asyncfl.server_app.replies import RejectedReply, read_train_reply
+from asyncfl.server_app.jobs import Job
+from asyncfl.server_app.replies import RejectedReply, read_reply, read_train_reply
+from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys
 
 CODEC = ModelCodec.from_state(OrderedDict(w=np.zeros(2, np.float32), b=np.zeros(1, np.float32)))
@@ -41,3 +43,34 @@ def test_unusable_replies_are_rejected_by_reason(reply, reason, expired):
     assert (rejected.value.reason, rejected.value.expired) == (reason, expired)
     if reason == "error-reply" and not expired:
         assert "ValueError: boom" in str(rejected.value)
+
+
+def job(**fields) -> Job:
+    return Job("m1", node_id=7, client=3, version=4, start=1.0, finish=2.5, seq=9, sent_wall=0.0, **fields)
+
+
+def test_read_reply_gives_the_arrival_the_strategy_sees():
+    arrays = ArrayRecord(OrderedDict(w=Array(np.array([1.0, 2.0], np.float32)), b=Array(np.array([3.0], np.float32))))
+    metrics = MetricRecord({"num-examples": 12, "train_loss": 0.5})
+    base = np.zeros(3, np.float32)
+    arrival = read_reply(job(), reply_with(RecordDict({"arrays": arrays, "metrics": metrics})), CODEC, MessageKeys(),
+                         version=6, base=base, timeout=30.0)
+    assert isinstance(arrival, Arrival)
+    assert (arrival.client_index, arrival.base_version, arrival.staleness, arrival.num_examples, arrival.time) == (
+        3, 4, 2, 12, 2.5)
+    assert arrival.train_loss == 0.5 and arrival.weights.tolist() == [1.0, 2.0, 3.0] and arrival.base is base
+
+
+@pytest.mark.parametrize("lost_reason, expired, says", [("lost", True, "no reply in 30s"),
+                                                        ("node-offline", False, "node went offline")])
+def test_read_reply_names_why_a_job_gave_nothing(lost_reason, expired, says):
+    outcome = read_reply(job(lost_reason=lost_reason), None, CODEC, MessageKeys(), version=6,
+                         base=np.zeros(3, np.float32), timeout=30.0)
+    assert isinstance(outcome, RejectedReply)
+    assert (outcome.reason, outcome.expired) == (lost_reason, expired) and says in str(outcome)
+
+
+def test_read_reply_returns_a_rejection_instead_of_raising():
+    outcome = read_reply(job(), reply_with(RecordDict({"metrics": MetricRecord({"num-examples": 1})})), CODEC,
+                         MessageKeys(), version=6, base=np.zeros(3, np.float32), timeout=30.0)
+    assert isinstance(outcome, RejectedReply) and outcome.reason == "no-arrays"

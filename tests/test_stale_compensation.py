@@ -118,8 +118,9 @@ def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
     def plus_one(node, message):
         return trained_reply(message, codec.to_record(codec.decode(message.content.array_records["arrays"]) + 1.0))
 
-    config = EngineConfig("virtual", 2, 2, 0.0, 1.0, (), 5.0, 0.0, 0, "uniform-speed", DELAY_PRESETS["uniform-speed"],
-                          False)
+    config = EngineConfig(clock="virtual", concurrency=2, max_arrivals=2, max_time=0.0, evaluate_every_time=1.0,
+                          target_accuracy=(), job_timeout=5.0, wait_for_nodes=0.0, seed=0, delay_preset="uniform-speed",
+                          delays=DELAY_PRESETS["uniform-speed"], progress=False)
     strategy = LookAhead()
     AsyncEngine(FakeGrid(2, plus_one), strategy, codec, np.zeros(2, np.float32), config, {},
                 lambda m: (0.0, 0.0)).run()

@@ -158,14 +158,20 @@ def listed(folder: Path) -> list[Path]:
 
 #: Settings a checkpoint must share with the run resuming from it (what the saved state means depends on them);
 #: stops, waits and timeouts may change (e.g. resume a finished run with a later stop).
-RESUME_SETTINGS = ("clock", "concurrency", "seed", "delay_preset", "eval_every", "eval_every_rounds", "overlap",
-                   "server_time_scale", "round_deadline", "pipeline_late_clients", "round_arrivals", "identify_nodes",
-                   "jobs_per_client", "emulate_delay_scale")
+#: Settings that checkpoints written before EngineConfig took RunOptions' names recorded under another name.
+FORMER_SETTING_NAMES = {"eval_every": "evaluate_every_time", "eval_every_rounds": "evaluate_every",
+                        "overlap": "overlap_server_compute"}
 
 
 def resume_settings(config) -> dict:
-    """The engine settings a checkpoint records and a resumed run must match (``config``: an EngineConfig)."""
-    return {name: getattr(config, name) for name in RESUME_SETTINGS} | {"delays": repr(config.delays)}
+    """The engine settings a checkpoint records and a resumed run must match (``config``: an EngineConfig; the
+    fields it marks to match on resume)."""
+    return {name: getattr(config, name) for name in config.resume_fields()} | {"delays": repr(config.delays)}
+
+
+def saved_settings(tree: dict) -> dict:
+    """A checkpoint's recorded settings under today's names (older checkpoints used former ones)."""
+    return {FORMER_SETTING_NAMES.get(name, name): value for name, value in tree["settings"].items()}
 
 
 def layout_of(codec) -> dict:
@@ -189,9 +195,8 @@ def check_fits(tree: dict, strategy, codec, config) -> None:
                   if [n, s, d] not in [list(t) for t in zip(ours["names"], ours["shapes"], ours["dtypes"])]]
         raise CheckpointError(f"the checkpoint's model layout differs from initial_arrays' ({len(saved['names'])} "
                               f"vs {len(ours['names'])} arrays; {'; '.join(differ[:3]) or 'order differs'})")
-    settings = resume_settings(config)
-    differ = [f"{k}={tree['settings'].get(k)!r} there, {v!r} here" for k, v in settings.items()
-              if tree["settings"].get(k) != v]
+    settings, saved = resume_settings(config), saved_settings(tree)
+    differ = [f"{k}={saved.get(k)!r} there, {v!r} here" for k, v in settings.items() if saved.get(k) != v]
     if differ:
         raise CheckpointError("the checkpoint was made with other run settings: " + "; ".join(differ))
 

@@ -13,6 +13,8 @@ are unchanged.
 
 from __future__ import annotations
 
+from collections import Counter
+
 
 class EligibleClients:
     """A set of client indices ``0..n-1`` with O(log n) add, remove and k-th smallest."""
@@ -65,3 +67,61 @@ class EligibleClients:
                 remaining -= self._tree[nxt]
             step >>= 1
         return position  # 1-based tree position + 1 of the answer = 0-based index
+
+
+class Slots:
+    """Who may get a new job: each client's jobs in flight against ``jobs_per_client``, kept as
+    :class:`EligibleClients` so a draw costs O(log clients).
+
+    A client is eligible when it has a free slot (or, ``pipelined``, always: the GI paper's late clients train
+    while a late job is out), has training data, and, where nodes come and go (``tracked``), is online.
+    """
+
+    def __init__(self, roster, jobs_per_client: int, pipelined: bool, tracked: bool) -> None:
+        self.roster = roster
+        self.jobs_per_client = jobs_per_client
+        self.pipelined = pipelined
+        self.tracked = tracked
+        self.busy: Counter[int] = Counter()  # client -> jobs in flight
+        self.eligible = EligibleClients()
+
+    def __len__(self) -> int:
+        return len(self.eligible)
+
+    def update(self, clients) -> None:
+        """Re-evaluate whether each of ``clients`` may get a new job."""
+        roster = self.roster
+        for i in clients:
+            self.eligible.set(i, (self.pipelined or self.busy[i] < self.jobs_per_client) and i not in roster.no_data
+                              and (not self.tracked or roster.nodes[i] in roster.online))
+
+    def update_all(self) -> None:
+        """Take in every client of the roster (it may have grown) and re-evaluate each."""
+        self.eligible.grow(len(self.roster))
+        self.update(range(len(self.roster)))
+
+    def refresh(self) -> bool:
+        """Where nodes come and go: follow who is online and take in nodes that joined; True if any changed."""
+        if not self.tracked:
+            return False
+        changed = self.roster.refresh()
+        if changed:
+            self.eligible.grow(len(self.roster))
+            self.update(changed)
+        return bool(changed)
+
+    def take(self, client: int) -> None:
+        """A job to ``client`` is in flight."""
+        self.busy[client] += 1
+        self.update((client,))
+
+    def free(self, client: int) -> None:
+        """A job of ``client`` is done (accepted, rejected or lost)."""
+        self.busy[client] -= 1
+        self.update((client,))
+
+    def draw(self, rng, want: int) -> list[int]:
+        """Up to ``want`` eligible clients, without replacement: positions among the eligible clients in index
+        order, so the same draws as from the list of them."""
+        idle = len(self.eligible)
+        return [self.eligible.kth(int(p)) for p in rng.choice(idle, size=min(want, idle), replace=False)]

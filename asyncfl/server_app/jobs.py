@@ -94,6 +94,30 @@ class EngineStats:
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
+    def count_reply(self, job: Job, content: RecordDict, arrays_key: str, metrics, pulled_wall: float | None,
+                    worker_node: str | None) -> None:
+        """An accepted reply's transport: bytes of its arrays as serialized, its round trip (``pulled_wall``: when
+        it was pulled, if known), the client's own compute time and the Ray node it ran on."""
+        self.reply_bytes.append(sum(len(array.data) for array in content.array_records[arrays_key].values()))
+        if pulled_wall is not None:
+            self.round_trip_seconds.append(pulled_wall - job.sent_wall)
+            tally = self.tally(job.client)
+            tally[2] += pulled_wall - job.sent_wall
+            tally[3] += 1
+        if metrics is not None and "train-seconds" in metrics:
+            self.client_train_seconds.append(float(metrics["train-seconds"]))
+        if worker_node is not None:
+            self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1
+
+    def count_arrival(self, client: int, staleness: int, wall: float) -> None:
+        """An update the strategy took in."""
+        self.arrivals += 1
+        self.last_arrival_wall = wall
+        self.staleness.append(staleness)
+        tally = self.tally(client)
+        tally[0] += 1
+        tally[1] += staleness
+
     def tally(self, client: int) -> list[float]:
         """The client's running figures (created at its first reply)."""
         return self.by_client.setdefault(client, [0, 0, 0.0, 0])

@@ -1,8 +1,9 @@
-"""A train reply checked before a strategy sees it: what is wrong with it, by reason.
+"""A train reply checked before a strategy sees it: an :class:`Arrival`, or what is wrong with it, by reason.
 
-A reply is rejected (counted by reason, never aggregated, the run goes on) when it is
-an error, lacks the model record, or carries a model of another layout, shape or dtype
-or with NaN/Inf (:class:`~asyncfl.server_app.codec.ModelCodec` says which).
+A reply is rejected (counted by reason, never aggregated, the run goes on) when it never
+came, is an error, lacks the model record, or carries a model of another layout, shape or
+dtype or with NaN/Inf (:class:`~asyncfl.server_app.codec.ModelCodec` says which). Step 3 of
+the reply path (``docs/engine.md``): nothing here counts, logs or changes state.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 
+from asyncfl import protocol
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
+from asyncfl.server_app.jobs import Job
+from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys
 
 #: Flower's codes for a message or reply it dropped as older than its TTL: the job ran out of time.
@@ -40,3 +44,27 @@ def read_train_reply(reply: Message, codec: ModelCodec, keys: MessageKeys) -> np
         return codec.decode(records[keys.arrays])
     except MalformedUpdate as exc:
         raise RejectedReply(exc.reason, str(exc)) from exc
+
+
+def read_reply(job: Job, reply: Message | None, codec: ModelCodec, keys: MessageKeys, version: int,
+               base: np.ndarray, timeout: float) -> Arrival | RejectedReply:
+    """What ``job``'s ``reply`` gives the strategy: an :class:`Arrival` (``version`` is the server's version now,
+    ``base`` the model the job was sent), or the :class:`RejectedReply` saying why it gives nothing.
+
+    ``reply`` is ``None`` for a job that never came back (``job.lost_reason``; ``timeout``: the wait it had).
+    """
+    if reply is None:
+        if job.lost_reason == "node-offline":
+            return RejectedReply(job.lost_reason, f"job {job.seq} lost: client {job.client}'s node went offline")
+        return RejectedReply(job.lost_reason, f"job {job.seq} to client {job.client} lost (no reply in "
+                                              f"{timeout:.0f}s)", expired=True)
+    try:
+        weights = read_train_reply(reply, codec, keys)
+    except RejectedReply as rejected:
+        return rejected
+    metrics = keys.metrics_of(reply.content)
+    num_examples = int(metrics.get(keys.weight, 0)) if metrics is not None else 0
+    train_loss = next((float(metrics[k]) for k in protocol.TRAIN_LOSS_ALIASES if k in metrics), float("nan")) \
+        if metrics is not None else float("nan")
+    return Arrival(client_index=job.client, base_version=job.version, staleness=version - job.version,
+                   weights=weights, base=base, num_examples=num_examples, train_loss=train_loss, time=job.finish)

@@ -36,6 +36,8 @@ class Scoring:
     ----------
     every_time : float
         Clock units between scheduled points (0: none by the clock).
+    every_rounds : int
+        Rounds between scheduled points (0: none by rounds).
     evaluate_fn : EvaluateFn or None
         ``flat model -> (loss, accuracy[, per-class accuracies])``; None: rows without scores.
     stats : EngineStats
@@ -48,10 +50,11 @@ class Scoring:
 
     state_attributes = ("_next", "_last", "_sent_round")  # what a checkpoint keeps (asyncfl.state)
 
-    def __init__(self, every_time: float, evaluate_fn: EvaluateFn | None, stats: EngineStats,
+    def __init__(self, every_time: float, every_rounds: int, evaluate_fn: EvaluateFn | None, stats: EngineStats,
                  recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None,
                  on_row: Callable[[ModelState, dict], None] | None = None) -> None:
         self.every_time = every_time
+        self.every_rounds = every_rounds
         self.evaluate_fn = evaluate_fn
         self.stats = stats
         self.recorder = recorder
@@ -67,8 +70,13 @@ class Scoring:
             self.score(self._next, state())
             self._next += self.every_time
 
+    def round_closed(self, round_: int, clock: float, state: Callable[[], ModelState]) -> None:
+        """Round ``round_`` closed at ``clock``: score it if the round schedule says so."""
+        if self.every_rounds and round_ % self.every_rounds == 0:
+            self.score(clock, state())
+
     def score(self, at: float, state: ModelState) -> None:
-        """One row at clock ``at``."""
+        """One row at clock ``at``: the only place rows are made."""
         # as Flower: the ClientApps evaluate each round's model after training, not the initial one
         if self.federated_eval is not None and state.round > 0 and self._sent_round != state.round:
             self._sent_round = state.round
@@ -97,10 +105,10 @@ class Scoring:
         if self.on_row is not None:
             self.on_row(state, row)
 
-    def final(self, at: float, state: ModelState, by_rounds: bool) -> None:
+    def final(self, at: float, state: ModelState) -> None:
         """The last row, unless the last scheduled one already scored this time, round and version."""
         last = self.stats.evaluations[-1] if self.stats.evaluations else None
-        new_round = by_rounds and last is not None and (last["round"], last["server_version"]) != (
+        new_round = bool(self.every_rounds) and last is not None and (last["round"], last["server_version"]) != (
             state.round, state.version)
         if last is None or last["time"] < at or new_round:
             self.score(at, state)

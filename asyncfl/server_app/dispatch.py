@@ -1,0 +1,175 @@
+"""Jobs out: which clients get one, with which model and request, pushed to the Grid in one call.
+
+Before any job, :meth:`Dispatcher.discover_clients` fixes the client order (by ``partition-id``,
+so a seed picks the same data whatever node ids the SuperLink gave). Then, whenever slots are
+free, :meth:`Dispatcher.top_up` draws clients uniformly (seeded) among the eligible ones
+(:class:`~asyncfl.server_app.eligible.Slots`), builds each request (the round's config from the
+strategy's ``configure_train``, ``model-version``, ``job-seed``, ``dispatch-time`` and the
+clock's keys) and pushes all of them at once; the version's ArrayRecord is encoded once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common import MessageType
+
+from asyncfl import protocol
+from asyncfl.errors import NoNodesConnected
+from asyncfl.options import EngineConfig
+from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.eligible import Slots
+from asyncfl.server_app.engine_state import EngineState
+from asyncfl.server_app.jobs import GridLike, Job
+from asyncfl.server_app.roster import Roster
+from asyncfl.server_app.transport import wait_for_nodes
+from asyncfl.strategies.flower_options import MessageKeys, configs_by_node
+
+if TYPE_CHECKING:
+    from asyncfl.server_app.clock import Clock
+    from asyncfl.strategies.base import Strategy
+
+log = logging.getLogger("asyncfl.engine")
+
+
+class Dispatcher:
+    """Sends the engine's jobs; it shares the engine's :class:`EngineState` (jobs in flight, dispatch numbers,
+    the client draw, the round's train config)."""
+
+    def __init__(self, grid: GridLike, strategy: Strategy, codec: ModelCodec, config: EngineConfig,
+                 keys: MessageKeys, clock: Clock, roster: Roster, state: EngineState) -> None:
+        self.grid, self.strategy, self.codec, self.config, self.keys = grid, strategy, codec, config, keys
+        self.clock, self.roster, self.state = clock, roster, state
+        self.slots = Slots(roster, config.jobs_per_client, config.pipeline_late_clients and strategy.synchronous,
+                           clock.nodes_come_and_go)
+
+    def discover_clients(self) -> list[int]:
+        """Wait for nodes, ask each for its ``partition-id`` and fix the client order.
+
+        Clients are ordered by partition id, so a seeded run picks the same data
+        whatever node ids the SuperLink assigned. Nodes that do not answer the
+        query (e.g. stock ClientApps) follow, ordered by node id.
+        """
+        wanted = -(-self.config.concurrency // self.config.jobs_per_client)  # nodes that fill every slot
+        nodes = wait_for_nodes(self.grid, wanted, self.config.wait_for_nodes, on_wait=lambda connected: log.info(
+            "%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) for more",
+            connected, wanted, self.config.concurrency, self.config.wait_for_nodes))
+        if not nodes:
+            raise NoNodesConnected(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
+        # a node's first answer may wait for its worker to start: allow it as long as a job (job-timeout)
+        self.roster.start(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
+        self.state.stats.unidentified_nodes = self.roster.unidentified
+        self.slots.update_all()
+        return list(self.roster.nodes)
+
+    def refresh_nodes(self) -> None:
+        """Where nodes come and go (wall clock): follow who is online and take in nodes that joined."""
+        if self.slots.refresh():
+            self.state.stats.unidentified_nodes = self.roster.unidentified
+
+    def round_open(self) -> bool:
+        """Synchronous strategies: is some in-flight job due in the current round?
+
+        Without a ``round-deadline`` a round waits for every job. With one
+        (virtual clock), jobs finishing after ``round start + deadline`` are late:
+        the round closes without them and they arrive, stale, in a later round
+        (the semi-asynchronous setting of the gradient-inversion paper, Sec. 3).
+        """
+        if not self.config.round_deadline:
+            return bool(self.state.in_flight)
+        due = self.state.round_start + self.config.round_deadline
+        return any(job.finish <= due for job in self.state.in_flight.values())
+
+    def top_up(self, rounds_done: int) -> None:
+        """Fill free slots; with ``jobs-per-client`` > 1 a client picked once may be picked again in a next
+        draw (one draw picks each client at most once), until the slots are full or no client has room."""
+        while self._dispatch_batch(rounds_done) and self.config.jobs_per_client > 1:
+            pass
+
+    def _dispatch_batch(self, rounds_done: int) -> int:
+        """Draw up to the free slots among the eligible clients, without replacement, and push their jobs;
+        returns how many were pushed."""
+        state = self.state
+        if self.strategy.synchronous and self.round_open():
+            return 0
+        self.refresh_nodes()
+        late = len(state.in_flight) if self.strategy.synchronous else 0  # late jobs belong to earlier rounds
+        want = self.config.concurrency - len(state.in_flight) + late
+        # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
+        # every round; at this point every job still in flight is late, the round having closed)
+        if want <= 0 or not len(self.slots):
+            return 0
+        chosen = self.slots.draw(state.pick_rng, want)
+        start = self.clock.now(state.now)
+        state.round_start = start
+        jobs = []
+        for client in (int(c) for c in chosen):
+            version = self.state.versions.acquire()
+            seq = state.seq
+            state.seq += 1
+            duration = self.clock.job_duration(client)
+            config = self._config_for(client, rounds_done + 1)
+            config[protocol.MODEL_VERSION] = version
+            config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
+            config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (variant data drifts with it)
+            config.update(self.clock.request_keys(client))
+            custom = self.strategy.dispatch_model(client, self.state.versions.current)
+            if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
+                custom, _ = self.codec.clamp_variances(custom)
+            jobs.append(Job("", self.roster.nodes[client], client, version, start, start + duration, seq, 0.0,
+                            sent_model=custom, request=config))
+        pushed = self.push(jobs)
+        self.state.stats.dispatched += pushed
+        return pushed
+
+    def push(self, jobs: list[Job]) -> int:
+        """Send ``jobs`` (model: the one sent, else its version's record) in one ``push_messages`` call and put
+        those the SuperLink took in flight; returns how many it took."""
+        messages = []
+        for job in jobs:
+            arrays = self.codec.to_record(job.sent_model) if job.sent_model is not None \
+                else self.state.versions.record(job.version)
+            content = RecordDict({self.keys.arrays: arrays, self.keys.config: ConfigRecord(job.request)})
+            messages.append(Message(content, dst_node_id=job.node_id, message_type=MessageType.TRAIN,
+                                    ttl=self.config.job_timeout))
+        pushing = time.monotonic()
+        message_ids = list(self.grid.push_messages(messages)) if messages else []
+        sent = time.monotonic()
+        if message_ids and self.state.stats.first_push_wall is None:
+            self.state.stats.first_push_wall = pushing
+        for job, message_id in zip(jobs, message_ids):
+            job.message_id, job.sent_wall = message_id, sent
+            self.state.in_flight[message_id] = job
+            self.slots.take(job.client)
+        for job in jobs[len(message_ids):]:  # refused by the SuperLink
+            self.state.versions.release(job.version)
+            self.state.stats.reject("push-refused")
+            log.warning("job %d to client %d rejected: the SuperLink refused the push (push-refused)", job.seq,
+                        job.client)
+        return len(message_ids)
+
+    def _config_for(self, client: int, round_: int) -> dict:
+        """The train config of a job to ``client``: what the strategy's ``configure_train`` said for the round in
+        progress (Flower's hook, called once per round), ``server-round`` being that round (a schedule on it
+        advances with client work, as under FedAvg)."""
+        state = self.state
+        if state.round_configs is None or state.round_configs[0] != round_:
+            if not self.strategy.overrides("configure_train"):  # Flower's default: no messages to build
+                state.train_config[protocol.SERVER_ROUND] = round_
+                state.round_configs = (round_, {}, dict(state.train_config))
+            else:
+                by_node = configs_by_node(self.strategy.configure_train(
+                    round_, self.state.versions.record(self.state.versions.version), state.train_config, self.grid),
+                    self.keys.config)
+                # by client index: node ids change when a run is resumed
+                by_client = {self.roster.index_of[node]: config for node, config in by_node.items()
+                             if node in self.roster.index_of}
+                default = next(iter(by_node.values()), dict(state.train_config))
+                state.round_configs = (round_, by_client, default)
+        _, by_client, default = state.round_configs
+        config = dict(by_client.get(client, default))
+        config.setdefault(protocol.SERVER_ROUND, round_)
+        return config

@@ -1,0 +1,83 @@
+"""Everything the engine's loop changes, as one object: what a checkpoint of the engine holds.
+
+The loop (:mod:`~asyncfl.server_app.engine`) reads and writes these fields and nothing
+else of its own; :meth:`EngineState.snapshot` turns them into a plain tree
+(:mod:`asyncfl.state`) and :meth:`EngineState.restore` loads one back. The strategy, the
+evaluator, the run folder and the other parts around the engine keep their own state
+(``state_dict`` or ``state_attributes``); the engine's checkpoint adds theirs beside this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+from flwr.app import ConfigRecord, Message
+
+from asyncfl.server_app.jobs import EngineStats, Job
+from asyncfl.server_app.versions import VersionStore
+from asyncfl.state import capture, restore
+
+#: The loop's scalars a checkpoint keeps, in the order it writes them.
+LOOP_FIELDS = ("now", "round_start", "seq", "failures_in_a_row", "expired_jobs", "pick_rng")
+
+
+@dataclass
+class EngineState:
+    """The engine's own state between two events.
+
+    Parameters
+    ----------
+    versions : VersionStore
+        The global model and every version a job in flight was sent.
+    pick_rng : numpy.random.Generator
+        Draws the clients of new jobs.
+    stats : EngineStats
+        The counters a run's summary is built from.
+    train_config : ConfigRecord
+        The run's train config, as Flower passes it to ``configure_train`` every round (changes made there last).
+    """
+
+    versions: VersionStore
+    pick_rng: np.random.Generator
+    stats: EngineStats = field(default_factory=EngineStats)
+    train_config: ConfigRecord = field(default_factory=ConfigRecord)
+    now: float = 0.0  # the clock at the last accepted event
+    round_start: float = 0.0  # the clock at the last dispatch (a synchronous round's start)
+    seq: int = 0  # dispatch number of the next job
+    failures_in_a_row: int = 0  # jobs that failed since the last accepted update
+    expired_jobs: int = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
+    rounds_closed: int = 0  # rounds whose end was handled (train metrics, round-scheduled evaluation)
+    # what configure_train said for a round: (round, client -> config, default)
+    round_configs: tuple[int, dict[int, dict], dict] | None = None
+    in_flight: dict[str, Job] = field(default_factory=dict)  # message id -> job
+    inbox: dict[str, Message] = field(default_factory=dict)  # pulled replies not yet accepted (pulls destroy)
+    pulled_at: dict[str, float] = field(default_factory=dict)  # message id -> monotonic time its reply was pulled
+
+    def snapshot(self) -> dict:
+        """The engine's part of a checkpoint: the loop's scalars, counters, stored versions, train config and the
+        jobs in flight (client, model version, clock times, dispatch number, the request and any custom model
+        as sent). Replies already pulled are not kept: their jobs are sent again on resume."""
+        jobs = sorted(self.in_flight.values(), key=lambda j: j.seq)
+        return {
+            "engine": capture({name: getattr(self, name) for name in LOOP_FIELDS}),
+            "stats": capture({f.name: getattr(self.stats, f.name) for f in fields(EngineStats)
+                              if f.name not in EngineStats.process_fields}),
+            "versions": capture(self.versions.state_dict()),
+            "train_config": capture({"record": dict(self.train_config), "round": self.round_configs}),
+            "jobs": [capture({"client": j.client, "version": j.version, "start": j.start, "finish": j.finish,
+                              "seq": j.seq, "sent_model": j.sent_model, "request": j.request}) for j in jobs],
+        }
+
+    def restore(self, tree: dict) -> list[dict]:
+        """Load a :meth:`snapshot`; returns the jobs that were in flight (plain dicts), for the engine to send
+        again. Counts of rounds closed are not stored: every round due was closed before a checkpoint."""
+        for name, value in restore(None, tree["engine"]).items():
+            setattr(self, name, value)
+        for name, value in restore(None, tree["stats"]).items():
+            setattr(self.stats, name, value)
+        self.versions.load_state_dict(restore(None, tree["versions"]))
+        train = restore(None, tree["train_config"])
+        self.train_config = ConfigRecord(train["record"])
+        self.round_configs = train["round"]
+        return [restore(None, job) for job in tree["jobs"]]
