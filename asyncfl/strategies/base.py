@@ -9,7 +9,6 @@ the automatic step (:mod:`asyncfl.strategies.paced`), Flower's hooks
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -38,19 +37,13 @@ _DEFAULT_OPTIONS = FlowerOptions()
 class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     """A server-side method: turns arrivals into new global models.
 
-    Subclasses implement :meth:`on_arrival`. The engine owns the global model;
-    a strategy returns a new flat vector when it wants the server version to
-    advance, or ``None`` to keep the current one. A subclass's knobs are the fields
-    of its :attr:`config_class` (validated there); its constructor takes them as
-    keywords and keeps the validated values in :attr:`config`.
+    Subclasses implement :meth:`on_arrival`: a new flat model advances the server version, ``None``
+    keeps it (the engine owns the model). Knobs are the fields of :attr:`config_class` (validated
+    there); the constructor takes them as keywords and keeps the checked values in :attr:`config`.
 
-    Every strategy also takes the keyword arguments of Flower's ``FedAvg``
-    (``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
-    ``min_evaluate_nodes``, ``min_available_nodes``, ``weighted_by_key``,
-    ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn``,
-    ``evaluate_metrics_aggr_fn``); :mod:`asyncfl.strategies.flower_options` says
-    what each means in an asynchronous run. :meth:`start` has Flower's
-    ``Strategy.start`` signature.
+    Every strategy also takes Flower ``FedAvg``'s keyword arguments (``fraction_train``,
+    ``min_available_nodes``, ``weighted_by_key``, ...: :mod:`asyncfl.strategies.flower_options`
+    says what each means in an asynchronous run); :meth:`start` has Flower's signature.
     """
 
     #: The method's knobs: a :class:`StrategyConfig` dataclass beside the class.
@@ -65,12 +58,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
                             "fraction_evaluate, min_available_nodes, ...) pass through.")
 
     def __init__(self, **flower_options: Any) -> None:
-        valid = [f.name for f in fields(FlowerOptions)]
-        unknown = sorted(set(flower_options) - set(valid))
-        if unknown:
-            raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {', '.join(unknown)}; "
-                            f"besides its own, it accepts Flower's FedAvg options: {', '.join(valid)}")
-        self._flower = FlowerOptions(**flower_options)
+        self._flower = FlowerOptions.for_strategy(type(self).__name__, flower_options)
 
     @classmethod
     def from_config(cls, config: StrategyConfig, resources: "StrategyResources | None" = None,
@@ -100,17 +88,13 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         """The Flower ``FedAvg`` options this strategy was built with (defaults when none were given)."""
         return self.__dict__.get("_flower", _DEFAULT_OPTIONS)
 
-    #: When True the engine runs synchronous rounds: it dispatches a full cohort
-    #: only when no job is in flight and calls :meth:`on_round_end` after the last
-    #: reply of the round (accepted or lost).
+    #: True: the engine runs synchronous rounds (a full cohort dispatched when none is in flight,
+    #: :meth:`on_round_end` after the round's last reply, accepted or lost).
     synchronous: bool = False
 
     def on_start(self, num_clients: int, concurrency: int = 1) -> None:
-        """Called once by the engine, after client discovery, before the first dispatch.
-
-        ``concurrency`` is the number of jobs in flight (``K``): a delta-adding method's default
-        server step is set from it (see :func:`asyncfl.strategies.pace.per_update_share`).
-        """
+        """Called once after client discovery, before the first dispatch; ``concurrency``: jobs in flight (``K``),
+        which sets a delta-adding method's default step (:func:`asyncfl.strategies.pace.per_update_share`)."""
         self.concurrency = concurrency
 
     @abstractmethod
@@ -118,10 +102,8 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         """React to one accepted arrival; return the new global model or ``None``."""
 
     def dispatch_model(self, client: int, current: np.ndarray) -> np.ndarray | None:
-        """The model to send ``client`` instead of the current global one (``None``: the global model).
-
-        The arrival's ``base`` is then the model that was sent. Used by W-Pred's look-ahead.
-        """
+        """The model to send ``client`` instead of the global one (``None``: the global one); the arrival's
+        ``base`` is then the model sent (W-Pred's look-ahead)."""
         return None
 
     def on_round_end(self, current: np.ndarray) -> np.ndarray | None:
@@ -157,14 +139,11 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         initial_arrays : ArrayRecord
             The initial global model: any layout and dtypes (integer buffers included).
         num_rounds : int
-            Rounds of client work, as in Flower (0 = no cap). A round is what Flower's ``FedAvg``
-            trains with the same arguments: ``cohort = max(min_train_nodes, int(fraction_train *
-            nodes))`` client updates. An asynchronous strategy stops after ``num_rounds * cohort``
-            accepted updates, whatever number of server versions it makes of them (FedBuff one per
-            ``buffer_size`` updates, FedAsync one per update), so swapping Flower's ``FedAvg`` for it
-            keeps the client-compute budget. A synchronous strategy (:class:`FedAvg`) runs
-            ``num_rounds`` rounds, one server version each. Server versions are reported apart
-            (``summary["server-versions"]``, ``metrics.csv``'s ``server_version``).
+            Rounds of client work, as in Flower (0 = no cap): a round is the cohort Flower's ``FedAvg``
+            trains, ``max(min_train_nodes, int(fraction_train * nodes))`` updates, so an asynchronous
+            strategy stops after ``num_rounds * cohort`` accepted updates (the same client work as
+            ``FedAvg``) whatever number of server versions it makes of them (reported apart:
+            ``summary["server-versions"]``). A synchronous strategy runs ``num_rounds`` versions.
         timeout : float
             Seconds a job may take before it counts as lost; also the longest wait for nodes.
         train_config, evaluate_config : ConfigRecord, optional
@@ -210,8 +189,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
 
 def _register_with_flower() -> None:
     """``isinstance(FedBuff(), flwr.serverapp.strategy.Strategy)`` holds: asyncfl's strategies have Flower's five
-    methods (``configure_train``, ``aggregate_train``, ``configure_evaluate``, ``aggregate_evaluate``, ``summary``)
-    and its ``start`` signature, so code that checks for a Flower strategy takes them."""
+    methods and its ``start`` signature, so code that checks for a Flower strategy takes them."""
     from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
     FlowerStrategy.register(Strategy)

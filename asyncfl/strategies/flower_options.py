@@ -21,7 +21,7 @@ rounds, so each one is mapped onto the engine:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from flwr.app import MetricRecord, RecordDict
@@ -59,6 +59,16 @@ class FlowerOptions:
     configrecord_key: str = "config"
     train_metrics_aggr_fn: MetricsAggregation | None = None
     evaluate_metrics_aggr_fn: MetricsAggregation | None = None
+
+    @classmethod
+    def for_strategy(cls, strategy: str, keywords: dict) -> "FlowerOptions":
+        """The options a strategy's constructor got besides its own knobs; an unknown name lists the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(keywords) - set(valid))
+        if unknown:
+            raise TypeError(f"{strategy}() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                            f"besides its own, it accepts Flower's FedAvg options: {', '.join(valid)}")
+        return cls(**keywords)
 
     def __post_init__(self) -> None:
         for name in ("fraction_train", "fraction_evaluate"):
