@@ -24,6 +24,7 @@ from asyncfl.simulation.intertwined import IntertwinedDelays
 from asyncfl.simulation.delays import COMPONENTS, ComponentDelay, DelayModel, parse_tiers
 from asyncfl.simulation.presets import DELAY_PRESETS, with_gamma
 from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
+from asyncfl.client_app.drills import check_drill
 from asyncfl.options import CLOCKS, EngineConfig, RunOptions
 from asyncfl.strategies.settings import ConfigError, StrategyConfig
 
@@ -205,6 +206,10 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         weight_decay=_positive("weight-decay", float(cfg["weight-decay"]), allow_zero=True),
         batch_size=int(_positive("batch-size", int(cfg["batch-size"]))),
     )
+    try:
+        check_drill(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     if train.local_steps == 0 and train.local_epochs == 0:
         raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
     delay_preset, delays = _parse_delays(cfg)

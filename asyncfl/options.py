@@ -26,6 +26,8 @@ from asyncfl.strategies.settings import ConfigError, Knobs, knob
 
 #: ``virtual``: simulation, replies accepted in the order of drawn durations; ``wall``: real arrival order.
 CLOCKS = ("virtual", "wall")
+#: What happens to an update beyond ``update_norm_bound`` (asyncfl.server_app.update_bound.ACTIONS).
+UPDATE_NORM_ACTIONS = ("clip", "reject")
 DELAY_TYPES = (DelayModel, RuntimeCategories, IntertwinedDelays)
 
 
@@ -93,6 +95,13 @@ class RunOptions(Knobs):
         Where checkpoints go; None (or ""): ``<run folder>/checkpoints``. ``checkpoint-dir``.
     checkpoint_keep : int
         How many of the newest checkpoints to keep. ``checkpoint-keep``.
+    update_norm_bound : float
+        Bound each arriving update's norm at this multiple of the recent updates' median norm (the model's
+        own norm before three updates are known): no single reply moves the model far, so one faulty node
+        cannot send it to chance (:mod:`asyncfl.server_app.update_bound`). 0 = off. ``update-norm-bound``.
+    update_norm_action : {"clip", "reject"}
+        An update beyond the bound is scaled back to it (``clip``) or rejected with reason ``update-norm``.
+        ``update-norm-action``.
     resume_from : str, optional
         Go on from a checkpoint: a checkpoint file, a folder of them or a run folder (its newest).
         The strategy, model layout and scheduling settings must be the checkpoint's (a mismatch is
@@ -127,6 +136,8 @@ class RunOptions(Knobs):
     checkpoint_dir: str | None = knob(None)
     checkpoint_keep: int = knob(2, minimum=1)
     resume_from: str | None = knob(None)
+    update_norm_bound: float = knob(3.0, minimum=0)
+    update_norm_action: str = knob("clip", choices=UPDATE_NORM_ACTIONS)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -186,6 +197,10 @@ class RunOptions(Knobs):
         if self.checkpoint_every and not (self.checkpoint_dir or self.output_dir or self.resume_from):
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} (checkpoint-every) needs a place to write: "
                               "set checkpoint_dir, or output_dir (checkpoints go to <run folder>/checkpoints)")
+        if 0 < self.update_norm_bound <= 1:
+            raise ConfigError(f"update_norm_bound={self.update_norm_bound} (update-norm-bound) would bound honest "
+                              "updates at or below the typical one; use a multiple > 1 of the recent median norm "
+                              "(default 3), or 0 to turn the bound off")
         if self.jobs_per_client > 1 and self.clock != "wall":
             raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
                               "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
@@ -301,6 +316,8 @@ class EngineConfig:
     round_arrivals: int = _resumed(0)
     identify_nodes: bool = _resumed(True)  # ask nodes for partition id and size (query messages) before the first job
     jobs_per_client: int = _resumed(1)  # wall clock: jobs a client may have out at once (> 1 queues its next job)
+    update_norm_bound: float = _resumed(0.0)  # bound each update's norm at this x the recent median (0 = off)
+    update_norm_action: str = _resumed("clip")  # or "reject"
 
     @classmethod
     def resume_fields(cls) -> tuple[str, ...]:

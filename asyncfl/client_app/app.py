@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from asyncfl import protocol
+from asyncfl.client_app.drills import apply_fault, fault_of
 from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration, worker_record
 from asyncfl.client_app.extras import node_ids as _node_ids
 from asyncfl.client_app.gossip import gossip_event
@@ -81,7 +82,9 @@ def train(msg: Message, context: Context) -> Message:
     )
     model.cpu()
     train_seconds = time.monotonic() - started
-    arrays = _apply_fault(str(context.node_config.get("fault", "")), ArrayRecord(model.state_dict()))
+    fault = fault_of(context.node_config, context.run_config, _node_ids(context)[0])
+    arrays = apply_fault(fault, ArrayRecord(model.state_dict()), msg.content["arrays"],
+                         int(knobs.get(protocol.JOB_SEED, 0)))
     content = RecordDict(
         {
             "arrays": arrays,
@@ -93,27 +96,6 @@ def train(msg: Message, context: Context) -> Message:
     # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it.
     pad_to_emulated_duration(msg, started)
     return Message(content, reply_to=msg)
-
-
-FAULTS = ("nan", "wrong-shape", "error")
-
-
-def _apply_fault(fault: str, arrays: ArrayRecord) -> ArrayRecord:
-    """Deployment drills: node-config ``fault=<kind>`` makes this node misbehave on purpose.
-
-    ``nan`` poisons the first tensor, ``wrong-shape`` drops its last element,
-    ``error`` raises (Flower turns it into an error reply). Unset: no change.
-    """
-    if not fault:
-        return arrays
-    if fault not in FAULTS:
-        raise ValueError(f"node-config fault={fault!r} is not valid; choose one of: {', '.join(FAULTS)}")
-    if fault == "error":
-        raise RuntimeError("fault injection: this node was started with node-config fault=error")
-    state = arrays.to_torch_state_dict()
-    first = next(iter(state))
-    state[first] = state[first].clone().float().fill_(float("nan")) if fault == "nan" else state[first].flatten()[:-1]
-    return ArrayRecord(state)
 
 
 @app.evaluate()

@@ -169,9 +169,15 @@ def resume_settings(config) -> dict:
     return {name: getattr(config, name) for name in config.resume_fields()} | {"delays": repr(config.delays)}
 
 
+#: Settings added after checkpoints were first written, at the value that reproduces the runs before them.
+SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip"}
+
+
 def saved_settings(tree: dict) -> dict:
-    """A checkpoint's recorded settings under today's names (older checkpoints used former ones)."""
-    return {FORMER_SETTING_NAMES.get(name, name): value for name, value in tree["settings"].items()}
+    """A checkpoint's recorded settings under today's names (older checkpoints used former ones, and lack the
+    settings added since: those count at the value that reproduces the run that wrote them)."""
+    saved = {FORMER_SETTING_NAMES.get(name, name): value for name, value in tree["settings"].items()}
+    return {**SETTINGS_BEFORE_THEY_EXISTED, **saved}
 
 
 def layout_of(codec) -> dict:

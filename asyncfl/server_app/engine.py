@@ -39,6 +39,7 @@ from asyncfl.server_app.replies import RejectedReply, read_reply
 from asyncfl.server_app.resume import resume_from, snapshot
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
+from asyncfl.server_app.update_bound import UpdateNormBound
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
@@ -118,6 +119,8 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
+        self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action,
+                                            codec.trained_entries()) if config.update_norm_bound else None
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
@@ -269,8 +272,8 @@ class AsyncEngine:
             self._pacer.wait(pull_seconds, got)
 
     def _complete(self, job: Job, reply: Message | None) -> None:
-        """Steps 3-6 for one job: free its slot, read its reply, count it, hand an arrival to the strategy; a
-        synchronous round ends when its last job is in."""
+        """Steps 3-6 for one job: free its slot, read its reply (and bound its update's norm), count it, hand an
+        arrival to the strategy; a synchronous round ends when its last job is in."""
         state, started = self.state, time.perf_counter()
         del state.in_flight[job.message_id]
         self.slots.free(job.client)
@@ -280,6 +283,8 @@ class AsyncEngine:
             base = job.sent_model if job.sent_model is not None else self.versions.model(job.version)
             outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                  self.config.job_timeout)
+            if self.update_bound is not None and isinstance(outcome, Arrival):
+                outcome = self.update_bound.apply(outcome)
             arrival = self._count(job, reply, outcome)
             if self._journaling:
                 journal.record_event(self.checkpoints, job, arrival, state)

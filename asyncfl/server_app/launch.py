@@ -213,6 +213,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         out["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         if federated is not None and federated.rejected:
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
+        if engine.update_bound is not None:
+            out.update(engine.update_bound.summary())
         if checkpoints is not None:
             out.update(checkpoints.summary())
         if resumed_from is not None:

@@ -30,12 +30,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("asyncfl.engine")
 
+#: Parts whose state checkpoints written before them lack (they start fresh on resume).
+PARTS_ADDED_LATER = ("update_bound",)
+
 
 def stateful_parts(engine: AsyncEngine) -> dict[str, object]:
     """The parts around the engine that carry state of their own (each has state_dict/load_state_dict or
     state_attributes); the recorder last, so that it cuts its files back only once all else fitted."""
     parts = {"delays": engine.delays, "scoring": engine.scoring, "train_metrics": engine.train_metrics,
-             "federated_eval": engine.federated_eval, "evaluate_fn": engine.evaluate_fn, "recorder": engine.recorder}
+             "federated_eval": engine.federated_eval, "evaluate_fn": engine.evaluate_fn,
+             "update_bound": engine.update_bound, "recorder": engine.recorder}
     return {name: part for name, part in parts.items()
             if part is not None and (hasattr(part, "state_dict") or hasattr(type(part), "state_attributes"))}
 
@@ -61,11 +65,13 @@ def resume_from(engine: AsyncEngine, tree: dict) -> None:
     engine.strategy.load_state_dict(tree["strategy"])
     jobs = engine.state.restore(tree)
     parts = stateful_parts(engine)
-    missing = sorted(set(parts) - set(tree["parts"]))
+    missing = sorted(set(parts) - set(tree["parts"]) - set(PARTS_ADDED_LATER))
     if missing:
         raise CheckpointError(f"the checkpoint has no state for {', '.join(missing)}: it was made by a run "
                               "set up otherwise (federated evaluation, evaluate_fn, run folder)")
     for name, part in parts.items():
+        if name not in tree["parts"]:  # a part added after the checkpoint was written starts fresh
+            continue
         if hasattr(part, "load_state_dict"):
             part.load_state_dict(tree["parts"][name])
         else:

@@ -34,10 +34,16 @@ class InProcessGrid:
         Simulated nodes (``num-partitions``).
     run_config : dict
         What ``context.run_config`` holds on every node.
+    drill : (str, int), optional
+        An attack drill, ``(attack, attackers)``: the train replies of partitions ``0 .. attackers-1`` are
+        poisoned as :mod:`asyncfl.client_app.drills` says (``"noise"``, ``"sign-flip"``, ``"scale"``, ...),
+        whatever the app's ClientApp is, so a defence can be measured on any app.
     """
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict) -> None:
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict, drill: tuple[str, int] = ("", 0)
+                 ) -> None:
         self.client_app = client_app
+        self.drill = drill
         # what Flower's runtime sets in a ServerApp process; Message() reads it
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
         self.nodes = list(range(FIRST_NODE_ID, FIRST_NODE_ID + num_nodes))
@@ -64,10 +70,27 @@ class InProcessGrid:
                 reply = self.client_app(message, self._contexts[node])
             except Exception as exc:  # noqa: BLE001 - any ClientApp failure is an error reply, as in Flower
                 reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+            if kind == "train" and self.nodes.index(node) < self.drill[1] and not reply.has_error():
+                reply = self._poisoned(message, reply, message_id)
             reply.metadata.__dict__["_src_node_id"] = node
             self._replies[message_id] = reply
             ids.append(message_id)
         return ids
+
+    def _poisoned(self, request: Message, reply: Message, message_id: str) -> Message:
+        """``reply`` as a node making the drill's attack returns it (seeded by the job's seed, else the message)."""
+        from asyncfl import protocol
+        from asyncfl.client_app.drills import apply_fault
+
+        config = request.content.config_records.get("config", {})
+        seed = int(config.get(protocol.JOB_SEED, int(message_id[1:])))
+        try:
+            arrays = apply_fault(self.drill[0], reply.content.array_records["arrays"],
+                                 request.content.array_records["arrays"], seed)
+        except Exception as exc:  # noqa: BLE001 - the "error" drill, as the ClientApp raising would be
+            return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=request)
+        content = RecordDict({**reply.content, "arrays": arrays})
+        return Message(content, reply_to=request)
 
     def pull_messages(self, message_ids) -> list[Message]:
         return [self._replies.pop(mid) for mid in list(message_ids) if mid in self._replies]

@@ -84,12 +84,23 @@ STRATEGIES = {
     "afl-dw-before": ("AFLDW", {"server_lr": 0.1}),
     "ca2fl-before": ("CA2FL", {"buffer_size": 5, "server_lr": 1.0}),
     "fedfa-before": ("FedFa", {"queue_size": 10}),
+    # attack drills (issue 42): Flower's robust synchronous strategies, and asyncfl's without its update bound
+    "flower-fedmedian": ("flwr.FedMedian", {}),
+    "flower-fedtrimmedavg": ("flwr.FedTrimmedAvg", {}),
+    "fedbuff-nobound": ("FedBuff", {}),
+    "fedasync-nobound": ("FedAsync", {}),
+    "fedbuff-reject": ("FedBuff", {}),
+    "fedasync-reject": ("FedAsync", {}),
 }
 DELAYS = "fedrevive-default"
 #: engine keywords per strategy (on top of the clock, delays and seed every asyncfl cell gets)
 ROUND_DEADLINE = 1.5  # fedrevive-default: a job takes 0.1 + Exp(1.0-1.6) + ~0.2, so about a third are late
 ENGINE = {name: {"round_deadline": ROUND_DEADLINE}
           for name in ("gi", "fedavg-deadline", "staleweighted", "dcasgd", "wpred", "asyntiers")}
+ENGINE.update({"fedbuff-nobound": {"update_norm_bound": 0.0}, "fedasync-nobound": {"update_norm_bound": 0.0},
+               "fedbuff-reject": {"update_norm_action": "reject"}, "fedasync-reject": {"update_norm_action": "reject"}})
+#: Flower's own strategies, run through their own start() (no virtual clock)
+FLOWER = ("flower-fedavg", "flower-fedmedian", "flower-fedtrimmedavg")
 
 
 def parse_strategy(name: str) -> tuple[str, dict]:
@@ -111,10 +122,10 @@ def build_strategy(name: str, app, optimizer: str, lr: float, seed: int, nodes: 
     """The strategy of row ``name`` with its defaults; the KD/GI methods get what only the app knows
     (its ``Net``, input shape and classes, the server's data, the clients' SGD program)."""
     cls_name, keywords = parse_strategy(name)
-    if cls_name == "flwr.FedAvg":
-        from flwr.serverapp.strategy import FedAvg
+    if cls_name.startswith("flwr."):
+        import flwr.serverapp.strategy
 
-        return FedAvg(fraction_evaluate=0.0)
+        return getattr(flwr.serverapp.strategy, cls_name[len("flwr."):])(fraction_evaluate=0.0, **keywords)
     import asyncfl
 
     cls = getattr(asyncfl, cls_name)
@@ -156,8 +167,9 @@ def run_cell(cell: dict) -> dict:
     torch.manual_seed(seed)
     model = app.model_fn()
     x_test, y_test = app.test_set()
-    grid = InProcessGrid(client_app, SETTING_NODES.get(cell["setting"], NODES), {"app": app_name, "optimizer": optimizer, "batch-size": 32,
-                                             "local-epochs": 1})
+    grid = InProcessGrid(client_app, SETTING_NODES.get(cell["setting"], NODES),
+                         {"app": app_name, "optimizer": optimizer, "batch-size": 32, "local-epochs": 1},
+                         drill=(cell.get("attack", ""), cell.get("attackers", 0)))
     curve: dict[int, float] = {}
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -172,7 +184,7 @@ def run_cell(cell: dict) -> dict:
     common = dict(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
                   train_config=ConfigRecord({"lr": lr}), evaluate_fn=evaluate)
     times: list[float] = []
-    if cell["strategy"] == "flower-fedavg":
+    if cell["strategy"] in FLOWER:
         strategy.start(**common)
         summary = {"arrivals": grid.messages_by_type.get("train", 0), "server-versions": rounds}
     else:
@@ -196,7 +208,8 @@ def run_cell(cell: dict) -> dict:
     if "diverged" in summary:
         row["diverged"] = summary["diverged"]
     # the measured pace's last reading and bound, where a strategy measures its clients (server_lr=0, pace="measured")
-    row.update({key: summary[key] for key in ("pace-response", "pace-bound") if key in summary})
+    row.update({key: summary[key] for key in ("pace-response", "pace-bound", "update-norm-clipped",
+                                               "update-norm-rejected", "update-norm-largest-ratio") if key in summary})
     return row
 
 
@@ -274,13 +287,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--delays", default=DELAYS, help=f"the virtual clock's delay preset (default {DELAYS}); "
                         "with another one the table is time to FedAvg's final accuracy")
+    parser.add_argument("--attack", default="", help="attack drill: partitions 0 .. attackers-1 poison their "
+                        "train replies (noise, sign-flip, scale: asyncfl/client_app/drills.py); use its own --out")
+    parser.add_argument("--attackers", type=int, default=0, help="how many nodes make the --attack")
     parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
     args = parser.parse_args()
     for name in args.strategies:
         parse_strategy(name)
     cells_path = args.out / "cells.jsonl"
     done = done_cells(cells_path)
-    todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays} for seed in args.seeds
+    drill = {"attack": args.attack, "attackers": args.attackers} if args.attack else {}
+    todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays, **drill} for seed in args.seeds
             for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:
         args.out.mkdir(parents=True, exist_ok=True)

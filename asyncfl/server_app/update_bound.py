@@ -1,0 +1,114 @@
+"""A bound on each arriving update's norm, relative to the recent updates: no single reply moves the model far.
+
+The update of an arrival is ``Delta = weights - base`` over the trained entries (BatchNorm
+statistics and counters excluded). Its L2 norm is compared with a reference: the median norm
+of the last ``window`` updates that arrived (every arrival's raw norm enters the window, so
+the median stays an honest one while fewer than half of the recent updates are faulty); while
+fewer than ``MIN_HISTORY`` norms are known, the norm of the model the update was trained from
+(an honest local program moves a model by a fraction of its own norm; noise or a scaled update
+from a faulty node moves it by many times that; an all-zero initial model gives no reference, and
+its first updates pass unbounded). A zero median (honest updates that no longer move the model)
+bounds every update at zero. An update whose norm exceeds ``multiple`` times the reference is
+
+* ``"clip"`` (default): scaled back to ``multiple x reference`` along its own direction, and
+  aggregated; or
+* ``"reject"``: rejected with the reason ``update-norm`` (counted, never aggregated).
+
+This is norm bounding as studied against model poisoning by Sun et al. (2019), "Can you really
+backdoor federated learning?", with the adaptive median reference of centred-clipping methods
+(Karimireddy et al., 2021, "Learning from history for Byzantine robust optimization") instead of
+a fixed threshold, so the same ``multiple`` suits any model, learning rate and local program.
+It bounds a faulty update's influence; it does not detect one that stays within the bound
+(``docs/security.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import replace
+
+import numpy as np
+
+from asyncfl.server_app.replies import RejectedReply
+from asyncfl.strategies.arrival import Arrival
+
+ACTIONS = ("clip", "reject")
+#: Norms needed before the running median is the reference (before: the base model's norm).
+MIN_HISTORY = 3
+
+
+class UpdateNormBound:
+    """Clips (or rejects) an arrival whose update norm exceeds ``multiple`` x the reference.
+
+    Parameters
+    ----------
+    multiple : float
+        The bound as a multiple of the reference norm (> 1; the engine builds none for 0 = off).
+    action : {"clip", "reject"}
+        What happens to an update beyond the bound.
+    trained : numpy.ndarray of bool, optional
+        The entries whose change is the update (the codec's trained entries); None: all.
+    window : int
+        How many recent norms the median is taken over.
+    """
+
+    state_attributes = ("norms", "clipped", "rejected", "largest_ratio")
+
+    def __init__(self, multiple: float, action: str = "clip", trained: np.ndarray | None = None,
+                 window: int = 64) -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"update-norm action {action!r} is not valid; choose one of: {', '.join(ACTIONS)}")
+        self.multiple = float(multiple)
+        self.action = action
+        self.trained = trained
+        self.norms: deque[float] = deque(maxlen=window)
+        self.clipped = 0
+        self.rejected = 0
+        self.largest_ratio = 0.0  # the largest norm / reference seen: how close honest updates came to the bound
+
+    def reference(self, base: np.ndarray) -> float:
+        """The norm an update is compared with: the median of the recent ones, or the base model's own norm."""
+        if len(self.norms) >= MIN_HISTORY:
+            return float(np.median(self.norms))
+        return self._norm(base)
+
+    def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
+        """``arrival`` as it may be aggregated (clipped if beyond the bound), or the rejection."""
+        delta = arrival.delta
+        norm = self._norm(delta)
+        known = len(self.norms) >= MIN_HISTORY
+        reference = self.reference(arrival.base)
+        self.norms.append(norm)
+        if reference <= 0 and not known:  # an all-zero model and no history yet: nothing to judge by
+            return arrival
+        bound = self.multiple * reference  # a zero median (honest updates that no longer move) bounds at zero
+        if reference > 0:
+            self.largest_ratio = max(self.largest_ratio, norm / reference)
+        if norm <= bound:
+            return arrival
+        if self.action == "reject":
+            self.rejected += 1
+            return RejectedReply("update-norm", f"update norm {norm:.4g} exceeds {self.multiple:g} x the reference "
+                                                f"{reference:.4g} (the recent updates' median norm)")
+        self.clipped += 1
+        scale = np.float32(bound / norm)  # norm > bound >= 0
+        weights = arrival.base + scale * delta if self.trained is None \
+            else np.where(self.trained, arrival.base + scale * delta, arrival.weights)
+        return replace(arrival, weights=weights.astype(np.float32, copy=False))
+
+    def _norm(self, vector: np.ndarray) -> float:
+        """L2 norm over the trained entries, scaled by the largest magnitude first so that no square overflows."""
+        entries = vector if self.trained is None else vector[self.trained]
+        largest = float(np.abs(entries).max()) if entries.size else 0.0
+        if largest == 0.0:
+            return 0.0
+        scaled = entries / np.float32(largest)
+        return largest * math.sqrt(float(np.dot(scaled, scaled)))
+
+    def summary(self) -> dict:
+        """The bound's figures for ``summary.json``."""
+        return {"update-norm-bound": self.multiple, "update-norm-action": self.action,
+                "update-norm-clipped": self.clipped, "update-norm-rejected": self.rejected,
+                "update-norm-largest-ratio": round(self.largest_ratio, 4),
+                "update-norm-median": round(float(np.median(self.norms)), 6) if self.norms else None}

@@ -1,0 +1,135 @@
+"""Each update's norm is bounded against the recent ones: hand-computed cases, and one faulty node of eight."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord
+
+from asyncfl import FedAsync, FedBuff
+from asyncfl.errors import ConfigError
+from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.update_bound import MIN_HISTORY, UpdateNormBound
+from asyncfl.strategies.arrival import Arrival
+from tests.fake_grid import FakeGrid, trained_reply
+
+
+def arrival(delta, base=None) -> Arrival:
+    base = np.zeros(len(delta), np.float32) if base is None else np.asarray(base, np.float32)
+    return Arrival(0, 0, 0, base + np.asarray(delta, np.float32), base, 1, 0.0, 0.0)
+
+
+def test_an_update_beyond_the_bound_is_scaled_back_along_its_direction():
+    bound = UpdateNormBound(2.0)
+    for norm in (1.0, 2.0, 3.0):  # median 2 -> bound 4
+        assert bound.apply(arrival([norm, 0.0])).weights.tolist() == [norm, 0.0]
+    clipped = bound.apply(arrival([6.0, 8.0], base=[1.0, 1.0]))  # norm 10 -> 4: (0.6, 0.8) x 4 from the base
+    assert clipped.weights == pytest.approx([1.0 + 2.4, 1.0 + 3.2])
+    assert clipped.delta == pytest.approx([2.4, 3.2])
+    assert (bound.clipped, bound.rejected) == (1, 0) and bound.largest_ratio == pytest.approx(5.0)
+
+
+def test_an_update_within_the_bound_is_passed_as_it_came():
+    bound = UpdateNormBound(3.0)
+    for _ in range(MIN_HISTORY):
+        bound.apply(arrival([1.0, 0.0]))
+    within = arrival([0.0, 2.9])
+    assert bound.apply(within) is within
+
+
+def test_before_enough_history_the_reference_is_the_base_models_norm():
+    bound = UpdateNormBound(3.0)
+    base = [3.0, 4.0]  # norm 5 -> bound 15
+    assert bound.reference(np.array(base, np.float32)) == pytest.approx(5.0)
+    clipped = bound.apply(arrival([0.0, 30.0], base=base))
+    assert clipped.delta == pytest.approx([0.0, 15.0])
+
+
+def test_the_median_ignores_a_minority_of_huge_norms():
+    bound = UpdateNormBound(3.0)
+    for norm in (1.0, 1e6, 1.0, 1.0, 1e6):
+        bound.apply(arrival([norm]))
+    assert bound.reference(np.zeros(1, np.float32)) == pytest.approx(1.0)
+
+
+def test_reject_names_the_reason_and_counts_it():
+    bound = UpdateNormBound(2.0, action="reject")
+    for _ in range(MIN_HISTORY):
+        bound.apply(arrival([1.0]))
+    outcome = bound.apply(arrival([5.0]))
+    assert isinstance(outcome, RejectedReply) and outcome.reason == "update-norm" and bound.rejected == 1
+    assert "exceeds 2 x the reference 1" in str(outcome)
+
+
+def test_entries_that_are_not_trained_are_neither_measured_nor_scaled():
+    trained = np.array([True, True, False])
+    bound = UpdateNormBound(2.0, trained=trained)
+    for _ in range(MIN_HISTORY):
+        bound.apply(arrival([1.0, 0.0, 50.0]))  # a counter moving by 50 is no part of the norm
+    assert bound.reference(np.zeros(3, np.float32)) == pytest.approx(1.0)
+    clipped = bound.apply(arrival([0.0, 4.0, 50.0]))
+    assert clipped.weights.tolist() == pytest.approx([0.0, 2.0, 50.0])
+
+
+def test_huge_finite_updates_do_not_overflow_the_norm():
+    bound = UpdateNormBound(3.0)
+    for _ in range(MIN_HISTORY):
+        bound.apply(arrival([1.0, 1.0]))
+    clipped = bound.apply(arrival([3e38, 3e38]))
+    assert np.isfinite(clipped.weights).all() and np.linalg.norm(clipped.delta) == pytest.approx(3 * np.sqrt(2))
+
+
+@pytest.mark.parametrize("value, says", [(1.0, "multiple > 1"), (0.5, "multiple > 1")])
+def test_a_bound_at_or_below_the_typical_update_is_refused(value, says):
+    with pytest.raises(ConfigError, match=says):
+        FedBuff().start(FakeGrid(2, None), ArrayRecord({"w": Array(np.zeros(2, np.float32))}), num_rounds=1,
+                        clock="virtual", delays="uniform-speed", update_norm_bound=value)
+
+
+# ---------------------------------------------------------------------------------------- one faulty node of eight
+TARGET = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
+
+
+def _learner(faulty: set[int]):
+    """Honest clients step 20 % of the way to TARGET; a faulty node adds noise of sd 10 to what it returns."""
+    def handle(node: int, message):
+        assert message.metadata.message_type == "train"
+        w = message.content.array_records["arrays"]["w"].numpy()
+        trained = w + np.float32(0.2) * (TARGET - w)
+        if node in faulty:
+            seed = int(message.content.config_records["config"]["job-seed"])
+            trained = trained + np.random.default_rng(seed % 2**32).normal(0.0, 10.0, w.shape).astype(np.float32)
+        return trained_reply(message, ArrayRecord({"w": Array(trained)}))
+    return handle
+
+
+def _distance_after(strategy, faulty: set[int], **options) -> tuple[float, dict]:
+    grid = FakeGrid(8, _learner(faulty))
+    result = strategy.start(grid, ArrayRecord({"w": Array(np.full(16, 0.1, np.float32))}), num_rounds=0,
+                            train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=3,
+                            max_arrivals=240, concurrency=4, **options)
+    return float(np.linalg.norm(result.arrays["w"].numpy() - TARGET)), result.summary
+
+
+@pytest.mark.parametrize("make", [lambda: FedBuff(fraction_evaluate=0.0), lambda: FedAsync(fraction_evaluate=0.0)],
+                         ids=["fedbuff", "fedasync"])
+def test_one_noisy_node_of_eight_does_not_stop_the_default_strategies_learning(make):
+    clean, _ = _distance_after(make(), set())
+    unbounded, _ = _distance_after(make(), {101}, update_norm_bound=0.0)
+    bounded, summary = _distance_after(make(), {101})
+    start = float(np.linalg.norm(TARGET - 0.1))
+    assert clean < 0.05 * start
+    assert unbounded > start  # noise of sd 10 in every eighth update: further from the target than the start
+    assert bounded < 0.25 * start and summary["update-norm-clipped"] > 0
+    assert summary["update-norm-rejected"] == 0
+
+
+def test_rejecting_beyond_the_bound_counts_the_faulty_nodes_updates_as_rejected():
+    distance, summary = _distance_after(FedBuff(fraction_evaluate=0.0), {101}, update_norm_action="reject")
+    assert distance < 0.05 * float(np.linalg.norm(TARGET))
+    assert summary["rejected-by-reason"].get("update-norm", 0) == summary["update-norm-rejected"] > 0
+
+
+def test_once_honest_updates_stop_moving_the_model_any_update_is_bounded_at_zero():
+    bound = UpdateNormBound(3.0)
+    for _ in range(MIN_HISTORY):
+        bound.apply(arrival([0.0, 0.0], base=[1.0, 1.0]))
+    assert bound.apply(arrival([5.0, 0.0], base=[1.0, 1.0])).weights.tolist() == [1.0, 1.0]
