@@ -23,6 +23,7 @@ _PUBLIC = {
     "AsyncResult": "asyncfl.server_app.launch",
     **class_modules(),  # every method, from the one registry (asyncfl/strategies/registry.py)
     "LocalProgram": "asyncfl.strategies.gi.unrolled",
+    "DifferentialPrivacyServerSideFixedClipping": "asyncfl.strategies.privacy",
     "ConfigError": "asyncfl.errors",
     "StateError": "asyncfl.errors",
     "RunOptions": "asyncfl.options",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC 
     from asyncfl.strategies.gi.strategy import GICompensation
     from asyncfl.strategies.stale_compensation import StaleWeighted, DCASGD, WPred, AsynTiers
     from asyncfl.strategies.gi.unrolled import LocalProgram
+    from asyncfl.strategies.privacy import DifferentialPrivacyServerSideFixedClipping
     from asyncfl.strategies.settings import StrategyConfig
     from asyncfl.options import RunOptions
     from asyncfl.callbacks import Callback, VersionInfo

@@ -50,13 +50,16 @@ class UpdateNormBound:
     trained : numpy.ndarray of bool, optional
         The entries whose change is the update (the codec's trained entries); None: all.
     window : int
-        How many recent norms the median is taken over.
+        How many recent norms the median is taken over: short enough to follow honest norms when they grow
+        (updates grow several-fold as a model leaves its initial plateau; a median over 64 lagged that
+        growth and clipped a tenth of the honest updates there), long enough that a minority of faulty
+        nodes cannot make half of it.
     """
 
     state_attributes = ("norms", "clipped", "rejected", "largest_ratio")
 
     def __init__(self, multiple: float, action: str = "clip", trained: np.ndarray | None = None,
-                 window: int = 64) -> None:
+                 window: int = 16) -> None:
         if action not in ACTIONS:
             raise ValueError(f"update-norm action {action!r} is not valid; choose one of: {', '.join(ACTIONS)}")
         self.multiple = float(multiple)

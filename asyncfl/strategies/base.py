@@ -75,8 +75,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
 
     @property
     def name(self) -> str:
-        """What runs call this strategy (``summary.json``'s ``strategy``): the class name unless set
-        (the built-in app sets its run-config name, e.g. ``fedbuff``)."""
+        """What runs call it (``summary.json``'s ``strategy``): the class name unless set (e.g. ``fedbuff``)."""
         return self.__dict__.get("_name") or type(self).__name__
 
     @name.setter
@@ -102,8 +101,12 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         """React to one accepted arrival; return the new global model or ``None``."""
 
     def dispatch_model(self, client: int, current: np.ndarray) -> np.ndarray | None:
-        """The model to send ``client`` instead of the global one (``None``: the global one); the arrival's
-        ``base`` is then the model sent (W-Pred's look-ahead)."""
+        """A model to send ``client`` instead of the global one (the arrival's ``base``; W-Pred's look-ahead)."""
+        return None
+
+    def update_coefficient(self, arrival: Arrival) -> float | None:
+        """How much of ``arrival.delta`` the next server step adds, known without its content (DP calibrates its
+        noise to it: :mod:`asyncfl.strategies.privacy`); None: the step is not such a weighted sum."""
         return None
 
     def on_round_end(self, current: np.ndarray) -> np.ndarray | None:
@@ -111,8 +114,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         return None
 
     def summary(self) -> dict[str, float | int | str]:
-        """Strategy-specific figures for ``summary.json`` (Flower's ``summary()`` logs and returns None; an
-        override of that shape is called too, and adds nothing)."""
+        """Strategy-specific figures for ``summary.json`` (an override returning None, as Flower's, adds none)."""
         return {}
 
     def start(
@@ -188,8 +190,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
 
 
 def _register_with_flower() -> None:
-    """``isinstance(FedBuff(), flwr.serverapp.strategy.Strategy)`` holds: asyncfl's strategies have Flower's five
-    methods and its ``start`` signature, so code that checks for a Flower strategy takes them."""
+    """``isinstance(FedBuff(), flwr.serverapp.strategy.Strategy)``: they have Flower's five methods and start()."""
     from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
     FlowerStrategy.register(Strategy)

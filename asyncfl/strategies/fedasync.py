@@ -66,5 +66,9 @@ class FedAsync(Strategy):
         cfg = self.config
         return cfg.alpha * fedasync_staleness(cfg.staleness, tau, cfg.staleness_decay, cfg.staleness_cutoff)
 
+    def update_coefficient(self, arrival: Arrival) -> float:
+        """``alpha_t``: the mix moves the model by ``alpha_t`` times the update (and by public models' difference)."""
+        return self.mixing_weight(arrival.staleness)
+
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         return fedasync_mix(current, arrival.weights, self.mixing_weight(arrival.staleness))

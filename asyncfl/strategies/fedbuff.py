@@ -120,6 +120,11 @@ class FedBuff(Strategy):
         self.aggregations += 1
         return new
 
+    def update_coefficient(self, arrival: Arrival) -> float:
+        """``eta_s w(tau) / B``: the share of ``arrival.delta`` in the aggregation it joins."""
+        scale = fedbuff_weight(arrival.staleness, self.config.staleness_weighting)
+        return self.server_lr * scale / self.buffer_size
+
     @property
     def server_lr(self) -> float:
         """``eta_s`` in use now (the configured one, or the paced ``min(1, B * g(K, B) * 2 / lambda_bound)``)."""

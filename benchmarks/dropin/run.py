@@ -91,6 +91,12 @@ STRATEGIES = {
     "fedasync-nobound": ("FedAsync", {}),
     "fedbuff-reject": ("FedBuff", {}),
     "fedasync-reject": ("FedAsync", {}),
+    # differential privacy (issue 42): DP-FedBuff, buffer 4 and server step 1 (DP needs a step the clients' updates
+    # do not set), clipped at 0.3 (about the honest updates' median norm in sgdm-0.05), against the same FedBuff
+    "fedbuff-b4": ("FedBuff", {"buffer_size": 4, "server_lr": 1.0}),
+    "fedbuff-b4-dp1": ("DP", {"noise_multiplier": 1.0, "clipping_norm": 0.3}),
+    "fedbuff-b4-dp0.05": ("DP", {"noise_multiplier": 0.05, "clipping_norm": 0.3}),
+    "fedbuff-b4-dp0.2": ("DP", {"noise_multiplier": 0.2, "clipping_norm": 0.3}),
 }
 DELAYS = "fedrevive-default"
 #: engine keywords per strategy (on top of the clock, delays and seed every asyncfl cell gets)
@@ -128,6 +134,9 @@ def build_strategy(name: str, app, optimizer: str, lr: float, seed: int, nodes: 
         return getattr(flwr.serverapp.strategy, cls_name[len("flwr."):])(fraction_evaluate=0.0, **keywords)
     import asyncfl
 
+    if cls_name == "DP":
+        inner = asyncfl.FedBuff(fraction_evaluate=0.0, **STRATEGIES["fedbuff-b4"][1])
+        return asyncfl.DifferentialPrivacyServerSideFixedClipping(inner, seed=seed, **keywords)
     cls = getattr(asyncfl, cls_name)
     if cls_name == "FedEcho":
         keywords = {"model_fn": app.model_fn, "distill_inputs": app.server_set(nodes)[0], "seed": seed, **keywords}
@@ -209,7 +218,9 @@ def run_cell(cell: dict) -> dict:
         row["diverged"] = summary["diverged"]
     # the measured pace's last reading and bound, where a strategy measures its clients (server_lr=0, pace="measured")
     row.update({key: summary[key] for key in ("pace-response", "pace-bound", "update-norm-clipped",
-                                               "update-norm-rejected", "update-norm-largest-ratio") if key in summary})
+                                               "update-norm-rejected", "update-norm-largest-ratio",
+                                               "update-norm-median", "dp-epsilon", "dp-delta", "dp-releases",
+                                               "dp-most-participations") if key in summary})
     return row
 
 
