@@ -72,6 +72,7 @@ def test_fedasync_steps_are_noised_at_their_mixing_weight():
 @pytest.mark.parametrize("strategy, says", [
     (lambda: FedAvg(), "not a weighted sum"),
     (lambda: FedBuff(), "pace='measured'"),
+    (lambda: FedBuff(server_lr=1.0, aggregation="median"), "order statistics"),
 ])
 def test_strategies_whose_step_noise_cannot_cover_are_refused(strategy, says):
     with pytest.raises(ConfigError, match=says):

@@ -75,7 +75,8 @@ def test_from_run_config_reads_the_prefixed_keys_and_defaults_what_is_missing():
     config = FedBuffConfig.from_run_config({"fedbuff.buffer-size": 3, "fedbuff.server-lr": 0.5, "strategy": "x"})
     assert config == FedBuffConfig(buffer_size=3, server_lr=0.5, staleness_weighting="none")
     assert config.to_run_config() == {"fedbuff.buffer-size": 3, "fedbuff.server-lr": 0.5,
-                                      "fedbuff.staleness-weighting": "none", "fedbuff.pace": "measured"}
+                                      "fedbuff.staleness-weighting": "none", "fedbuff.pace": "measured",
+                                      "fedbuff.aggregation": "mean"}
 
 
 def test_built_in_data_choices_are_not_constructor_keywords():

@@ -133,3 +133,30 @@ def test_once_honest_updates_stop_moving_the_model_any_update_is_bounded_at_zero
     for _ in range(MIN_HISTORY):
         bound.apply(arrival([0.0, 0.0], base=[1.0, 1.0]))
     assert bound.apply(arrival([5.0, 0.0], base=[1.0, 1.0])).weights.tolist() == [1.0, 1.0]
+
+
+# ------------------------------------------------------------------------------ robust buffered aggregation
+from asyncfl.strategies.fedbuff import robust_combine  # noqa: E402
+
+
+def test_robust_rules_combine_the_buffer_entry_by_entry():
+    rows = np.array([[1.0, 10.0], [2.0, -50.0], [3.0, 20.0], [100.0, 30.0], [4.0, 40.0]], np.float32)
+    assert robust_combine(rows, "mean").tolist() == pytest.approx([22.0, 10.0])
+    assert robust_combine(rows, "median").tolist() == [3.0, 20.0]
+    assert robust_combine(rows, "trimmed-mean").tolist() == pytest.approx([3.0, 20.0])  # floor(0.2 x 5) = 1 a side
+
+
+def test_fedbuff_with_a_median_steps_by_the_buffers_median_update():
+    strategy = FedBuff(buffer_size=3, server_lr=0.5, aggregation="median")
+    strategy.on_start(4, concurrency=3)
+    current = np.zeros(2, np.float32)
+    assert strategy.on_arrival(arrival([1.0, 1.0]), current) is None
+    assert strategy.on_arrival(arrival([100.0, -100.0]), current) is None
+    new = strategy.on_arrival(arrival([2.0, 3.0]), current)
+    assert new.tolist() == [1.0, 0.5] and strategy.buffered == 0  # 0.5 x median (2, 1)
+
+
+def test_a_median_buffer_survives_a_noisy_node_without_the_bound():
+    distance, _ = _distance_after(FedBuff(buffer_size=4, aggregation="median", fraction_evaluate=0.0), {101},
+                                  update_norm_bound=0.0)
+    assert distance < 0.25 * float(np.linalg.norm(TARGET - 0.1))

@@ -25,11 +25,29 @@ from asyncfl.strategies.pace import PACES
 from asyncfl.strategies.settings import StrategyConfig, knob
 
 STALENESS_WEIGHTINGS = ("none", "sqrt")
+AGGREGATIONS = ("mean", "median", "trimmed-mean")
+#: The share of the buffer's updates "trimmed-mean" drops from each side, per entry (Flower's FedTrimmedAvg's beta).
+TRIM_FRACTION = 0.2
 
 
 def fedbuff_step(current: np.ndarray, buffered_sum: np.ndarray, buffer_size: int, server_lr: float) -> np.ndarray:
     """``current + server_lr / buffer_size * buffered_sum``."""
     return current + np.float32(server_lr / buffer_size) * buffered_sum
+
+
+def robust_combine(rows: np.ndarray, rule: str) -> np.ndarray:
+    """The buffer's updates (``rows``, one per update) combined entry by entry: their ``mean``, ``median``
+    (Yin et al., 2018, "Byzantine-robust distributed learning", coordinate-wise median) or ``trimmed-mean``
+    (the same paper's coordinate-wise trimmed mean: ``floor(0.2 B)`` largest and smallest values dropped)."""
+    if rule == "mean":
+        return rows.mean(axis=0)
+    if rule == "median":
+        return np.median(rows, axis=0).astype(rows.dtype, copy=False)
+    if rule == "trimmed-mean":
+        cut = int(TRIM_FRACTION * len(rows))
+        kept = np.sort(rows, axis=0)[cut:len(rows) - cut]
+        return kept.mean(axis=0)
+    raise ValueError(f"unknown FedBuff aggregation {rule!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
 def fedbuff_weight(tau: int, weighting: str) -> float:
@@ -58,6 +76,11 @@ class FedBuffConfig(StrategyConfig):
         speeds (measured in the drop-in study: docs/methods.md, "Default server steps").
     staleness_weighting : {"none", "sqrt"}
         Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
+    aggregation : {"mean", "median", "trimmed-mean"}
+        How the buffer's updates combine: their mean (FedBuff; the buffer is a running sum, one model of
+        memory), or, robust to a minority of faulty updates, their coordinate-wise median or trimmed mean
+        (:func:`robust_combine`; the buffer then holds its ``B`` updates). Under non-IID data the robust
+        rules also discard honest minority directions, so they learn slower where clients differ.
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
         ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on each client's
@@ -72,6 +95,7 @@ class FedBuffConfig(StrategyConfig):
     server_lr: float = knob(0.0, minimum=0)
     staleness_weighting: str = knob("none", choices=STALENESS_WEIGHTINGS)
     pace: str = knob("measured", choices=PACES)
+    aggregation: str = knob("mean", choices=AGGREGATIONS)
 
 
 class FedBuff(Strategy):
@@ -88,10 +112,10 @@ class FedBuff(Strategy):
     state_attributes = ("_sum", "_count", "aggregations", "response_meter")
 
     def __init__(self, buffer_size: int = 0, server_lr: float = 0.0, staleness_weighting: str = "none",
-                 pace: str = "measured", **flower_options: Any) -> None:
+                 pace: str = "measured", aggregation: str = "mean", **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedBuffConfig(buffer_size=buffer_size, server_lr=server_lr,
-                                    staleness_weighting=staleness_weighting, pace=pace)
+                                    staleness_weighting=staleness_weighting, pace=pace, aggregation=aggregation)
         self._measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0
@@ -105,6 +129,16 @@ class FedBuff(Strategy):
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         self._observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
+        if self.config.aggregation != "mean":  # robust rules need every update: _sum holds them as rows
+            row = (scale * arrival.delta)[None, :]
+            self._sum = row if self._sum is None else np.concatenate([self._sum, row])
+            self._count += 1
+            if self._count < self.buffer_size:
+                return None
+            new = current + np.float32(self.server_lr) * robust_combine(self._sum, self.config.aggregation)
+            self._sum, self._count = None, 0
+            self.aggregations += 1
+            return new
         if self._sum is None:
             self._sum = np.zeros_like(arrival.weights)
         if scale == 1.0:  # in place, no temporary: the hot path for the default setting
@@ -121,7 +155,10 @@ class FedBuff(Strategy):
         return new
 
     def update_coefficient(self, arrival: Arrival) -> float:
-        """``eta_s w(tau) / B``: the share of ``arrival.delta`` in the aggregation it joins."""
+        """``eta_s w(tau) / B``: the share of ``arrival.delta`` in the aggregation it joins (None for a robust
+        rule: its step is no weighted sum)."""
+        if self.config.aggregation != "mean":
+            return None
         scale = fedbuff_weight(arrival.staleness, self.config.staleness_weighting)
         return self.server_lr * scale / self.buffer_size
 

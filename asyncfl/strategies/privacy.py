@@ -92,6 +92,10 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
             raise ConfigError(f"{type(strategy).__name__}'s server step is not a weighted sum of updates with "
                               "public coefficients, so no noise scale bounds one client's effect on it; wrap "
                               "FedBuff or FedAsync")
+        if getattr(getattr(strategy, "config", None), "aggregation", "mean") != "mean":
+            raise ConfigError(f"{type(strategy).__name__}(aggregation={strategy.config.aggregation!r}) combines the "
+                              "buffer by order statistics, not a weighted sum: no noise scale is calibrated to it; "
+                              "use aggregation='mean' (the fixed clip already bounds every update)")
         if getattr(getattr(strategy, "config", None), "pace", None) == "measured" and not strategy.config.server_lr:
             raise ConfigError(f"{type(strategy).__name__}(pace='measured') sets its step from the clients' measured "
                               "updates, which the noise does not cover: give it a fixed server_lr, or "
