@@ -75,7 +75,6 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
 
     config_class = DifferentialPrivacyConfig
     state_attributes = ("ledger", "_rng", "_pending", "_last_epsilon")
-    clips_updates = True
 
     def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0, *,
                  target_delta: float = 1e-5, seed: int = 0) -> None:
