@@ -657,16 +657,22 @@ def gossip_table(study: Study) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Every study measures the papers' methods as published: without asyncfl's update-norm bound (a default since
+#: issue 42; every run stored before it ran without it).
+STUDY_DEFAULTS = {"update-norm-bound": 0.0}
+
+
 def cells(study: Study) -> list[tuple[str, dict, int]]:
     """``(cell name, run-config overrides, seed)``, seed-major, ablations last within each seed."""
     out = []
+    common = {**STUDY_DEFAULTS, **study.common}
     for seed in study.seeds:
         for scenario, scenario_cfg in study.scenarios.items():
             for method, method_cfg in study.methods.items():
-                out.append((f"{method}__{scenario}", {**study.common, **scenario_cfg, **method_cfg}, seed))
+                out.append((f"{method}__{scenario}", {**common, **scenario_cfg, **method_cfg}, seed))
         if seed in study.extra_seeds:
             for name, overrides in study.extra.items():
-                out.append((name, {**study.common, **overrides}, seed))
+                out.append((name, {**common, **overrides}, seed))
     return out
 
 
