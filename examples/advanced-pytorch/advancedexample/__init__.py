@@ -1,0 +1,1 @@
+"""advancedexample: Flower's advanced-pytorch app made asynchronous with asyncfl."""
