@@ -24,6 +24,7 @@ _PUBLIC = {
     **class_modules(),  # every method, from the one registry (asyncfl/strategies/registry.py)
     "LocalProgram": "asyncfl.strategies.gi.unrolled",
     "DifferentialPrivacyServerSideFixedClipping": "asyncfl.strategies.privacy",
+    "DifferentialPrivacyClientSideFixedClipping": "asyncfl.strategies.privacy",
     "ConfigError": "asyncfl.errors",
     "StateError": "asyncfl.errors",
     "RunOptions": "asyncfl.options",
@@ -61,7 +62,9 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC 
     from asyncfl.strategies.gi.strategy import GICompensation
     from asyncfl.strategies.stale_compensation import StaleWeighted, DCASGD, WPred, AsynTiers
     from asyncfl.strategies.gi.unrolled import LocalProgram
-    from asyncfl.strategies.privacy import DifferentialPrivacyServerSideFixedClipping
+    from asyncfl.strategies.privacy import (
+        DifferentialPrivacyClientSideFixedClipping, DifferentialPrivacyServerSideFixedClipping,
+    )
     from asyncfl.strategies.settings import StrategyConfig
     from asyncfl.options import RunOptions
     from asyncfl.callbacks import Callback, VersionInfo

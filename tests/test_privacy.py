@@ -124,3 +124,36 @@ def test_state_round_trip_gives_the_same_noise_and_ledger():
     resumed.load_state_dict(saved)
     a, b = (s.on_arrival(arrival(1, np.ones(8)), current) for s in (first, resumed))
     assert np.array_equal(a, b) and first.ledger.rho == resumed.ledger.rho == {0: 1.0, 1: 1.0}
+
+
+# ------------------------------------------------------------------------------------- clipping on the clients
+def _client_side_run(with_mod: bool):
+    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.clientapp.mod import fixedclipping_mod
+
+    from asyncfl import DifferentialPrivacyClientSideFixedClipping
+    from asyncfl.simulation.inprocess import InProcessGrid
+
+    app = ClientApp(mods=[fixedclipping_mod] if with_mod else [])
+
+    @app.train()
+    def train(msg, context):  # a step of 2 per weight toward 1: norm 16 over 64 weights, far beyond the clip
+        w = msg.content["arrays"]["w"].numpy()
+        trained = ArrayRecord({"w": Array((w + np.float32(2.0)).astype(np.float32))})
+        return Message(RecordDict({"arrays": trained, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    dp = DifferentialPrivacyClientSideFixedClipping(FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.0),
+                                                    noise_multiplier=0.1, clipping_norm=0.5, seed=1)
+    grid = InProcessGrid(app, 4, {})
+    result = dp.start(grid, ArrayRecord({"w": Array(np.zeros(64, np.float32))}), num_rounds=0,
+                      train_config=ConfigRecord({}), clock="virtual", delays="uniform-speed", seed=1,
+                      max_arrivals=8, concurrency=2)
+    return result.summary
+
+
+def test_client_side_clipping_sends_the_norm_flowers_mod_clips_to_and_the_server_checks_it():
+    with_mod = _client_side_run(with_mod=True)
+    assert with_mod["dp-clipped-by-server"] == 0 and with_mod["dp-releases"] == 4 and with_mod["dp-epsilon"] > 0
+    without = _client_side_run(with_mod=False)  # a ClientApp without the mod: the server clips every update
+    assert without["dp-clipped-by-server"] == 8 and without["dp-epsilon"] == with_mod["dp-epsilon"]

@@ -200,4 +200,53 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
                               "(a median of other clients' norms) would make each step depend on data the noise "
                               "does not cover. Leave it out")
         kwargs["update_norm_bound"] = 0.0
-        return super().start(*args, **kwargs)
+        self.strategy.__dict__["_starting"] = True  # the wrapped strategy's hooks are the engine's too
+        try:
+            return super().start(*args, **kwargs)
+        finally:
+            self.strategy.__dict__["_starting"] = False
+
+
+class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFixedClipping):
+    """Central DP with the clipping done by the clients (Flower's ``fixedclipping_mod`` on the ClientApp).
+
+    Every train request carries ``clipping_norm`` in its config, the key Flower's ``fixedclipping_mod``
+    reads; the mod clips the client's update to it before the reply leaves the node. The server then
+    noises each step as :class:`DifferentialPrivacyServerSideFixedClipping` does, and checks every
+    arriving update: one beyond ``clipping_norm`` (a ClientApp without the mod) is clipped here all
+    the same and counted (``dp-clipped-by-server``), so the guarantee does not rest on the clients.
+    """
+
+    TOLERANCE = 1e-4  # float32 rounding of a norm computed on the client
+
+    def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0, *,
+                 target_delta: float = 1e-5, seed: int = 0) -> None:
+        super().__init__(strategy, noise_multiplier, clipping_norm, target_delta=target_delta, seed=seed)
+        self.clipped_by_server = 0
+
+    state_attributes = DifferentialPrivacyServerSideFixedClipping.state_attributes + ("clipped_by_server",)
+
+    def overrides(self, hook: str) -> bool:
+        return hook == "configure_train" or self.strategy.overrides(hook)
+
+    def configure_train(self, server_round, arrays, config, grid):
+        from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        for message in messages:
+            for record in message.content.config_records.values():
+                record[KEY_CLIPPING_NORM] = float(self.config.clipping_norm)
+        return messages
+
+    def clip(self, arrival: Arrival) -> Arrival:
+        clipped = super().clip(arrival)
+        if clipped is not arrival:
+            norm = float(np.linalg.norm(arrival.delta.astype(np.float64)))
+            if norm > self.config.clipping_norm * (1.0 + self.TOLERANCE):
+                self.clipped_by_server += 1
+            else:  # within the client's rounding: keep what the client sent
+                return arrival
+        return clipped
+
+    def privacy_spent(self) -> dict:
+        return {**super().privacy_spent(), "dp-clipped-by-server": self.clipped_by_server}
