@@ -64,7 +64,8 @@ def test_the_advanced_example_runs_asynchronously_with_its_schedule_files_and_pe
 
     config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     # the example's lr 0.1 (SGD momentum 0.9) suits Fashion-MNIST; this small synthetic set wants less
-    config.update({"num-server-rounds": 6, "data-dir": str(data), "save-dir": str(out), "learning-rate": 0.02})
+    config.update({"num-server-rounds": 6, "data-dir": str(data), "save-dir": str(out), "learning-rate": 0.02,
+                   "fraction-train": 1.0})
     grid = RecordingGrid(client_app.app, 4, config)
     server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
 

@@ -98,7 +98,7 @@ def main(grid: Grid, context: Context) -> None:
         loss, accuracy = test_fn(model, testloader, "cpu")
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
-    strategy = ScheduledFedBuff(fraction_evaluate=cfg["fraction-evaluate"])
+    strategy = ScheduledFedBuff(fraction_train=cfg["fraction-train"], fraction_evaluate=cfg["fraction-evaluate"])
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
                             train_config=ConfigRecord({"lr": cfg["learning-rate"]}),
                             num_rounds=cfg["num-server-rounds"], evaluate_fn=global_evaluate,
