@@ -197,6 +197,10 @@ class RunOptions(Knobs):
         if self.checkpoint_every and not (self.checkpoint_dir or self.output_dir or self.resume_from):
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} (checkpoint-every) needs a place to write: "
                               "set checkpoint_dir, or output_dir (checkpoints go to <run folder>/checkpoints)")
+        if self.update_norm_bound == 0 and self.update_norm_action != "clip":
+            raise ConfigError(f"update_norm_action={self.update_norm_action!r} (update-norm-action) would be ignored: "
+                              "update_norm_bound=0 turns the bound off; set a bound > 1 (default 3) or leave the "
+                              "action out")
         if 0 < self.update_norm_bound <= 1:
             raise ConfigError(f"update_norm_bound={self.update_norm_bound} (update-norm-bound) would bound honest "
                               "updates at or below the typical one; use a multiple > 1 of the recent median norm "

@@ -77,11 +77,15 @@ def test_huge_finite_updates_do_not_overflow_the_norm():
     assert np.isfinite(clipped.weights).all() and np.linalg.norm(clipped.delta) == pytest.approx(3 * np.sqrt(2))
 
 
-@pytest.mark.parametrize("value, says", [(1.0, "multiple > 1"), (0.5, "multiple > 1")])
-def test_a_bound_at_or_below_the_typical_update_is_refused(value, says):
+@pytest.mark.parametrize("options, says", [
+    ({"update_norm_bound": 1.0}, "multiple > 1"),
+    ({"update_norm_bound": 0.5}, "multiple > 1"),
+    ({"update_norm_bound": 0.0, "update_norm_action": "reject"}, "would be ignored"),
+])
+def test_a_bound_at_or_below_the_typical_update_or_an_ignored_action_is_refused(options, says):
     with pytest.raises(ConfigError, match=says):
         FedBuff().start(FakeGrid(2, None), ArrayRecord({"w": Array(np.zeros(2, np.float32))}), num_rounds=1,
-                        clock="virtual", delays="uniform-speed", update_norm_bound=value)
+                        clock="virtual", delays="uniform-speed", **options)
 
 
 # ---------------------------------------------------------------------------------------- one faulty node of eight
