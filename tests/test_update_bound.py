@@ -61,12 +61,24 @@ def test_reject_names_the_reason_and_counts_it():
 
 def test_entries_that_are_not_trained_are_neither_measured_nor_scaled():
     trained = np.array([True, True, False])
-    bound = UpdateNormBound(2.0, trained=trained)
+    bound = UpdateNormBound(2.0, groups=[trained])
     for _ in range(MIN_HISTORY):
         bound.apply(arrival([1.0, 0.0, 50.0]))  # a counter moving by 50 is no part of the norm
     assert bound.reference(np.zeros(3, np.float32)) == pytest.approx(1.0)
     clipped = bound.apply(arrival([0.0, 4.0, 50.0]))
     assert clipped.weights.tolist() == pytest.approx([0.0, 2.0, 50.0])
+
+
+def test_batchnorm_statistics_are_bounded_on_their_own_scale():
+    """Weights move by ~1, running statistics by ~10 (another scale): a poisoned statistic is clipped against the
+    statistics' own history, the weights are left as they came (a noisy node's running_var once slipped past a
+    bound over the weights alone)."""
+    weights, stats = np.array([True, True, False, False]), np.array([False, False, True, True])
+    bound = UpdateNormBound(3.0, groups=[weights, stats])
+    for _ in range(MIN_HISTORY):
+        assert bound.apply(arrival([1.0, 0.0, 10.0, 0.0])).delta.tolist() == [1.0, 0.0, 10.0, 0.0]
+    out = bound.apply(arrival([0.0, 2.0, 0.0, 500.0]))
+    assert out.delta.tolist() == pytest.approx([0.0, 2.0, 0.0, 30.0]) and bound.clipped == 1
 
 
 def test_huge_finite_updates_do_not_overflow_the_norm():

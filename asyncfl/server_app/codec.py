@@ -74,6 +74,14 @@ class ModelCodec:
                                for name, size, dtype in zip(self.names, self.sizes, self.dtypes)])
         return None if mask.all() else mask
 
+    def statistic_entries(self) -> np.ndarray | None:
+        """Boolean vector over the flat layout: True where an entry is a floating-point BatchNorm running statistic
+        (``running_mean``, ``running_var``); ``None`` when the model has none."""
+        mask = np.concatenate([np.full(size, np.issubdtype(dtype, np.floating)
+                                       and name.endswith(("running_mean", "running_var")))
+                               for name, size, dtype in zip(self.names, self.sizes, self.dtypes)])
+        return mask if mask.any() else None
+
     def clamp_variances(self, flat: np.ndarray) -> tuple[np.ndarray, int]:
         """``flat`` with BatchNorm ``running_var`` entries clamped to >= 0, and how many were negative.
 

@@ -119,8 +119,10 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
-        self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action,
-                                            codec.trained_entries()) if config.update_norm_bound else None
+        groups = [codec.trained_entries()] + ([codec.statistic_entries()] if codec.statistic_entries() is not None
+                                               else [])
+        self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action, groups) \
+            if config.update_norm_bound else None
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
