@@ -119,8 +119,8 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
-        groups = [codec.trained_entries()] + ([codec.statistic_entries()] if codec.statistic_entries() is not None
-                                               else [])
+        statistics = codec.statistic_entries()  # BatchNorm statistics: bounded on their own scale
+        groups = [codec.trained_entries()] + ([statistics] if statistics is not None else [])
         self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action, groups) \
             if config.update_norm_bound else None
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)

@@ -40,6 +40,15 @@ ACTIONS = ("clip", "reject")
 MIN_HISTORY = 3
 
 
+def l2_norm(vector: np.ndarray) -> float:
+    """L2 norm of a float32 vector, scaled by its largest magnitude first so that no square overflows."""
+    largest = float(np.abs(vector).max()) if vector.size else 0.0
+    if largest == 0.0:
+        return 0.0
+    scaled = vector / np.float32(largest)
+    return largest * math.sqrt(float(np.dot(scaled, scaled)))
+
+
 class UpdateNormBound:
     """Clips (or rejects) an arrival whose update norm exceeds ``multiple`` x the reference.
 
@@ -114,14 +123,9 @@ class UpdateNormBound:
             weights[entries] = arrival.base[entries] + np.float32(scale) * delta[entries]
         return replace(arrival, weights=weights)
 
-    def _norm(self, vector: np.ndarray, mask: np.ndarray | None) -> float:
-        """L2 norm over ``mask``, scaled by the largest magnitude first so that no square overflows."""
-        entries = vector if mask is None else vector[mask]
-        largest = float(np.abs(entries).max()) if entries.size else 0.0
-        if largest == 0.0:
-            return 0.0
-        scaled = entries / np.float32(largest)
-        return largest * math.sqrt(float(np.dot(scaled, scaled)))
+    @staticmethod
+    def _norm(vector: np.ndarray, mask: np.ndarray | None) -> float:
+        return l2_norm(vector if mask is None else vector[mask])
 
     def summary(self) -> dict:
         """The bound's figures for ``summary.json``."""

@@ -129,27 +129,23 @@ class FedBuff(Strategy):
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         self._observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
-        if self.config.aggregation != "mean":  # robust rules need every update: _sum holds them as rows
+        robust = self.config.aggregation != "mean"
+        if robust:  # robust rules need every update: _sum holds them as rows
             row = (scale * arrival.delta)[None, :]
             self._sum = row if self._sum is None else np.concatenate([self._sum, row])
-            self._count += 1
-            if self._count < self.buffer_size:
-                return None
-            new = current + np.float32(self.server_lr) * robust_combine(self._sum, self.config.aggregation)
-            self._sum, self._count = None, 0
-            self.aggregations += 1
-            return new
-        if self._sum is None:
-            self._sum = np.zeros_like(arrival.weights)
-        if scale == 1.0:  # in place, no temporary: the hot path for the default setting
-            self._sum += arrival.weights
-            self._sum -= arrival.base
         else:
-            self._sum += scale * arrival.delta
+            if self._sum is None:
+                self._sum = np.zeros_like(arrival.weights)
+            if scale == 1.0:  # in place, no temporary: the hot path for the default setting
+                self._sum += arrival.weights
+                self._sum -= arrival.base
+            else:
+                self._sum += scale * arrival.delta
         self._count += 1
         if self._count < self.buffer_size:
             return None
-        new = fedbuff_step(current, self._sum, self.buffer_size, self.server_lr)
+        new = current + np.float32(self.server_lr) * robust_combine(self._sum, self.config.aggregation) if robust \
+            else fedbuff_step(current, self._sum, self.buffer_size, self.server_lr)
         self._sum, self._count = None, 0
         self.aggregations += 1
         return new

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from asyncfl.server_app.update_bound import l2_norm
 from asyncfl.strategies.accounting import ClientPrivacyLedger
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.settings import ConfigError, StrategyConfig, knob
@@ -135,11 +136,12 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
     # ---------------------------------------------------------------- the mechanism
     def clip(self, arrival: Arrival) -> Arrival:
         """``arrival`` with its update scaled to L2 norm at most ``clipping_norm`` (every entry)."""
-        delta = arrival.delta
-        norm = float(np.linalg.norm(delta.astype(np.float64)))
-        if norm <= self.config.clipping_norm:
-            return arrival
-        return replace(arrival, weights=arrival.base + np.float32(self.config.clipping_norm / norm) * delta)
+        norm = l2_norm(arrival.delta)
+        return arrival if norm <= self.config.clipping_norm else self._scaled_to_clip(arrival, norm)
+
+    def _scaled_to_clip(self, arrival: Arrival, norm: float) -> Arrival:
+        scale = np.float32(self.config.clipping_norm / norm)
+        return replace(arrival, weights=arrival.base + scale * arrival.delta)
 
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         clipped = self.clip(arrival)
@@ -239,14 +241,11 @@ class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFi
         return messages
 
     def clip(self, arrival: Arrival) -> Arrival:
-        clipped = super().clip(arrival)
-        if clipped is not arrival:
-            norm = float(np.linalg.norm(arrival.delta.astype(np.float64)))
-            if norm > self.config.clipping_norm * (1.0 + self.TOLERANCE):
-                self.clipped_by_server += 1
-            else:  # within the client's rounding: keep what the client sent
-                return arrival
-        return clipped
+        norm = l2_norm(arrival.delta)
+        if norm <= self.config.clipping_norm * (1.0 + self.TOLERANCE):  # the client clipped (up to its rounding)
+            return arrival
+        self.clipped_by_server += 1
+        return self._scaled_to_clip(arrival, norm)
 
     def privacy_spent(self) -> dict:
         return {**super().privacy_spent(), "dp-clipped-by-server": self.clipped_by_server}
