@@ -132,18 +132,14 @@ def test_fedbuff_run_writes_results_and_is_deterministic_and_resumes_after_a_kil
     assert [float(r["time"]) for r in rows] == sorted(float(r["time"]) for r in rows)
 
 
-def test_synchronous_fedavg_preset_runs(tmp_path):
-    asyncfl_run(ROOT, f"{SMALL} strategy='fedavg' max-arrivals=9 output-dir='{tmp_path}' run-name='sync'")
-    summary = json.loads((tmp_path / "sync" / "summary.json").read_text())
-    assert summary["rounds"] == 3 and summary["server-versions"] == 3
-    assert summary["staleness-max"] == 0
-
-
-def test_stock_flower_clientapp_works_with_our_engine(tmp_path):
+def test_stock_flower_clientapp_works_with_our_engine_and_its_synchronous_fedavg(tmp_path):
+    # Flower's own ClientApp under the built-in app's synchronous preset (one e2e run serves both checks).
     app = interop_app(tmp_path, "asyncfl.server_app.app:app", "stock_client:app")
-    asyncfl_run(app, f"{SMALL} strategy='fedasync' max-arrivals=12 output-dir='{tmp_path}' run-name='stock'", 4)
+    asyncfl_run(app, f"{SMALL} strategy='fedavg' max-arrivals=12 output-dir='{tmp_path}' run-name='stock'", 4)
     summary = json.loads((tmp_path / "stock" / "summary.json").read_text())
     assert summary["arrivals"] == 12 and summary["rejected-updates"] == 0
+    assert summary["rounds"] == 4 and summary["server-versions"] == 4  # 3 jobs a round, all of them fresh
+    assert summary["staleness-max"] == 0
     assert summary["best-accuracy"] > 0.3
 
 

@@ -60,19 +60,15 @@ def test_quickstart_pytorch_with_one_import_changed_learns(tmp_path):
     assert "Traceback" not in output
 
 
-def test_fedecho_with_a_user_model_is_seeded_and_writes_its_run_folder(tmp_path):
-    # Execute: the same seeded simulation twice (user model with BatchNorm, user ClientApp with asyncfl's
-    # identity answer, FedEcho distilling on the user's unlabeled inputs, virtual clock).
-    folders = []
-    for name in ("a", "b"):
-        out = tmp_path / f"out-{name}"
-        app, output = run_example("fedecho-custom-model", tmp_path / name,
-                                  f"num-server-rounds=2 output-dir='{out}' run-name='run'", supernodes=8)
-        assert (app / "final_model.pt").exists()
-        folders.append(out / "run")
-    # Assert: same seed, byte-identical metrics through real Flower and Ray; FedEcho's figures in the summary
-    assert (folders[0] / "metrics.csv").read_text() == (folders[1] / "metrics.csv").read_text()
-    summary = json.loads((folders[0] / "summary.json").read_text())
+def test_fedecho_with_a_user_model_writes_its_run_folder(tmp_path):
+    # Execute: a seeded simulation (user model with BatchNorm, user ClientApp with asyncfl's identity answer,
+    # FedEcho distilling on the user's unlabeled inputs, virtual clock). Same seed, same metrics through real
+    # Flower and Ray is asserted once, for FedBuff (test_e2e.py); FedEcho's own seeding in test_fedecho.py.
+    out = tmp_path / "out"
+    app, _ = run_example("fedecho-custom-model", tmp_path / "a",
+                              f"num-server-rounds=2 output-dir='{out}' run-name='run'", supernodes=8)
+    assert (app / "final_model.pt").exists()
+    summary = json.loads((out / "run" / "summary.json").read_text())
     # 2 rounds = 2 x 8 updates (FedAvg's cohort on 8 nodes), i.e. 5 buffers of 3 and one update left buffered
     assert summary["strategy"] == "FedEcho" and summary["rounds"] == 2 and summary["arrivals"] == 16
     assert summary["server-versions"] == 5 and summary["aggregations"] == 5 and summary["logit-clients"] >= 3
