@@ -24,6 +24,7 @@ def fmt(cs, strategy, setting):
 ATT = [("drill-clean", "none (honest)"), ("drill-noise", "noise, sd 10"), ("drill-sign-flip", "sign-flip"), ("drill-scale", "scale × 10")]
 STR = [("flower-fedavg", "Flower FedAvg"), ("flower-fedmedian", "Flower FedMedian"), ("flower-fedtrimmedavg", "Flower FedTrimmedAvg (β 0.2)"),
        ("fedbuff", "**FedBuff, default (bound on)**"), ("fedbuff-nobound", "FedBuff, `update_norm_bound=0`"), ("fedbuff-reject", "FedBuff, `update_norm_action=\"reject\"`"),
+       ("fedbuff:aggregation=median", "FedBuff, `aggregation=\"median\"` (default buffer: 2 at 8 nodes, 10 at 50)"),
        ("fedbuff:buffer_size=5", "FedBuff, `buffer_size=5`"),
        ("fedbuff:aggregation=median,buffer_size=5", "FedBuff, `buffer_size=5, aggregation=\"median\"`"),
        ("fedasync", "**FedAsync, default (bound on)**"), ("fedasync-nobound", "FedAsync, `update_norm_bound=0`"), ("fedasync-reject", "FedAsync, `update_norm_action=\"reject\"`")]
