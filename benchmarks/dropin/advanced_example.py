@@ -1,0 +1,187 @@
+"""The drop-in on Flower's advanced-pytorch example (examples/advanced-pytorch): Flower's FedAvg vs FedBuff and FedAsync.
+
+Issue 44's reporting app (defaults were chosen on the quickstart app, not here). Every cell runs the
+example as shipped: 50 nodes with Dirichlet(1.0) partitions of Fashion-MNIST, personal heads in
+``context.state``, SGD momentum at the example's ``learning-rate``, halved from round 5 by
+``configure_train``, ``num-server-rounds`` rounds of ``fraction-train`` x 50 client updates, the
+server-side test accuracy after every round. Only the strategy changes: Flower's ``FedAvg``
+through its own ``start()``, or asyncfl's ``FedBuff`` / ``FedAsync`` with their defaults on the
+virtual clock (``--delays``: ``uniform-speed`` = equal speeds, the case where async must simply
+match FedAvg; ``quarter-slow`` = a quarter of the nodes several times slower). The schedule is
+the same ``configure_train`` override on every strategy. Federated evaluation is off (it costs
+client jobs and measures nothing the server-side accuracy does not).
+
+A **collapse** is an evaluation after the first quarter of the rounds below half the best one so
+far. Cells are appended to ``<out>/cells.jsonl`` as they finish and skipped when present (resumes);
+one torch thread per worker. Needs Fashion-MNIST (Debian: dataset-fashion-mnist).
+
+Usage::
+
+    .venv/bin/python benchmarks/dropin/advanced_example.py --delays uniform-speed --seeds 1 2 3
+    .venv/bin/python benchmarks/dropin/advanced_example.py --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import random
+import statistics
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLE = ROOT / "examples" / "advanced-pytorch"
+STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
+NODES = 50
+
+
+def scheduled(cls):
+    """``cls`` with the example's schedule: the clients' ``lr`` halved from round 5 (its ``configure_train``)."""
+
+    class Scheduled(cls):
+        def configure_train(self, server_round, arrays, config, grid):
+            if server_round == 5:
+                config["lr"] = config["lr"] * 0.5
+            return super().configure_train(server_round, arrays, config, grid)
+
+    Scheduled.__name__ = f"Scheduled{cls.__name__}"
+    return Scheduled
+
+
+def run_cell(cell: dict) -> dict:
+    """One run of the example under ``cell["strategy"]``; the cell with its accuracy curve (index = round)."""
+    sys.path[:0] = [str(EXAMPLE), str(ROOT)]
+    import numpy as np
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+
+    from advancedexample import client_app
+    from advancedexample.task import Net, load_centralized_dataset, test
+    from asyncfl.simulation.inprocess import InProcessGrid
+
+    torch.set_num_threads(1)
+    logging.disable(logging.INFO)
+    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    seed = cell["seed"]
+    random.seed(seed)  # Flower's FedAvg samples its cohort with `random`
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    testloader = load_centralized_dataset(config["data-dir"])
+    curve: dict[int, float] = {}
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model = Net()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = test(model, testloader, "cpu")
+        curve[server_round] = accuracy
+        return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    common = dict(grid=InProcessGrid(client_app.app, NODES, config), initial_arrays=ArrayRecord(Net().state_dict()),
+                  num_rounds=config["num-server-rounds"], train_config=ConfigRecord({"lr": config["learning-rate"]}),
+                  evaluate_fn=evaluate)
+    started = time.perf_counter()
+    summary: dict = {}
+    if cell["strategy"] == "flower-fedavg":
+        from flwr.serverapp.strategy import FedAvg
+
+        scheduled(FedAvg)(fraction_train=config["fraction-train"], fraction_evaluate=0.0).start(**common)
+    else:
+        import asyncfl
+
+        name, keywords = variant(cell["strategy"])
+        cls = scheduled({"fedbuff": asyncfl.FedBuff, "fedasync": asyncfl.FedAsync}[name])
+        summary = cls(fraction_train=config["fraction-train"], fraction_evaluate=0.0, **keywords).start(
+            **common, clock="virtual", delays=cell["delays"], seed=seed).summary
+    accuracies = [round(curve[r], 4) for r in sorted(curve)]
+    return {**cell, "curve": accuracies, "final": accuracies[-1], "best": max(accuracies),
+            "collapsed": collapsed(accuracies), "updates": summary.get("arrivals"),
+            "staleness-mean": summary.get("staleness-mean"), "seconds": round(time.perf_counter() - started, 1),
+            **{key: summary[key] for key in ("server-versions", "update-norm-clipped", "pace-response", "pace-bound")
+               if key in summary}}
+
+
+def variant(strategy: str) -> tuple[str, dict]:
+    """``"fedbuff"`` or ``"fedbuff:buffer_size=12,server_lr=1.0"`` (a row with keywords changed)."""
+    name, _, extra = strategy.partition(":")
+    keywords = {}
+    for item in filter(None, extra.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            keywords[key] = json.loads(value)
+        except json.JSONDecodeError:
+            keywords[key] = value
+    return name, keywords
+
+
+def collapsed(curve: list[float]) -> bool:
+    """An evaluation after the first quarter of the rounds below half the best one so far."""
+    best = 0.0
+    for index, accuracy in enumerate(curve):
+        if index > len(curve) // 4 and accuracy < 0.5 * best:
+            return True
+        best = max(best, accuracy)
+    return False
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per strategy and clock, the mean final accuracy, its gap to Flower's FedAvg, the worst run's
+    gap to FedAvg's mean, and collapses."""
+    reference = [r["final"] for r in rows if r["strategy"] == "flower-fedavg"]
+    ref = statistics.mean(reference) if reference else None
+    lines = ["| strategy | delays | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | collapses | "
+             "staleness | runs |", "|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["strategy"], r["delays"]) for r in rows},
+                  key=lambda k: (STRATEGIES.index(k[0].partition(":")[0]), k[0], k[1]))
+    for strategy, delays in keys:
+        cells = [r for r in rows if r["strategy"] == strategy and r["delays"] == delays]
+        finals = [r["final"] for r in cells]
+        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        gap = f"{statistics.mean(finals) - ref:+.3f}" if ref is not None else "n/a"
+        worst = f"{min(finals) - ref:+.3f}" if ref is not None else "n/a"
+        stale = [r["staleness-mean"] for r in cells if r.get("staleness-mean") is not None]
+        clock = delays if strategy != "flower-fedavg" else "(no clock)"
+        lines.append(f"| {strategy} | {clock} | {statistics.mean(finals):.3f} ± {sd:.3f} | {gap} | {worst} | "
+                     f"{sum(r['collapsed'] for r in cells)} of {len(cells)} | "
+                     f"{statistics.mean(stale) if stale else 0:.1f} | "
+                     f"{len(cells)} (seeds {', '.join(str(s) for s in sorted(r['seed'] for r in cells))}) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
+                        help=f"{', '.join(STRATEGIES)}; asyncfl's optionally with ':key=value,...' keyword changes")
+    parser.add_argument("--delays", default="uniform-speed", help="the virtual clock's delay preset")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=HERE / "advanced-example")
+    parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
+    args = parser.parse_args()
+    path = args.out / "cells.jsonl"
+    done = {(r["strategy"], r["delays"], r["seed"]) for r in load(path)}
+    todo = [{"strategy": s, "delays": "none" if s == "flower-fedavg" else args.delays, "seed": seed}
+            for seed in args.seeds for s in args.strategies]
+    todo = [c for c in todo if (c["strategy"], c["delays"], c["seed"]) not in done]
+    if not args.table and todo:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with multiprocessing.get_context("spawn").Pool(args.workers) as pool, path.open("a") as out:
+            for row in pool.imap_unordered(run_cell, todo):
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(f"{row['strategy']:>14} {row['delays']:>14} seed {row['seed']}: final {row['final']:.3f} best "
+                      f"{row['best']:.3f}{' COLLAPSED' if row['collapsed'] else ''} ({row['seconds']} s)", flush=True)
+    print(table(load(path)))
+
+
+if __name__ == "__main__":
+    main()
