@@ -67,6 +67,15 @@ def run_cell(cell: dict) -> dict:
 
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
+    if not cell.get("personal-heads", True):  # the ablation: every client trains the received model, head included
+        with_heads = client_app._model_and_data
+
+        def without_heads(msg, context):
+            model, loaders = with_heads(msg, context)
+            model.load_state_dict(msg.content["arrays"].to_torch_state_dict())  # the received head back over its own
+            return model, loaders
+
+        client_app._model_and_data = without_heads
     config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     seed = cell["seed"]
     random.seed(seed)  # Flower's FedAvg samples its cohort with `random`
@@ -136,12 +145,14 @@ def load(path: Path) -> list[dict]:
 def table(rows: list[dict]) -> str:
     """Markdown: per strategy and clock, the mean final accuracy, its gap to Flower's FedAvg, the worst run's
     gap to FedAvg's mean, and collapses."""
-    reference = [r["final"] for r in rows if r["strategy"] == "flower-fedavg"]
+    reference = [r["final"] for r in rows if r["strategy"] == "flower-fedavg" and r.get("personal-heads", True)]
     ref = statistics.mean(reference) if reference else None
     lines = ["| strategy | delays | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | collapses | "
              "staleness | runs |", "|---|---|---|---|---|---|---|---|"]
+    rows = [{**r, "strategy": r["strategy"] + ("" if r.get("personal-heads", True) else " (no personal heads)")}
+            for r in rows]
     keys = sorted({(r["strategy"], r["delays"]) for r in rows},
-                  key=lambda k: (STRATEGIES.index(k[0].partition(":")[0]), k[0], k[1]))
+                  key=lambda k: (STRATEGIES.index(k[0].partition(":")[0].partition(" ")[0]), k[0], k[1]))
     for strategy, delays in keys:
         cells = [r for r in rows if r["strategy"] == strategy and r["delays"] == delays]
         finals = [r["final"] for r in cells]
@@ -149,7 +160,7 @@ def table(rows: list[dict]) -> str:
         gap = f"{statistics.mean(finals) - ref:+.3f}" if ref is not None else "n/a"
         worst = f"{min(finals) - ref:+.3f}" if ref is not None else "n/a"
         stale = [r["staleness-mean"] for r in cells if r.get("staleness-mean") is not None]
-        clock = delays if strategy != "flower-fedavg" else "(no clock)"
+        clock = "(no clock)" if strategy.startswith("flower-fedavg") else delays
         lines.append(f"| {strategy} | {clock} | {statistics.mean(finals):.3f} ± {sd:.3f} | {gap} | {worst} | "
                      f"{sum(r['collapsed'] for r in cells)} of {len(cells)} | "
                      f"{statistics.mean(stale) if stale else 0:.1f} | "
@@ -165,13 +176,16 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, default=HERE / "advanced-example")
+    parser.add_argument("--no-personal-heads", action="store_true",
+                        help="the ablation: clients train the received head instead of their own")
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     args = parser.parse_args()
     path = args.out / "cells.jsonl"
-    done = {(r["strategy"], r["delays"], r["seed"]) for r in load(path)}
-    todo = [{"strategy": s, "delays": "none" if s == "flower-fedavg" else args.delays, "seed": seed}
+    done = {(r["strategy"], r["delays"], r["seed"], r.get("personal-heads", True)) for r in load(path)}
+    heads = {} if not args.no_personal_heads else {"personal-heads": False}
+    todo = [{"strategy": s, "delays": "none" if s == "flower-fedavg" else args.delays, "seed": seed, **heads}
             for seed in args.seeds for s in args.strategies]
-    todo = [c for c in todo if (c["strategy"], c["delays"], c["seed"]) not in done]
+    todo = [c for c in todo if (c["strategy"], c["delays"], c["seed"], c.get("personal-heads", True)) not in done]
     if not args.table and todo:
         args.out.mkdir(parents=True, exist_ok=True)
         with multiprocessing.get_context("spawn").Pool(args.workers) as pool, path.open("a") as out:
