@@ -36,6 +36,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from run import keyword_changes  # noqa: E402  (the drop-in study's own parser of ':key=value,...' rows)
+
 EXAMPLE = ROOT / "examples" / "advanced-pytorch"
 STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
 NODES = 50
@@ -67,15 +71,16 @@ def run_cell(cell: dict) -> dict:
 
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
-    if not cell.get("personal-heads", True):  # the ablation: every client trains the received model, head included
-        with_heads = client_app._model_and_data
+    # the ablation: every client trains the received model, head included (set per cell: a worker runs many cells)
+    with_heads = getattr(client_app, "_with_heads", client_app._model_and_data)
+    client_app._with_heads = with_heads
 
-        def without_heads(msg, context):
-            model, loaders = with_heads(msg, context)
-            model.load_state_dict(msg.content["arrays"].to_torch_state_dict())  # the received head back over its own
-            return model, loaders
+    def without_heads(msg, context):
+        model, loaders = with_heads(msg, context)
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())  # the received head back over its own
+        return model, loaders
 
-        client_app._model_and_data = without_heads
+    client_app._model_and_data = with_heads if cell.get("personal-heads", True) else without_heads
     config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     seed = cell["seed"]
     random.seed(seed)  # Flower's FedAvg samples its cohort with `random`
@@ -118,14 +123,7 @@ def run_cell(cell: dict) -> dict:
 def variant(strategy: str) -> tuple[str, dict]:
     """``"fedbuff"`` or ``"fedbuff:buffer_size=12,server_lr=1.0"`` (a row with keywords changed)."""
     name, _, extra = strategy.partition(":")
-    keywords = {}
-    for item in filter(None, extra.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            keywords[key] = json.loads(value)
-        except json.JSONDecodeError:
-            keywords[key] = value
-    return name, keywords
+    return name, keyword_changes(extra)
 
 
 def collapsed(curve: list[float]) -> bool:

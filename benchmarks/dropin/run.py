@@ -118,13 +118,20 @@ def parse_strategy(name: str) -> tuple[str, dict]:
     if base not in STRATEGIES:
         raise SystemExit(f"unknown strategy {base!r}; valid: {', '.join(STRATEGIES)} (optionally ':key=value,...')")
     cls_name, keywords = STRATEGIES[base]
+    return cls_name, {**keywords, **keyword_changes(extra)}
+
+
+def keyword_changes(extra: str) -> dict:
+    """``"buffer_size=5,aggregation=median"`` -> ``{"buffer_size": 5, "aggregation": "median"}`` (JSON values, else
+    strings)."""
+    keywords = {}
     for item in filter(None, extra.split(",")):
         key, _, value = item.partition("=")
         try:
-            keywords = {**keywords, key: json.loads(value)}
+            keywords[key] = json.loads(value)
         except json.JSONDecodeError:
-            keywords = {**keywords, key: value}
-    return cls_name, keywords
+            keywords[key] = value
+    return keywords
 
 
 def build_strategy(name: str, app, optimizer: str, lr: float, seed: int, nodes: int = NODES):
