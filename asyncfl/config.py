@@ -294,6 +294,9 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> Goss
     if engine.clock != "virtual" or engine.max_time <= 0:
         raise ConfigError(f"{strategy} runs on the gossip relay's virtual clock: set clock = 'virtual' and "
                           "max-virtual-time > 0 (the horizon)")
+    if strategy != "divshare" and int(cfg["divshare.copies"]) != 1:
+        raise ConfigError(f"divshare.copies={cfg['divshare.copies']!r} is a setting of strategy 'divshare', but this "
+                          f"run's strategy is '{strategy}', which ignores it: drop the key or set strategy='divshare'")
     try:
         return GossipConfig(
             method=strategy, out_degree=int(cfg["gossip.out-degree"]), buffer_capacity=int(cfg["gossip.buffer-capacity"]),
@@ -301,6 +304,7 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> Goss
             eval_points=int(cfg["gossip.eval-points"]), horizon=engine.max_time,
             link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
             k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
-            cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]))
+            cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]),
+            divshare_copies=int(cfg["divshare.copies"]))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

@@ -599,7 +599,9 @@ PUSHCEN_FMNIST_COMPARE = Study(
     name="pushcen-fmnist-compare",
     supernodes=50,
     common={**PUSHCEN_FMNIST.common, "dirichlet-alpha": 1.0, "max-samples-per-client": 50, "max-virtual-time": 80.0},
-    methods={**PUSHCEN_FMNIST.methods, "pushcen-noreg": {"strategy": "pushcen", "pushcen.lambda": 0.0}},
+    methods={**PUSHCEN_FMNIST.methods, "pushcen-noreg": {"strategy": "pushcen", "pushcen.lambda": 0.0},
+             # DivShare at the PushCen paper's bytes (issue 43): each fragment to 2 neighbours, a push = 2 models
+             "divshare-j2": {"strategy": "divshare", "divshare.copies": 2}},
     scenarios={"dir1-cap50": {}},
     seeds=(1, 2, 3),
     targets=(),

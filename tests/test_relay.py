@@ -75,6 +75,26 @@ def test_async_dfedavg_sends_full_models_divshare_fragments_independent_nothing(
     assert alone["pushes"] == 0 and alone["events"] > 6
 
 
+def test_divshare_copies_send_each_fragment_to_that_many_neighbours(tmp_path):
+    # DivShare's J = 2 at out-degree 2: one fragment (the whole model), sent to both out-neighbours (no delayed
+    # peers, so every push has both)
+    run_relay(tmp_path / "j1", "divshare", **{"gossip.delayed-fraction": 0.0})
+    run_relay(tmp_path / "j2", "divshare", **{"gossip.delayed-fraction": 0.0, "divshare.copies": 2})
+    one = json.loads((tmp_path / "j1" / "divshare" / "summary.json").read_text())
+    two = json.loads((tmp_path / "j2" / "divshare" / "summary.json").read_text())
+    assert two["pushes"] > 0 and two["rejected-by-reason"] == {}
+    # each neighbour gets what a J = 1 push spreads over both (the whole model; one record's framing less), and a
+    # push is two of those: twice the bytes
+    assert two["message-bytes-mean"] == pytest.approx(one["push-bytes-mean"], rel=0.02)
+    assert two["push-bytes-mean"] == pytest.approx(2 * two["message-bytes-mean"])
+    assert one["push-bytes-mean"] == pytest.approx(2 * one["message-bytes-mean"])
+    with pytest.raises(ConfigError, match=r"divshare.copies must be in \[1, gossip.out-degree = 2\]"):
+        parse_run_config({**DEFAULTS, "strategy": "divshare", "max-virtual-time": 5.0, "gossip.out-degree": 2,
+                          "divshare.copies": 3})
+    with pytest.raises(ConfigError, match="setting of strategy 'divshare'.*'pushcen'"):
+        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "divshare.copies": 2})
+
+
 def test_same_seed_same_gossip_metrics(tmp_path):
     run_relay(tmp_path / "a", "pushcen")
     run_relay(tmp_path / "b", "pushcen")

@@ -164,8 +164,10 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         if method == "divshare" and int(request["out-degree"]) > 0:
             flat = np.concatenate([peer.state[n].reshape(-1).astype(np.float32) for n in shared])
             seed = int(knobs[protocol.JOB_SEED]) % (2**31)
-            fragments = [{"values": f.values, "fragment": np.array([f.seed, f.index, f.fragments], dtype=np.int64)}
-                         for f in split_model(flat, int(request["out-degree"]), seed)]
+            parts = [{"values": f.values, "fragment": np.array([f.seed, f.index, f.fragments], dtype=np.int64)}
+                     for f in split_model(flat, int(request["fragments"]), seed)]
+            # out-neighbour j gets fragment j mod the count: each fragment reaches out-degree / count of them
+            fragments = [parts[j % len(parts)] for j in range(int(request["out-degree"]))]
             share = 1.0
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")

@@ -19,6 +19,9 @@ class GossipConfig:
     the out-neighbours afresh at every push, 'fixed' once per peer (a static directed
     graph, SWIFT's setting). ``cache_size``: senders a SWIFT peer keeps models of. ``penalty``: the
     centroid regulariser per layer, its mean (the reference code) or its sum (Eq. 2 as written).
+    ``divshare_copies``: DivShare's J (Biswas et al., 2025), the out-neighbours each fragment goes to; a
+    model is cut into ``out_degree // J`` fragments, so one push costs J models (1: one model over all
+    out-neighbours; the PushCen paper's DivShare push, 2.06 of 10.27 MB to 10 neighbours, is J = 2).
     """
 
     method: str = "pushcen"
@@ -35,6 +38,7 @@ class GossipConfig:
     topology: str = "random"
     cache_size: int = 10
     penalty: str = "layer-mean"
+    divshare_copies: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in GOSSIP_METHODS:
@@ -49,6 +53,9 @@ class GossipConfig:
             raise ValueError(f"unknown gossip.topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if self.cache_size < 1:
             raise ValueError(f"swift.cache-size must be >= 1, got {self.cache_size}")
+        if not 1 <= self.divshare_copies <= self.out_degree:
+            raise ValueError(f"divshare.copies must be in [1, gossip.out-degree = {self.out_degree}], "
+                             f"got {self.divshare_copies}")
         if self.penalty not in PENALTIES:
             raise ValueError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
         if not 2 <= self.k <= 256 or self.lam < 0:

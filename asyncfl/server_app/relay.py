@@ -179,6 +179,7 @@ class GossipRelay:
         config = {**self.train_config, "gossip-method": self.gossip.method, "out-degree": out_degree,
                   "absorbed-mass": absorbed, "masses": [e.mass for _, e in drained] or [0.0],
                   "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
+                  "fragments": max(1, out_degree // self.gossip.divshare_copies),
                   protocol.JOB_SEED: protocol.job_seed(self.config.seed, protocol.RELAY_STREAM, peer, event)}
         content = RecordDict({"config": ConfigRecord(config)})
         for index, (_, entry) in enumerate(drained):
