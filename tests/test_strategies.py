@@ -10,7 +10,7 @@ from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.fedasync import fedasync_mix
 from asyncfl.strategies.fedavg import weighted_mean_delta
-from asyncfl.strategies.fedbuff import fedbuff_step, fedbuff_weight
+from asyncfl.strategies.fedbuff import compensated_delta, fedbuff_step, fedbuff_weight
 from asyncfl.strategies.staleness import (
     beta_schedule, cosine_beta, fedasync_staleness, hinge_staleness, linear_beta, polynomial_staleness,
 )
@@ -95,6 +95,48 @@ def test_fedbuff_sqrt_staleness_weight():
     strategy = FedBuff(buffer_size=1, server_lr=1.0, staleness_weighting="sqrt")
     new = strategy.on_arrival(arrival([2.0], [0.0], staleness=3), np.array([0.0], np.float32))
     assert np.allclose(new, [1.0])
+
+
+def test_compensated_delta_is_the_update_from_the_current_model_for_a_linear_client():
+    # a client that moves half way to its optimum 10: from 0 it sends 5; the server is at 4 by then, from
+    # where the same client would have sent 0.5 * (10 - 4) = 3
+    delta = compensated_delta(np.array([5.0], np.float32), np.array([0.0], np.float32),
+                              np.array([4.0], np.float32), 0.5)
+    assert np.allclose(delta, [3.0])
+
+
+def test_fedbuff_compensates_with_the_measured_response_once_the_meter_reads_one():
+    def client(base):  # one client, the linear response 0.5 toward 10 on both entries
+        base = np.asarray(base, np.float32)
+        return Arrival(0, int(base[0] * 100), 1, base + 0.5 * (10.0 - base), base, 10, 0.1, 0.0)
+
+    strategy = FedBuff(buffer_size=1, server_lr=0.0, compensation="response")
+    strategy.on_start(4, concurrency=4)
+    plain = FedBuff(buffer_size=1, server_lr=0.0)
+    plain.on_start(4, concurrency=4)
+    lr = strategy.server_lr
+    current = np.array([4.0, 4.0], np.float32)
+    # before the meter has 5 pairs: the plain delta (5 from base 0)
+    assert np.allclose(strategy.on_arrival(client([0.0, 0.0]), current), current + lr * 5.0)
+    plain.on_arrival(client([0.0, 0.0]), current)
+    for start in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):  # pairs from different start models: the meter reads 0.5
+        strategy.on_arrival(client([start, start]), current)
+        plain.on_arrival(client([start, start]), current)
+    assert strategy.response_meter.response == pytest.approx(0.5)
+    assert strategy.server_lr == pytest.approx(plain.server_lr)  # the step itself is the measured pace's
+    # a stale update from 0 now counts as the update from 4: 0.5 * (10 - 4) = 3, not 5 (the step as the meter
+    # reads after this arrival's pair)
+    compensated, uncompensated = strategy.on_arrival(client([0.0, 0.0]), current), plain.on_arrival(
+        client([0.0, 0.0]), current)
+    assert np.allclose(compensated, current + strategy.server_lr * 3.0)
+    assert np.allclose(uncompensated, current + plain.server_lr * 5.0)
+
+
+def test_fedbuff_compensation_needs_the_measured_pace():
+    with pytest.raises(ValueError, match="compensation.*needs pace='measured'"):
+        FedBuff(compensation="response", pace="stable")
+    with pytest.raises(ValueError, match="compensation.*needs pace='measured'"):
+        FedBuff(compensation="response", server_lr=1.0)
 
 
 def test_fedbuff_rejects_bad_buffer():

@@ -17,7 +17,7 @@ from tests.test_config import defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 # run-config tables that belong to the built-in app's shared keys or to the gossip relay, not to a strategy class
-SHARED_PREFIXES = ("delay.", "intertwined.", "drift.", "gossip.", "swift.", "pushcen.", "model.")
+SHARED_PREFIXES = ("delay.", "intertwined.", "drift.", "gossip.", "swift.", "pushcen.", "divshare.", "model.")
 
 
 def constructor_defaults(cls) -> dict:
@@ -76,7 +76,7 @@ def test_from_run_config_reads_the_prefixed_keys_and_defaults_what_is_missing():
     assert config == FedBuffConfig(buffer_size=3, server_lr=0.5, staleness_weighting="none")
     assert config.to_run_config() == {"fedbuff.buffer-size": 3, "fedbuff.server-lr": 0.5,
                                       "fedbuff.staleness-weighting": "none", "fedbuff.pace": "measured",
-                                      "fedbuff.aggregation": "mean"}
+                                      "fedbuff.aggregation": "mean", "fedbuff.compensation": "none"}
 
 
 def test_built_in_data_choices_are_not_constructor_keywords():

@@ -26,6 +26,7 @@ from asyncfl.strategies.settings import StrategyConfig, knob
 
 STALENESS_WEIGHTINGS = ("none", "sqrt")
 AGGREGATIONS = ("mean", "median", "trimmed-mean")
+COMPENSATIONS = ("none", "response")
 #: The share of the buffer's updates "trimmed-mean" drops from each side, per entry (Flower's FedTrimmedAvg's beta).
 TRIM_FRACTION = 0.2
 
@@ -33,6 +34,21 @@ TRIM_FRACTION = 0.2
 def fedbuff_step(current: np.ndarray, buffered_sum: np.ndarray, buffer_size: int, server_lr: float) -> np.ndarray:
     """``current + server_lr / buffer_size * buffered_sum``."""
     return current + np.float32(server_lr / buffer_size) * buffered_sum
+
+
+def compensated_delta(delta: np.ndarray, base: np.ndarray, current: np.ndarray, response: float) -> np.ndarray:
+    """``Delta - lambda (x_now - x_base)``: to first order, the update the client would have sent had it started
+    from the model in use now, with ``lambda`` the clients' response along the server's moves.
+
+    A client's update depends on its start model, ``Delta(x) ~ -A (x - x*)``; between its dispatch
+    (``x_base``) and its arrival the server moved to ``x_now``, so ``Delta(x_now) ~ Delta(x_base) - A (x_now -
+    x_base)``. The secant ``lambda`` of :class:`~asyncfl.strategies.response.ResponseMeter` is ``A``'s Rayleigh
+    quotient along exactly those moves (a scalar stand-in for the matrix, as Zheng et al., 2017, "Asynchronous
+    stochastic gradient descent with delay compensation", use a diagonal one). Where a client's update carries it
+    most of the way to its own optimum (``lambda`` near 1) the stale start is then almost forgotten, as in
+    FedAsync's mixing of models; where it is a small step (``lambda`` near 0), the delta is left as it is.
+    """
+    return delta - np.float32(response) * (current - base)
 
 
 def robust_combine(rows: np.ndarray, rule: str) -> np.ndarray:
@@ -74,6 +90,10 @@ class FedBuffConfig(StrategyConfig):
         :mod:`asyncfl.strategies.pace` (0.41 for ``B = 5, K = 8``), scaled by the measured response
         (``pace``). The paper's ``eta_s = 1`` (a keyword) oscillates at ``B = 5, K = 8`` with equal
         speeds (measured in the drop-in study: docs/methods.md, "Default server steps").
+    compensation : {"none", "response"}
+        ``"response"``: each update corrected for its staleness with the clients' measured response,
+        ``Delta - lambda_hat (x_now - x_base)`` (:func:`compensated_delta`; ``lambda_hat`` clipped to ``[0, 1]``,
+        none before the meter has its first readings). Needs the measured pace (its meter).
     staleness_weighting : {"none", "sqrt"}
         Scale each update by 1, or by ``1 / sqrt(1 + tau)``.
     aggregation : {"mean", "median", "trimmed-mean"}
@@ -96,6 +116,12 @@ class FedBuffConfig(StrategyConfig):
     staleness_weighting: str = knob("none", choices=STALENESS_WEIGHTINGS)
     pace: str = knob("measured", choices=PACES)
     aggregation: str = knob("mean", choices=AGGREGATIONS)
+    compensation: str = knob("none", choices=COMPENSATIONS)
+
+    def check(self) -> None:
+        if self.compensation == "response" and (self.pace != "measured" or self.server_lr > 0):
+            self.fail("compensation", "= 'response' reads the clients' measured response: it needs pace='measured' "
+                      "and the automatic server_lr (0)")
 
 
 class FedBuff(Strategy):
@@ -112,10 +138,12 @@ class FedBuff(Strategy):
     state_attributes = ("_sum", "_count", "aggregations", "response_meter")
 
     def __init__(self, buffer_size: int = 0, server_lr: float = 0.0, staleness_weighting: str = "none",
-                 pace: str = "measured", aggregation: str = "mean", **flower_options: Any) -> None:
+                 pace: str = "measured", aggregation: str = "mean", compensation: str = "none",
+                 **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedBuffConfig(buffer_size=buffer_size, server_lr=server_lr,
-                                    staleness_weighting=staleness_weighting, pace=pace, aggregation=aggregation)
+                                    staleness_weighting=staleness_weighting, pace=pace, aggregation=aggregation,
+                                    compensation=compensation)
         self._measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0
@@ -130,17 +158,18 @@ class FedBuff(Strategy):
         self._observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
         robust = self.config.aggregation != "mean"
+        response = self._compensating_response()
         if robust:  # robust rules need every update: _sum holds them as rows
-            row = (scale * arrival.delta)[None, :]
+            row = (scale * self._update(arrival, current, response))[None, :]
             self._sum = row if self._sum is None else np.concatenate([self._sum, row])
         else:
             if self._sum is None:
                 self._sum = np.zeros_like(arrival.weights)
-            if scale == 1.0:  # in place, no temporary: the hot path for the default setting
+            if scale == 1.0 and not response:  # in place, no temporary: the hot path for the default setting
                 self._sum += arrival.weights
                 self._sum -= arrival.base
             else:
-                self._sum += scale * arrival.delta
+                self._sum += scale * self._update(arrival, current, response)
         self._count += 1
         if self._count < self.buffer_size:
             return None
@@ -149,6 +178,18 @@ class FedBuff(Strategy):
         self._sum, self._count = None, 0
         self.aggregations += 1
         return new
+
+    @staticmethod
+    def _update(arrival: Arrival, current: np.ndarray, response: float) -> np.ndarray:
+        """The arrival's delta, corrected for its staleness when ``response`` > 0 (:func:`compensated_delta`)."""
+        return compensated_delta(arrival.delta, arrival.base, current, response) if response else arrival.delta
+
+    def _compensating_response(self) -> float:
+        """``lambda_hat`` clipped to ``[0, 1]`` when ``compensation="response"`` and the meter reads one, else 0."""
+        if self.config.compensation != "response" or self.response_meter is None:
+            return 0.0
+        response = self.response_meter.response
+        return 0.0 if response is None else min(1.0, max(0.0, response))
 
     def update_coefficient(self, arrival: Arrival) -> float:
         """``eta_s w(tau) / B``: the share of ``arrival.delta`` in the aggregation it joins (None for a robust
