@@ -136,6 +136,13 @@ def collapsed(curve: list[float]) -> bool:
     return False
 
 
+def late_swing(curve: list[float]) -> float:
+    """Mean absolute change between consecutive evaluations over the second half of the rounds: how much the
+    model oscillates once it has learnt most of what it will (a collapse is the extreme)."""
+    tail = curve[len(curve) // 2:]
+    return statistics.fmean(abs(b - a) for a, b in zip(tail, tail[1:])) if len(tail) > 1 else 0.0
+
+
 def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
@@ -146,24 +153,31 @@ def table(rows: list[dict]) -> str:
     reference = [r["final"] for r in rows if r["strategy"] == "flower-fedavg" and r.get("personal-heads", True)]
     ref = statistics.mean(reference) if reference else None
     lines = ["| strategy | delays | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | collapses | "
-             "staleness | runs |", "|---|---|---|---|---|---|---|---|"]
+             "late swing | staleness | runs |", "|---|---|---|---|---|---|---|---|---|"]
     rows = [{**r, "strategy": r["strategy"] + ("" if r.get("personal-heads", True) else " (no personal heads)")}
             for r in rows]
     keys = sorted({(r["strategy"], r["delays"]) for r in rows},
                   key=lambda k: (STRATEGIES.index(k[0].partition(":")[0].partition(" ")[0]), k[0], k[1]))
     for strategy, delays in keys:
         cells = [r for r in rows if r["strategy"] == strategy and r["delays"] == delays]
-        finals = [r["final"] for r in cells]
-        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        gap = f"{statistics.mean(finals) - ref:+.3f}" if ref is not None else "n/a"
-        worst = f"{min(finals) - ref:+.3f}" if ref is not None else "n/a"
-        stale = [r["staleness-mean"] for r in cells if r.get("staleness-mean") is not None]
         clock = "(no clock)" if strategy.startswith("flower-fedavg") else delays
-        lines.append(f"| {strategy} | {clock} | {statistics.mean(finals):.3f} ± {sd:.3f} | {gap} | {worst} | "
-                     f"{sum(r['collapsed'] for r in cells)} of {len(cells)} | "
-                     f"{statistics.mean(stale) if stale else 0:.1f} | "
+        lines.append(f"| {strategy} | {clock} | {row_figures(cells, ref)} | "
                      f"{len(cells)} (seeds {', '.join(str(s) for s in sorted(r['seed'] for r in cells))}) |")
     return "\n".join(lines)
+
+
+def row_figures(cells: list[dict], reference: float | None) -> str:
+    """A table row's figures over ``cells``: final mean ± sd, its gap to ``reference`` (Flower FedAvg's mean), the
+    worst run's gap, collapses, late swing and mean staleness, as ``|``-separated Markdown cells."""
+    finals = [r["final"] for r in cells]
+    sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+    gap = f"{statistics.mean(finals) - reference:+.3f}" if reference is not None else "n/a"
+    worst = f"{min(finals) - reference:+.3f}" if reference is not None else "n/a"
+    stale = [r["staleness-mean"] for r in cells if r.get("staleness-mean") is not None]
+    return (f"{statistics.mean(finals):.3f} ± {sd:.3f} | {gap} | {worst} | "
+            f"{sum(r['collapsed'] for r in cells)} of {len(cells)} | "
+            f"{statistics.mean(late_swing(r['curve']) for r in cells):.3f} | "
+            f"{statistics.mean(stale) if stale else 0:.1f}")
 
 
 def main() -> None:

@@ -1,0 +1,146 @@
+"""The drop-in on the wall clock: Flower's two examples through real ``flwr run``, Flower's FedAvg vs FedBuff / FedAsync.
+
+Issue 44's table on the wall clock, where the virtual clock's seeded studies (``run.py``,
+``advanced_example.py``) have a twin. Each run copies an example of ``examples/`` and swaps only
+the strategy, as a user would: the import line (``from asyncfl import FedBuff`` becomes Flower's
+``FedAvg`` or asyncfl's ``FedAsync``); for Flower's FedAvg on ``advanced-pytorch`` the asyncfl
+callbacks are dropped (Flower's ``start()`` takes none; the server-side accuracy is read from its
+``Result`` instead). Then ``asyncfl run`` runs it on a private simulation SuperLink with Ray: the
+arrival order is Ray's, not seeded, so every cell is repeated (``--runs``). Equal speeds: every
+node runs the same-sized job on the same machine, the case where async gains no time and must
+simply match FedAvg at equal client updates.
+
+The per-round server-side accuracy comes from ``Result.evaluate_metrics_serverapp`` (one line
+appended to the copy's ``main`` writes it as JSON). Federated evaluation is off (``fraction-evaluate
+= 0``: it costs client jobs and measures nothing the server-side accuracy does not). A
+**collapse** is an evaluation after the first quarter of the rounds below half the best so far.
+
+Cells are appended to ``<out>/cells.jsonl`` as they finish and skipped when present (resumes).
+
+Usage::
+
+    .venv/bin/python benchmarks/dropin/wall_clock.py --examples quickstart-pytorch --runs 5
+    .venv/bin/python benchmarks/dropin/wall_clock.py --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from advanced_example import collapsed, load, row_figures  # noqa: E402  (the virtual-clock twin's collapse rule and cells reader)
+
+STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
+#: example -> (its ServerApp module, nodes, run-config overrides): the quickstart at the drop-in study's shape (8
+#: nodes, 40 rounds, its own lr 0.1); the advanced example as shipped (50 nodes, 10 rounds of a quarter of them)
+EXAMPLES = {
+    "quickstart-pytorch": ("pytorchexample/server_app.py", 8, "num-server-rounds=40 fraction-evaluate=0.0"),
+    "advanced-pytorch": ("advancedexample/server_app.py", 50, "fraction-evaluate=0.0"),
+}
+RESULT_LINE = "    result = strategy.start("
+
+
+def swapped(source: str, strategy: str, accuracy_file: Path) -> str:
+    """``server_app.py`` with its strategy swapped and a line writing the per-round server-side accuracy."""
+
+    imports = re.compile(r"^from asyncfl import ([^\n]*)$", re.M)
+    if not imports.search(source) or "FedBuff" not in imports.search(source).group(1):
+        raise SystemExit(f"the example's server_app.py no longer imports FedBuff from asyncfl: update {Path(__file__).name}")
+    if strategy == "fedasync":
+        source = imports.sub(lambda m: "from asyncfl import " + re.sub(r"\bFedBuff\b", "FedAsync as FedBuff", m.group(1)),
+                             source)
+    elif strategy == "flower-fedavg":
+        source = imports.sub("from flwr.serverapp.strategy import FedAvg as FedBuff\nCallback = object", source)
+        source = re.sub(r",\s*callbacks=\[[^\]]*\]", "", source)
+    elif strategy != "fedbuff":
+        raise SystemExit(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    if RESULT_LINE not in source:
+        raise SystemExit(f"the example's server_app.py has no {RESULT_LINE.strip()!r}: update {Path(__file__).name}")
+    # appended to main, whose last statement (saving the final model) follows start()
+    source = source.rstrip("\n") + (
+        "\n    import json as _json\n"
+        f"    open({str(accuracy_file)!r}, 'w').write(_json.dumps({{int(r): float(m['accuracy']) for r, m in "
+        "result.evaluate_metrics_serverapp.items()}))\n")
+    return source
+
+
+def run_cell(example: str, strategy: str, run: int) -> dict:
+    """One ``asyncfl run`` of ``example`` with ``strategy`` swapped in; the cell with its accuracy curve."""
+    module, nodes, overrides = EXAMPLES[example]
+    with tempfile.TemporaryDirectory() as folder:
+        app = Path(folder) / example
+        shutil.copytree(ROOT / "examples" / example, app, ignore=shutil.ignore_patterns(".flwr", "*.pt", "outputs"))
+        accuracy_file = Path(folder) / "accuracy.json"
+        server_app = app / module
+        server_app.write_text(swapped(server_app.read_text(), strategy, accuracy_file))
+        if example == "advanced-pytorch":
+            overrides += f" save-dir='{Path(folder) / 'saved'}'"
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
+                               str(nodes), "-c", overrides], capture_output=True, text=True, cwd=folder)
+        seconds = time.perf_counter() - started
+        output = done.stdout + done.stderr
+        if done.returncode != 0 or not accuracy_file.exists():
+            raise SystemExit(f"{example} / {strategy} run {run} failed (rc {done.returncode}):\n{output[-4000:]}")
+        by_round = json.loads(accuracy_file.read_text())
+    curve = [round(by_round[r], 4) for r in sorted(by_round, key=int)]
+    staleness = re.findall(r"mean staleness ([0-9.]+)", output)
+    return {"example": example, "strategy": strategy, "run": run, "curve": curve, "final": curve[-1],
+            "best": max(curve), "collapsed": collapsed(curve), "seconds": round(seconds, 1),
+            "staleness-mean": float(staleness[-1]) if staleness else None}
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown per example and strategy: mean final, gap to Flower's FedAvg, worst run's gap, collapses, seconds."""
+    lines = ["| example | strategy | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | collapses | "
+             "late swing | staleness | wall s per run | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for example in EXAMPLES:
+        reference = [r["final"] for r in rows if r["example"] == example and r["strategy"] == "flower-fedavg"]
+        ref = statistics.mean(reference) if reference else None
+        for strategy in STRATEGIES:
+            cells = [r for r in rows if r["example"] == example and r["strategy"] == strategy]
+            if not cells:
+                continue
+            lines.append(f"| {example} | {strategy} | {row_figures(cells, ref)} | "
+                         f"{statistics.mean(r['seconds'] for r in cells):.0f} | {len(cells)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=list(EXAMPLES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--runs", type=int, default=5, help="runs per cell (the wall clock is not seeded)")
+    parser.add_argument("--out", type=Path, default=HERE / "wall-clock")
+    parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
+    args = parser.parse_args()
+    path = args.out / "cells.jsonl"
+    done = {(r["example"], r["strategy"], r["run"]) for r in load(path)}
+    # runs interleaved over strategies, so a stop part-way leaves every strategy with about as many runs
+    todo = [(e, s, run) for e in args.examples for run in range(1, args.runs + 1) for s in args.strategies
+            if (e, s, run) not in done]
+    if not args.table:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for example, strategy, run in todo:
+            row = run_cell(example, strategy, run)
+            with path.open("a") as out:
+                out.write(json.dumps(row) + "\n")
+            print(f"{example:>18} {strategy:>14} run {run}: final {row['final']:.3f} best {row['best']:.3f}"
+                  f"{' COLLAPSED' if row['collapsed'] else ''} ({row['seconds']} s)", flush=True)
+    print(table(load(path)))
+
+
+if __name__ == "__main__":
+    main()
