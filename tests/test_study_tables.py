@@ -128,3 +128,36 @@ def test_a_study_whose_grid_has_not_run_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(matrix, "ROOT", tmp_path)  # no stored runs at all
     with pytest.raises(SystemExit, match="run `matrix.py fedecho-fmnist-tune` first"):
         matrix.resolve_tuned(matrix.STUDIES["fedecho-fmnist"])
+
+
+def _wall_clock():
+    sys.path.insert(0, str(ROOT / "benchmarks" / "dropin"))
+    try:
+        spec = importlib.util.spec_from_file_location("wall_clock", ROOT / "benchmarks" / "dropin" / "wall_clock.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "dropin"))
+
+
+@pytest.mark.parametrize("example", ["quickstart-pytorch", "advanced-pytorch"])
+def test_the_wall_clock_study_swaps_only_the_strategy_of_each_shipped_example(example, tmp_path):
+    import ast
+
+    wall_clock = _wall_clock()
+    module = wall_clock.EXAMPLES[example][0]
+    source = (ROOT / "examples" / example / module).read_text()
+    out = tmp_path / "accuracy.json"
+    fedavg = wall_clock.swapped(source, "flower-fedavg", out)
+    fedasync = wall_clock.swapped(source, "fedasync", out)
+    fedbuff = wall_clock.swapped(source, "fedbuff", out)
+    for swapped in (fedavg, fedasync, fedbuff):
+        ast.parse(swapped)  # still Python
+        assert swapped.rstrip().endswith("result.evaluate_metrics_serverapp.items()}))") and str(out) in swapped
+    assert "from flwr.serverapp.strategy import FedAvg as FedBuff" in fedavg and "callbacks=" not in fedavg
+    assert "FedAsync as FedBuff" in fedasync and "from asyncfl import" in fedasync
+    # FedBuff's run is the example as shipped, plus the accuracy line
+    assert fedbuff.startswith(source.rstrip("\n"))
+    with pytest.raises(SystemExit, match="valid: flower-fedavg, fedbuff, fedasync"):
+        wall_clock.swapped(source, "fedprox", out)

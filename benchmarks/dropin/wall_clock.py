@@ -1,4 +1,4 @@
-"""The drop-in on the wall clock: Flower's two examples through real ``flwr run``, Flower's FedAvg vs FedBuff / FedAsync.
+"""The drop-in on the wall clock: Flower's two examples through real ``flwr run``, FedAvg vs FedBuff / FedAsync.
 
 Issue 44's table on the wall clock, where the virtual clock's seeded studies (``run.py``,
 ``advanced_example.py``) have a twin. Each run copies an example of ``examples/`` and swaps only
@@ -40,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from advanced_example import collapsed, load, row_figures  # noqa: E402  (the virtual-clock twin's collapse rule and cells reader)
+# the virtual-clock twin's collapse rule, cells reader and row figures
+from advanced_example import collapsed, load, row_figures  # noqa: E402
 
 STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
 #: example -> (its ServerApp module, nodes, run-config overrides): the quickstart at the drop-in study's shape (8
@@ -57,10 +58,11 @@ def swapped(source: str, strategy: str, accuracy_file: Path) -> str:
 
     imports = re.compile(r"^from asyncfl import ([^\n]*)$", re.M)
     if not imports.search(source) or "FedBuff" not in imports.search(source).group(1):
-        raise SystemExit(f"the example's server_app.py no longer imports FedBuff from asyncfl: update {Path(__file__).name}")
+        raise SystemExit(f"the example's server_app.py no longer imports FedBuff from asyncfl: "
+                         f"update {Path(__file__).name}")
     if strategy == "fedasync":
-        source = imports.sub(lambda m: "from asyncfl import " + re.sub(r"\bFedBuff\b", "FedAsync as FedBuff", m.group(1)),
-                             source)
+        source = imports.sub(
+            lambda m: "from asyncfl import " + re.sub(r"\bFedBuff\b", "FedAsync as FedBuff", m.group(1)), source)
     elif strategy == "flower-fedavg":
         source = imports.sub("from flwr.serverapp.strategy import FedAvg as FedBuff\nCallback = object", source)
         source = re.sub(r",\s*callbacks=\[[^\]]*\]", "", source)
@@ -104,8 +106,8 @@ def run_cell(example: str, strategy: str, run: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     """Markdown per example and strategy: mean final, gap to Flower's FedAvg, worst run's gap, collapses, seconds."""
-    lines = ["| example | strategy | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | collapses | "
-             "late swing | staleness | wall s per run | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| example | strategy | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | "
+             "collapses | late swing | staleness | wall s per run | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for example in EXAMPLES:
         reference = [r["final"] for r in rows if r["example"] == example and r["strategy"] == "flower-fedavg"]
         ref = statistics.mean(reference) if reference else None
