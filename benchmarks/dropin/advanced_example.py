@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
 import random
 import statistics
 import sys
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from run import keyword_changes  # noqa: E402  (the drop-in study's own parser of ':key=value,...' rows)
+from run import keyword_changes, run_cells  # noqa: E402  (the drop-in study's row parser and cell runner)
 
 EXAMPLE = ROOT / "examples" / "advanced-pytorch"
 STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
@@ -199,13 +198,9 @@ def main() -> None:
             for seed in args.seeds for s in args.strategies]
     todo = [c for c in todo if (c["strategy"], c["delays"], c["seed"], c.get("personal-heads", True)) not in done]
     if not args.table and todo:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with multiprocessing.get_context("spawn").Pool(args.workers) as pool, path.open("a") as out:
-            for row in pool.imap_unordered(run_cell, todo):
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                print(f"{row['strategy']:>14} {row['delays']:>14} seed {row['seed']}: final {row['final']:.3f} best "
-                      f"{row['best']:.3f}{' COLLAPSED' if row['collapsed'] else ''} ({row['seconds']} s)", flush=True)
+        for row in run_cells(run_cell, todo, path, args.workers):
+            print(f"{row['strategy']:>14} {row['delays']:>14} seed {row['seed']}: final {row['final']:.3f} best "
+                  f"{row['best']:.3f}{' COLLAPSED' if row['collapsed'] else ''} ({row['seconds']} s)", flush=True)
     print(table(load(path)))
 
 

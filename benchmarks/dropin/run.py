@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -234,6 +235,17 @@ def run_cell(cell: dict) -> dict:
     return row
 
 
+def run_cells(run: Callable[[dict], dict], todo: list[dict], path: Path, workers: int) -> Iterator[dict]:
+    """Run ``todo`` on ``workers`` spawned processes, appending each finished cell to ``path`` (JSON lines) as it
+    comes, so a stopped study keeps every cell already done; yields the cells in the order they finish."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool, path.open("a") as out:
+        for row in pool.imap_unordered(run, todo):
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            yield row
+
+
 def done_cells(path: Path) -> dict[tuple, dict]:
     if not path.exists():
         return {}
@@ -321,14 +333,10 @@ def main() -> None:
     todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays, **drill} for seed in args.seeds
             for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with multiprocessing.get_context("spawn").Pool(args.workers) as pool, cells_path.open("a") as out:
-            for row in pool.imap_unordered(run_cell, todo):
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                print(f"{row['setting']:>12} {row['strategy']:>16} seed {row['seed']}: final {row['final']:.3f} "
-                      f"best {row['best']:.3f} ({row['updates']} updates, {row['versions']} versions, "
-                      f"{row['seconds']} s){' DIVERGED' if row.get('diverged') else ''}", flush=True)
+        for row in run_cells(run_cell, todo, cells_path, args.workers):
+            print(f"{row['setting']:>12} {row['strategy']:>16} seed {row['seed']}: final {row['final']:.3f} "
+                  f"best {row['best']:.3f} ({row['updates']} updates, {row['versions']} versions, "
+                  f"{row['seconds']} s){' DIVERGED' if row.get('diverged') else ''}", flush=True)
     rows = list(done_cells(cells_path).values())
     print(table(rows, args.settings, args.strategies))
     if args.delays != DELAYS:
