@@ -216,6 +216,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     options = RunOptions.from_run_config(cfg, delays=delays)
     job_timeout = _positive("job-timeout", float(cfg["job-timeout"]))
     options.check_run(0, job_timeout)  # the built-in app stops by max-arrivals or max-virtual-time
+    options.check_strategy(strategy_class(strategy) if strategy in STRATEGY_CLASSES else None, strategy)
     engine = replace(options.engine_config(num_rounds=0, timeout=job_timeout, concurrency=options.concurrency,
                                            round_arrivals=0, node_wait=options.wait_for_nodes),
                      delay_preset=delay_preset)

@@ -64,6 +64,12 @@ class RunOptions(Knobs):
     overlap_server_compute : bool
         Dispatch the freed slot's next job before the server update (FedRevive Sec. 2.3).
         ``overlap-server-compute``.
+    dispatch_hold : float
+        Asynchronous strategies that know how many arrivals make their next version (FedBuff's free buffer
+        places, FedAsync's one): a freed slot waits for that version when it is due within this fraction of
+        a job's duration, counted from when the slot freed, so the next job starts from the model with its
+        client's update in it. At equal speeds, where the buffer's arrivals come together, this costs no
+        time; a slow buffer is never waited for. 0 = dispatch at once. ``dispatch-hold``.
     server_time_scale : float
         Virtual clock: charge server compute at this many units per second (0 = free, the papers'
         convention). ``server-time-scale``.
@@ -123,6 +129,7 @@ class RunOptions(Knobs):
     target_accuracy: tuple = knob(())
     progress: bool = knob(False)
     overlap_server_compute: bool = knob(False)
+    dispatch_hold: float = knob(0.0, minimum=0)
     server_time_scale: float = knob(0.0, minimum=0)
     round_deadline: float = knob(0.0, minimum=0)
     pipeline_late_clients: bool = knob(False)
@@ -190,6 +197,10 @@ class RunOptions(Knobs):
                               "set it to 0 for wall-clock runs")
         if isinstance(self.delays, IntertwinedDelays) and self.clock != "virtual":
             raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
+        if self.overlap_server_compute and self.dispatch_hold > 0:
+            raise ConfigError("overlap-server-compute (overlap_server_compute) dispatches a freed slot before the server "
+                              "update and dispatch-hold (dispatch_hold) makes it wait for the next one: set one of "
+                              "them off")
         if self.overlap_server_compute and self.server_time_scale > 0:
             raise ConfigError("overlap-server-compute (overlap_server_compute) hides server time from clients; set "
                               "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
@@ -209,6 +220,14 @@ class RunOptions(Knobs):
             raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
                               "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
                               "draws every job's duration from its dispatch)")
+
+    def check_strategy(self, strategy_type: type | None, name: str) -> None:
+        """The options against the strategy that runs them (``None``: a gossip method, which has no server
+        versions): a setting it would ignore is refused."""
+        if self.dispatch_hold > 0 and (strategy_type is None or not strategy_type.says_when_it_steps()):
+            raise ConfigError(f"dispatch-hold (dispatch_hold) = {self.dispatch_hold:g} waits for the strategy's next "
+                              f"version, and {name} cannot say when that comes; it works with FedBuff and FedAsync: "
+                              "use one of them or set dispatch-hold = 0")
 
     def check_run(self, num_rounds: int, timeout: float) -> None:
         """The options together with Flower's ``num_rounds`` and ``timeout``: the run must be able to stop."""
@@ -310,6 +329,7 @@ class EngineConfig:
     progress: bool
     emulate_delay_scale: float = _resumed(0.0)
     overlap_server_compute: bool = _resumed(False)
+    dispatch_hold: float = _resumed(0.0)
     server_time_scale: float = _resumed(0.0)
     round_deadline: float = _resumed(0.0)
     pipeline_late_clients: bool = _resumed(False)

@@ -611,3 +611,61 @@ def test_jobs_per_client_waits_only_for_the_nodes_that_fill_the_slots(caplog):
                          wait_for_nodes=0.2)
     lonely.discover_clients()
     assert "1 node(s) connected, 2 fill the concurrency of 4" in caplog.text
+
+
+def _dispatch_versions(strategy):
+    """Record each arrival's (base version, staleness) on ``strategy``."""
+    seen = []
+    original = strategy.on_arrival
+
+    def spy(arrival, current):
+        seen.append((arrival.base_version, arrival.staleness))
+        return original(arrival, current)
+
+    strategy.on_arrival = spy
+    return seen
+
+
+@pytest.mark.parametrize("hold, second_wave", [(0.0, [(0, 1), (0, 1), (1, 0)]), (0.5, [(1, 0), (1, 0), (1, 0)])])
+def test_dispatch_hold_starts_the_next_jobs_from_the_buffers_step(hold, second_wave):
+    # three equal jobs finish together at t=1; the buffer of 3 steps at the third. Without a hold the first two
+    # slots get version 0 again (their update not in it); held, all three wait for version 1, at no time cost
+    strategy = FedBuff(buffer_size=3, server_lr=1.0)
+    seen = _dispatch_versions(strategy)
+    engine = make_engine(FakeGrid(3, plus_one), strategy, concurrency=3, max_arrivals=6, dispatch_hold=hold)
+    engine.run()
+    assert seen[:3] == [(0, 0), (0, 0), (0, 0)]
+    assert seen[3:] == second_wave
+    assert engine.now == pytest.approx(2.0)
+
+
+def test_dispatch_hold_never_waits_for_a_slow_buffer():
+    # client speeds 1 and 10, a buffer of 2: the fast client's slot would wait 9 units for the slow job, far more
+    # than half a job, so it goes out at once and the fast client's second update is in before the slow one
+    tiers = ComponentDelay("constant", ((0.5, 1.0), (0.5, 10.0)))
+    strategy = FedBuff(buffer_size=2, server_lr=1.0)
+    seen = []
+    original = strategy.on_arrival
+    strategy.on_arrival = lambda arrival, current: (seen.append(round(arrival.time, 3)), original(arrival, current))[1]
+    engine = make_engine(FakeGrid(2, plus_one), strategy, concurrency=2, max_arrivals=3, dispatch_hold=0.5,
+                         delays=DelayModel(FIXED.download, tiers, FIXED.upload))
+    engine.run()
+    durations = sorted(engine.delays.profile(c).train for c in range(2))
+    assert seen[:2] == [pytest.approx(durations[0]), pytest.approx(2 * durations[0])]
+    assert engine.state.held_since == -1.0
+
+
+def test_wall_clock_a_held_slot_goes_out_when_its_wait_is_over():
+    # node 102's first reply comes back only once a third job was pushed: the freed slot of node 101 waits for
+    # the buffer's step (102's update) no longer than half a job, then goes out while 102 is still out
+    def held_back(waiting):
+        trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
+        first_of_102 = next((m.metadata.message_id for m in trains if m.metadata.dst_node_id == 102), None)
+        return [w for w in waiting if w != first_of_102 or len(trains) >= 3]
+
+    grid = FakeGrid(2, plus_one, release=held_back)
+    engine = make_engine(grid, FedBuff(buffer_size=2, server_lr=1.0), clock="wall", concurrency=2, max_arrivals=4,
+                         dispatch_hold=0.5, job_timeout=30.0)
+    engine.run()
+    assert engine.stats.arrivals == 4
+    assert engine.stats.rejected == {}

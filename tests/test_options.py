@@ -68,6 +68,7 @@ def test_an_options_object_runs_as_its_keywords_do():
     (dict(identify_nodes="yes"), "identify_nodes"),
     (dict(target_accuracy=(1.5,)), r"\(0, 1\]"),
     (dict(max_time=-1.0), "max_time=-1.0 must be >= 0 .run-config max-virtual-time"),
+    (dict(dispatch_hold=0.5, overlap_server_compute=True), "overlap-server-compute .* dispatch-hold"),
 ])
 def test_bad_options_are_refused_when_made(keywords, message):
     with pytest.raises(ConfigError, match=message):
@@ -83,3 +84,15 @@ def test_the_built_in_app_reads_the_same_options_from_its_run_config():
     assert options.evaluate_every_time == PYPROJECT["eval-every"] and options.target_accuracy == (0.8, 0.9)
     assert cfg.engine.max_time == options.max_time and cfg.engine.concurrency == options.concurrency
     assert dataclasses.asdict(options)["delays"] == dataclasses.asdict(cfg.engine)["delays"]
+
+
+@pytest.mark.parametrize("strategy", [asyncfl.FedAvg, asyncfl.CA2FL])
+def test_dispatch_hold_is_refused_where_the_strategy_would_ignore_it_before_any_message(strategy):
+    grid = FakeGrid(2, lambda node, message: None)
+    with pytest.raises(ConfigError, match=r"dispatch-hold .* = 0.5 .* works with FedBuff and FedAsync"):
+        strategy().start(grid, ArrayRecord({"w": Array(np.zeros(2, np.float32))}), dispatch_hold=0.5)
+    assert grid.pushed == []
+    for name in ("fedavg", "async-dfedavg"):
+        with pytest.raises(ConfigError, match=f"dispatch-hold .* and {name} cannot say"):
+            parse_run_config({**PYPROJECT, "strategy": name, "dispatch-hold": 0.5})
+    assert parse_run_config({**PYPROJECT, "strategy": "fedasync", "dispatch-hold": 0.5}).options.dispatch_hold == 0.5

@@ -170,7 +170,7 @@ def resume_settings(config) -> dict:
 
 
 #: Settings added after checkpoints were first written, at the value that reproduces the runs before them.
-SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip"}
+SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip", "dispatch_hold": 0.0}
 
 
 def saved_settings(tree: dict) -> dict:

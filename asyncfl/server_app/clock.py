@@ -17,10 +17,16 @@ simulation too.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 from asyncfl import protocol
 from asyncfl.server_app.puller import ThreadedPuller
+
+#: Wall clock: how many of the latest jobs' durations estimate a job's (median): the due time of one in flight.
+RECENT_DURATIONS = 32
 
 if TYPE_CHECKING:
     from flwr.app import Message
@@ -50,6 +56,12 @@ class Clock(Protocol):
     def pick(self, in_flight: dict[str, "Job"], inbox: dict[str, "Message"], online: set[int], last_event: float,
              timeout: float) -> "tuple[Job, Message | None] | None":
         """The next job to accept and its reply (``None``: lost), or ``None`` when none is decided yet."""
+
+    def due(self, job: "Job") -> float | None:
+        """When ``job`` is expected to finish (``None``: no estimate yet)."""
+
+    def typical_duration(self, in_flight: dict[str, "Job"]) -> float | None:
+        """A job's usual duration on this clock (``None``: no estimate yet)."""
 
     def puller(self, grid, concurrency: int) -> ThreadedPuller | None:
         """How replies are pulled: ``None`` for one ``pull_messages`` call over every waiting message."""
@@ -87,6 +99,12 @@ class VirtualClock:
             return head, None
         return None
 
+    def due(self, job):
+        return job.finish  # drawn at dispatch
+
+    def typical_duration(self, in_flight):
+        return sum(job.finish - job.start for job in in_flight.values()) / len(in_flight) if in_flight else None
+
     def puller(self, grid, concurrency: int) -> None:
         return None
 
@@ -103,6 +121,7 @@ class WallClock:
         self.delays = delays  # drawn from only to emulate slow clients (emulate-delay-scale)
         self.emulate_delay_scale = emulate_delay_scale
         self.started = time.monotonic()
+        self.recent_durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
 
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
@@ -127,6 +146,7 @@ class WallClock:
         for message_id, reply in inbox.items():  # first pulled, first accepted
             job = in_flight[message_id]
             job.finish = self.now(last_event)
+            self.recent_durations.append(job.finish - job.start)
             del inbox[message_id]
             return job, reply
         now_wall = time.monotonic()
@@ -135,6 +155,13 @@ class WallClock:
                 job.finish = self.now(last_event)
                 return job, None
         return None
+
+    def due(self, job):
+        typical = self.typical_duration({})
+        return None if typical is None else job.start + typical
+
+    def typical_duration(self, in_flight):
+        return float(np.median(self.recent_durations)) if self.recent_durations else None
 
     def resume_at(self, clock: float) -> None:
         self.started = time.monotonic() - clock  # wall time goes on from the checkpoint's, never back

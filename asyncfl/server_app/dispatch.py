@@ -100,8 +100,9 @@ class Dispatcher:
         want = self.config.concurrency - len(state.in_flight) + late
         # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
         # every round; at this point every job still in flight is late, the round having closed)
-        if want <= 0 or not len(self.slots):
+        if want <= 0 or not len(self.slots) or self.holding():
             return 0
+        state.held_since = -1.0
         chosen = self.slots.draw(state.pick_rng, want)
         start = self.clock.now(state.now)
         state.round_start = start
@@ -124,6 +125,26 @@ class Dispatcher:
         pushed = self.push(jobs)
         self.state.stats.dispatched += pushed
         return pushed
+
+    def holding(self) -> bool:
+        """``dispatch-hold``: whether free slots wait for the strategy's next version, due (the in-flight job that
+        completes it, by the clock's estimate) within ``dispatch-hold`` x a job's duration of when they began to
+        wait. Never for a synchronous strategy, one that cannot say when it steps, or a version the jobs in flight
+        cannot complete."""
+        state, hold = self.state, self.config.dispatch_hold
+        pending = self.strategy.arrivals_to_next_version() if hold > 0 and not self.strategy.synchronous else 0
+        if pending <= 0 or len(state.in_flight) < pending:
+            return False
+        typical = self.clock.typical_duration(state.in_flight)
+        dues = [self.clock.due(job) for job in state.in_flight.values()]
+        if typical is None or None in dues:
+            return False
+        now = self.clock.now(state.now)
+        since = now if state.held_since < 0 else state.held_since
+        if max(sorted(dues)[pending - 1], now) - since > hold * typical:  # an overdue job: expect it now
+            return False
+        state.held_since = since
+        return True
 
     def push(self, jobs: list[Job]) -> int:
         """Send ``jobs`` (model: the one sent, else its version's record) in one ``push_messages`` call and put

@@ -271,6 +271,8 @@ class AsyncEngine:
             if picked is not None:
                 self._pacer.progress()
                 return picked
+            if self.state.held_since >= 0:  # wall clock: free slots held past their wait go out now
+                self._top_up()
             self._pacer.wait(pull_seconds, got)
 
     def _complete(self, job: Job, reply: Message | None) -> None:

@@ -19,7 +19,7 @@ from asyncfl.server_app.versions import VersionStore
 from asyncfl.state import capture, restore
 
 #: The loop's scalars a checkpoint keeps, in the order it writes them.
-LOOP_FIELDS = ("now", "round_start", "seq", "failures_in_a_row", "expired_jobs", "pick_rng")
+LOOP_FIELDS = ("now", "round_start", "seq", "failures_in_a_row", "expired_jobs", "pick_rng", "held_since")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class EngineState:
     now: float = 0.0  # the clock at the last accepted event
     round_start: float = 0.0  # the clock at the last dispatch (a synchronous round's start)
     seq: int = 0  # dispatch number of the next job
+    held_since: float = -1.0  # the clock when free slots began waiting for the next version (dispatch-hold); -1: none
     failures_in_a_row: int = 0  # jobs that failed since the last accepted update
     expired_jobs: int = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
     rounds_closed: int = 0  # rounds whose end was handled (train metrics, round-scheduled evaluation)

@@ -150,6 +150,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); ``options`` were checked
     when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent."""
     options.check_run(num_rounds, timeout)
+    options.check_strategy(type(strategy), strategy.name)
     log_through_flower()
     node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
     asynchronous = not strategy.synchronous

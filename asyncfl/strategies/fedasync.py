@@ -70,5 +70,8 @@ class FedAsync(Strategy):
         """``alpha_t``: the mix moves the model by ``alpha_t`` times the update (and by public models' difference)."""
         return self.mixing_weight(arrival.staleness)
 
+    def arrivals_to_next_version(self) -> int:
+        return 1
+
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         return fedasync_mix(current, arrival.weights, self.mixing_weight(arrival.staleness))

@@ -154,6 +154,9 @@ class FedBuff(Strategy):
         """Updates waiting in the buffer."""
         return self._count
 
+    def arrivals_to_next_version(self) -> int:
+        return self.buffer_size - self._count
+
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         self._observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))

@@ -27,6 +27,17 @@ class PacedSteps:
     #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
     response_meter: "ResponseMeter | None" = None
 
+    def arrivals_to_next_version(self) -> int:
+        """Accepted arrivals that make the next server version (a buffer's free places; 1 where every arrival
+        steps); 0: not known ahead, so the engine never holds a freed slot for it (``dispatch-hold``)."""
+        return 0
+
+    @classmethod
+    def says_when_it_steps(cls) -> bool:
+        """Whether :meth:`arrivals_to_next_version` is known, so that ``dispatch-hold`` can act."""
+        return (not getattr(cls, "synchronous", False)
+                and cls.arrivals_to_next_version is not PacedSteps.arrivals_to_next_version)
+
     def _measure_response(self, pace: str, server_lr: float) -> None:
         """Keep a :class:`~asyncfl.strategies.response.ResponseMeter` when the automatic step (``server_lr=0``)
         follows the clients' measured response (``pace="measured"``)."""

@@ -108,9 +108,10 @@ def run_cell(cell: dict) -> dict:
         import asyncfl
 
         name, keywords = variant(cell["strategy"])
+        run_options = {key: keywords.pop(key) for key in list(keywords) if key in asyncfl.RunOptions.names()}
         cls = scheduled({"fedbuff": asyncfl.FedBuff, "fedasync": asyncfl.FedAsync}[name])
         summary = cls(fraction_train=config["fraction-train"], fraction_evaluate=0.0, **keywords).start(
-            **common, clock="virtual", delays=cell["delays"], seed=seed).summary
+            **common, clock="virtual", delays=cell["delays"], seed=seed, **run_options).summary
     accuracies = [round(curve[r], 4) for r in sorted(curve)]
     return {**cell, "curve": accuracies, "final": accuracies[-1], "best": max(accuracies),
             "collapsed": collapsed(accuracies), "updates": summary.get("arrivals"),
@@ -120,7 +121,8 @@ def run_cell(cell: dict) -> dict:
 
 
 def variant(strategy: str) -> tuple[str, dict]:
-    """``"fedbuff"`` or ``"fedbuff:buffer_size=12,server_lr=1.0"`` (a row with keywords changed)."""
+    """``"fedbuff"`` or ``"fedbuff:buffer_size=12,server_lr=1.0"`` (a row with keywords changed: the strategy's, or
+    run options of ``start()`` such as ``dispatch_hold``)."""
     name, _, extra = strategy.partition(":")
     return name, keyword_changes(extra)
 
