@@ -64,12 +64,13 @@ class RunOptions(Knobs):
     overlap_server_compute : bool
         Dispatch the freed slot's next job before the server update (FedRevive Sec. 2.3).
         ``overlap-server-compute``.
-    dispatch_hold : float
+    dispatch_hold : float, optional
         Asynchronous strategies that know how many arrivals make their next version (FedBuff's free buffer
         places, FedAsync's one): a freed slot waits for that version when it is due within this fraction of
         a job's duration, counted from when the slot freed, so the next job starts from the model with its
         client's update in it. At equal speeds, where the buffer's arrivals come together, this costs no
-        time; a slow buffer is never waited for. 0 = dispatch at once. ``dispatch-hold``.
+        time; a slow buffer is never waited for. 0 = dispatch at once; None: the strategy's own
+        ``auto_dispatch_hold`` (FedBuff 0.5, others 0). ``dispatch-hold``.
     server_time_scale : float
         Virtual clock: charge server compute at this many units per second (0 = free, the papers'
         convention). ``server-time-scale``.
@@ -129,7 +130,7 @@ class RunOptions(Knobs):
     target_accuracy: tuple = knob(())
     progress: bool = knob(False)
     overlap_server_compute: bool = knob(False)
-    dispatch_hold: float = knob(0.0, minimum=0)
+    dispatch_hold: float | None = knob(None, minimum=0)
     server_time_scale: float = knob(0.0, minimum=0)
     round_deadline: float = knob(0.0, minimum=0)
     pipeline_late_clients: bool = knob(False)
@@ -197,7 +198,7 @@ class RunOptions(Knobs):
                               "set it to 0 for wall-clock runs")
         if isinstance(self.delays, IntertwinedDelays) and self.clock != "virtual":
             raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
-        if self.overlap_server_compute and self.dispatch_hold > 0:
+        if self.overlap_server_compute and (self.dispatch_hold or 0) > 0:
             raise ConfigError("overlap-server-compute (overlap_server_compute) dispatches a freed slot before the server "
                               "update and dispatch-hold (dispatch_hold) makes it wait for the next one: set one of "
                               "them off")
@@ -224,7 +225,7 @@ class RunOptions(Knobs):
     def check_strategy(self, strategy_type: type | None, name: str) -> None:
         """The options against the strategy that runs them (``None``: a gossip method, which has no server
         versions): a setting it would ignore is refused."""
-        if self.dispatch_hold > 0 and (strategy_type is None or not strategy_type.says_when_it_steps()):
+        if (self.dispatch_hold or 0) > 0 and (strategy_type is None or not strategy_type.says_when_it_steps()):
             raise ConfigError(f"dispatch-hold (dispatch_hold) = {self.dispatch_hold:g} waits for the strategy's next "
                               f"version, and {name} cannot say when that comes; it works with FedBuff and FedAsync: "
                               "use one of them or set dispatch-hold = 0")
@@ -240,14 +241,18 @@ class RunOptions(Knobs):
 
     # ------------------------------------------------------------- resolution
     def engine_config(self, *, num_rounds: int, timeout: float, concurrency: int, round_arrivals: int,
-                      node_wait: float) -> "EngineConfig":
+                      node_wait: float, auto_hold: float = 0.0) -> "EngineConfig":
         """What the engine runs with, once the nodes are known (``concurrency``: resolved ``K``;
-        ``round_arrivals``: accepted updates per round, 0 = a round is a server version); call
+        ``round_arrivals``: accepted updates per round, 0 = a round is a server version; ``auto_hold``: the
+        strategy's ``dispatch_hold`` when it is unset); call
         :meth:`check_run` first, before anything waits for nodes."""
         preset, model = resolve_delays(self.clock, self.delays)
         identify = (self.clock == "virtual" or self.emulate_delay_scale > 0) if self.identify_nodes is None \
             else self.identify_nodes
+        hold = self.dispatch_hold if self.dispatch_hold is not None \
+            else 0.0 if self.overlap_server_compute else auto_hold
         resolved = dict(concurrency=concurrency, delays=model, delay_preset=preset, identify_nodes=identify,
+                        dispatch_hold=hold,
                         target_accuracy=tuple(self.target_accuracy), job_timeout=timeout, wait_for_nodes=node_wait,
                         max_rounds=num_rounds, round_arrivals=round_arrivals)
         as_set = {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(EngineConfig)

@@ -96,3 +96,21 @@ def test_dispatch_hold_is_refused_where_the_strategy_would_ignore_it_before_any_
         with pytest.raises(ConfigError, match=f"dispatch-hold .* and {name} cannot say"):
             parse_run_config({**PYPROJECT, "strategy": name, "dispatch-hold": 0.5})
     assert parse_run_config({**PYPROJECT, "strategy": "fedasync", "dispatch-hold": 0.5}).options.dispatch_hold == 0.5
+
+
+def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync():
+    def client(node, message):
+        return trained_reply(message, message.content.array_records["arrays"])
+
+    def holds(strategy, **how):
+        result = strategy.start(FakeGrid(4, client), ArrayRecord({"w": Array(np.zeros(2, np.float32))}),
+                                num_rounds=3, clock="virtual", delays="uniform-speed", **how)
+        return result.summary.get("held-dispatches", 0)
+
+    assert holds(asyncfl.FedBuff(buffer_size=2)) > 0  # equal speeds: the buffer's arrivals come together
+    assert holds(asyncfl.FedAsync()) == 0  # its mixing takes a fresh model whole: held waves would replace it
+    assert holds(asyncfl.FedAsync(), dispatch_hold=0.5) > 0
+    assert holds(asyncfl.FedBuff(buffer_size=2), dispatch_hold=0.0) == 0
+    assert holds(asyncfl.FedBuff(buffer_size=2), overlap_server_compute=True) == 0
+    assert holds(asyncfl.CA2FL()) == 0
+    assert parse_run_config(dict(PYPROJECT)).engine.dispatch_hold == 0.0  # the built-in app's studies: as published

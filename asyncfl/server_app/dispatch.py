@@ -143,6 +143,8 @@ class Dispatcher:
         since = now if state.held_since < 0 else state.held_since
         if max(sorted(dues)[pending - 1], now) - since > hold * typical:  # an overdue job: expect it now
             return False
+        if state.held_since < 0:
+            state.stats.held_dispatches += 1
         state.held_since = since
         return True
 

@@ -81,6 +81,7 @@ class EngineStats:
     client_train_seconds: list[float] = field(default_factory=list)  # as the ClientApps report it
     reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
     clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
+    held_dispatches: int = 0  # times free slots waited for the strategy's next version (dispatch-hold)
     unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
     # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
     by_client: dict[int, list[float]] = field(default_factory=dict)

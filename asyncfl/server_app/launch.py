@@ -160,7 +160,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     nodes = _wait_for_first_nodes(grid, flower.min_available_nodes, node_wait)
     cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
     config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=options.concurrency or cohort,
-                                   round_arrivals=cohort if asynchronous else 0, node_wait=node_wait)
+                                   round_arrivals=cohort if asynchronous else 0, node_wait=node_wait,
+                                   auto_hold=strategy.auto_dispatch_hold)
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
     federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,

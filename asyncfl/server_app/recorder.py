@@ -217,6 +217,8 @@ def transport_summary(stats) -> dict:
     out: dict = {}
     if stats.clamped_variances:
         out["clamped-bn-variances"] = stats.clamped_variances
+    if getattr(stats, "held_dispatches", 0):
+        out["held-dispatches"] = stats.held_dispatches
     if getattr(stats, "unidentified_nodes", 0):
         out["unidentified-nodes"] = stats.unidentified_nodes
     if getattr(stats, "by_worker", None):  # simulated ClientApps on a Ray cluster: accepted replies per Ray node

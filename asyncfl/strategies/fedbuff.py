@@ -154,6 +154,11 @@ class FedBuff(Strategy):
         """Updates waiting in the buffer."""
         return self._count
 
+    #: A freed slot waits up to half a job for the buffer's step (``dispatch_hold=None``; docs/methods.md,
+    #: "Dispatch hold"): the buffer's arrivals come together at equal speeds, so its next job starts from the
+    #: model with its own update in it.
+    auto_dispatch_hold = 0.5
+
     def arrivals_to_next_version(self) -> int:
         return self.buffer_size - self._count
 

@@ -27,6 +27,9 @@ class PacedSteps:
     #: (:mod:`asyncfl.strategies.response`); ``None``: the stable pace for any client.
     response_meter: "ResponseMeter | None" = None
 
+    #: ``dispatch_hold`` when the user leaves it unset (``None``): 0 unless the method sets its own.
+    auto_dispatch_hold: float = 0.0
+
     def arrivals_to_next_version(self) -> int:
         """Accepted arrivals that make the next server version (a buffer's free places; 1 where every arrival
         steps); 0: not known ahead, so the engine never holds a freed slot for it (``dispatch-hold``)."""

@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from run import keyword_changes, run_cells  # noqa: E402  (the drop-in study's row parser and cell runner)
+from run import keyword_changes, run_cells, split_run_options  # noqa: E402  (the drop-in study's row parser and cell runner)
 
 EXAMPLE = ROOT / "examples" / "advanced-pytorch"
 STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
@@ -108,7 +108,7 @@ def run_cell(cell: dict) -> dict:
         import asyncfl
 
         name, keywords = variant(cell["strategy"])
-        run_options = {key: keywords.pop(key) for key in list(keywords) if key in asyncfl.RunOptions.names()}
+        keywords, run_options = split_run_options(keywords)
         cls = scheduled({"fedbuff": asyncfl.FedBuff, "fedasync": asyncfl.FedAsync}[name])
         summary = cls(fraction_train=config["fraction-train"], fraction_evaluate=0.0, **keywords).start(
             **common, clock="virtual", delays=cell["delays"], seed=seed, **run_options).summary

@@ -122,6 +122,14 @@ def parse_strategy(name: str) -> tuple[str, dict]:
     return cls_name, {**keywords, **keyword_changes(extra)}
 
 
+def split_run_options(keywords: dict) -> tuple[dict, dict]:
+    """A row's keywords as (the strategy's, ``start()``'s run options such as ``dispatch_hold``)."""
+    from asyncfl.options import RunOptions
+
+    names = set(RunOptions.names())
+    return ({k: v for k, v in keywords.items() if k not in names}, {k: v for k, v in keywords.items() if k in names})
+
+
 def keyword_changes(extra: str) -> dict:
     """``"buffer_size=5,aggregation=median"`` -> ``{"buffer_size": 5, "aggregation": "median"}`` (JSON values, else
     strings)."""
@@ -139,6 +147,7 @@ def build_strategy(name: str, app, optimizer: str, lr: float, seed: int, nodes: 
     """The strategy of row ``name`` with its defaults; the KD/GI methods get what only the app knows
     (its ``Net``, input shape and classes, the server's data, the clients' SGD program)."""
     cls_name, keywords = parse_strategy(name)
+    keywords, _ = split_run_options(keywords)
     if cls_name.startswith("flwr."):
         import flwr.serverapp.strategy
 
@@ -214,7 +223,8 @@ def run_cell(cell: dict) -> dict:
             try:
                 summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
                                          output_dir=folder, run_name="run",
-                                         **ENGINE.get(cell["strategy"].partition(":")[0], {})).summary
+                                         **ENGINE.get(cell["strategy"].partition(":")[0], {}),
+                                         **split_run_options(parse_strategy(cell["strategy"])[1])[1]).summary
             except ClientAppsFailing as failed:
                 # the model diverged far enough that every client's update is non-finite: a result, not a crash
                 # of the study; its curve so far is kept and the cell is marked (final = the last evaluation)
