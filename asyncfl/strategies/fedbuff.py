@@ -9,7 +9,9 @@ Defaults: ``B = K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
 (:func:`asyncfl.strategies.pace.auto_buffer_size`), and ``eta_s = min(1, B * g)`` with ``g`` the
 largest per-update share that the staleness of ``K`` jobs leaves stable, up to twice that where the
 clients' measured response allows (:mod:`asyncfl.strategies.pace`, :mod:`asyncfl.strategies.response`).
-The paper's setting is ``buffer_size=10, server_lr=1.0``.
+Under ``start()`` a freed slot waits up to half a job for the buffer's step (run option
+``dispatch_hold``; docs/methods.md, "Dispatch hold"). The paper's setting is ``buffer_size=10,
+server_lr=1.0`` with ``dispatch_hold=0``.
 """
 
 from __future__ import annotations

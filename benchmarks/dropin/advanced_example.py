@@ -116,6 +116,7 @@ def run_cell(cell: dict) -> dict:
     return {**cell, "curve": accuracies, "final": accuracies[-1], "best": max(accuracies),
             "collapsed": collapsed(accuracies), "updates": summary.get("arrivals"),
             "staleness-mean": summary.get("staleness-mean"), "seconds": round(time.perf_counter() - started, 1),
+            "virtual-time": summary.get("final-time"), "held-dispatches": summary.get("held-dispatches"),
             **{key: summary[key] for key in ("server-versions", "update-norm-clipped", "pace-response", "pace-bound")
                if key in summary}}
 
