@@ -70,7 +70,7 @@ class RunOptions(Knobs):
         a job's duration, counted from when the slot freed, so the next job starts from the model with its
         client's update in it. At equal speeds, where the buffer's arrivals come together, this costs no
         time; a slow buffer is never waited for. 0 = dispatch at once; None: the strategy's own
-        ``auto_dispatch_hold`` (FedBuff 0.5, others 0). ``dispatch-hold``.
+        ``auto_dispatch_hold`` (FedBuff 0.1, others 0). ``dispatch-hold``.
     server_time_scale : float
         Virtual clock: charge server compute at this many units per second (0 = free, the papers'
         convention). ``server-time-scale``.

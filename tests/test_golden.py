@@ -101,9 +101,9 @@ GOLDEN = {
     # the defaults since the drop-in study's buffer rows: B = K // 4 within [2, 10] (2 here) and the measured pace
     "fedbuff-auto-buffer": {"requests": "91c69af8b1c91fd3", "arrivals": "b739f9debdf54974", "model": "cf5243e73527cc89",
                             "versions": 20, "federated": "228f40e6b6f8e298"},
-    # today's default: a freed slot waits up to half a job for the buffer's step (dispatch_hold, FedBuff's 0.5)
-    "fedbuff-held": {"requests": "f9a669e57004e84e", "arrivals": "7ba987fb80de5296", "model": "1613efe03bc4a665",
-                     "versions": 20, "federated": "14bbb0422aa0bd1c"},
+    # today's default: a freed slot waits up to a tenth of a job for the buffer's step (dispatch_hold, FedBuff's 0.1)
+    "fedbuff-held": {"requests": "fc10ab5e59884969", "arrivals": "d4abd7f4cfb6c323", "model": "ce76445d402336d0",
+                     "versions": 20, "federated": "125bff40101a3830"},
     "fedasync-overlap": {"requests": "87f9ac419357d85c", "arrivals": "dac4b0b8dda28e56", "model": "16bf957e69372f2d",
                          "versions": 40, "federated": "8f32d4797cb16e88"},
     "fedavg-deadline-pipelined": {"requests": "6d5324990066602d", "arrivals": "d77d7d49d0873854",

@@ -103,7 +103,8 @@ class VirtualClock:
         return job.finish  # drawn at dispatch
 
     def typical_duration(self, in_flight):
-        return sum(job.finish - job.start for job in in_flight.values()) / len(in_flight) if in_flight else None
+        # the median: a few slow clients' jobs must not stretch the fast ones' wait
+        return float(np.median([job.finish - job.start for job in in_flight.values()])) if in_flight else None
 
     def puller(self, grid, concurrency: int) -> None:
         return None

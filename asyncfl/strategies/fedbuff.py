@@ -9,7 +9,7 @@ Defaults: ``B = K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
 (:func:`asyncfl.strategies.pace.auto_buffer_size`), and ``eta_s = min(1, B * g)`` with ``g`` the
 largest per-update share that the staleness of ``K`` jobs leaves stable, up to twice that where the
 clients' measured response allows (:mod:`asyncfl.strategies.pace`, :mod:`asyncfl.strategies.response`).
-Under ``start()`` a freed slot waits up to half a job for the buffer's step (run option
+Under ``start()`` a freed slot waits up to a tenth of a job for the buffer's step (run option
 ``dispatch_hold``; docs/methods.md, "Dispatch hold"). The paper's setting is ``buffer_size=10,
 server_lr=1.0`` with ``dispatch_hold=0``.
 """
@@ -156,10 +156,10 @@ class FedBuff(Strategy):
         """Updates waiting in the buffer."""
         return self._count
 
-    #: A freed slot waits up to half a job for the buffer's step (``dispatch_hold=None``; docs/methods.md,
+    #: A freed slot waits up to a tenth of a job for the buffer's step (``dispatch_hold=None``; docs/methods.md,
     #: "Dispatch hold"): the buffer's arrivals come together at equal speeds, so its next job starts from the
-    #: model with its own update in it.
-    auto_dispatch_hold = 0.5
+    #: model with its own update in it; with mixed speeds a longer wait idles the fast clients.
+    auto_dispatch_hold = 0.1
 
     def arrivals_to_next_version(self) -> int:
         return self.buffer_size - self._count
