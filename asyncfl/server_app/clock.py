@@ -57,8 +57,8 @@ class Clock(Protocol):
              timeout: float) -> "tuple[Job, Message | None] | None":
         """The next job to accept and its reply (``None``: lost), or ``None`` when none is decided yet."""
 
-    def due(self, job: "Job") -> float | None:
-        """When ``job`` is expected to finish (``None``: no estimate yet)."""
+    def due(self, job: "Job", typical: float) -> float:
+        """When ``job`` is expected to finish, ``typical`` being :meth:`typical_duration`."""
 
     def typical_duration(self, in_flight: dict[str, "Job"]) -> float | None:
         """A job's usual duration on this clock (``None``: no estimate yet)."""
@@ -99,7 +99,7 @@ class VirtualClock:
             return head, None
         return None
 
-    def due(self, job):
+    def due(self, job, typical):
         return job.finish  # drawn at dispatch
 
     def typical_duration(self, in_flight):
@@ -157,9 +157,8 @@ class WallClock:
                 return job, None
         return None
 
-    def due(self, job):
-        typical = self.typical_duration({})
-        return None if typical is None else job.start + typical
+    def due(self, job, typical):
+        return job.start + typical
 
     def typical_duration(self, in_flight):
         return float(np.median(self.recent_durations)) if self.recent_durations else None

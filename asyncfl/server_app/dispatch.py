@@ -136,9 +136,9 @@ class Dispatcher:
         if pending <= 0 or len(state.in_flight) < pending:
             return False
         typical = self.clock.typical_duration(state.in_flight)
-        dues = [self.clock.due(job) for job in state.in_flight.values()]
-        if typical is None or None in dues:
+        if typical is None:
             return False
+        dues = [self.clock.due(job, typical) for job in state.in_flight.values()]
         now = self.clock.now(state.now)
         since = now if state.held_since < 0 else state.held_since
         if max(sorted(dues)[pending - 1], now) - since > hold * typical:  # an overdue job: expect it now
