@@ -544,6 +544,15 @@ FEDECHO_FMNIST_PAPER = Study(
     extra_seeds=(1, 2, 3),
 )
 
+# The same study on a lent CUDA machine (issue 43; benchmarks/fedecho-fmnist-paper-cuda/on_device.sh): the clients
+# train on the GPU (the ClientApp picks CUDA where there is one), so these runs pair with each other, not with the CPU
+# runs above (same seed, other arithmetic). Seeds 11-12; no checkpoints (the machine is lent for minutes); no MNIST arm
+# (its data is not carried there).
+FEDECHO_FMNIST_PAPER_CUDA = dataclasses.replace(
+    FEDECHO_FMNIST_PAPER, name="fedecho-fmnist-paper-cuda", common={**_FEDECHO_PAPER_COMMON, "checkpoint-every": 0},
+    seeds=(11, 12), extra={k: v for k, v in FEDECHO_FMNIST_PAPER.extra.items() if "u-mnist" not in k},
+    extra_seeds=(11,))
+
 # FedRevive where the global model lags its clients (issue 43): the reference's regime of staleness, 100 jobs in
 # flight (200 clients; the reference: 1,000 clients, 100 in flight, tau_max 150, typical beta 0.74), otherwise
 # FEDREVIVE_FMNIST's setting, 600 updates. Arms: FedRevive and its ablation AFL-DW (same beta, same step); the
@@ -615,6 +624,7 @@ STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "fedadt-fmnist": FEDADT_FMNIST,
            "pushcen-fmnist": PUSHCEN_FMNIST, "pushcen-fmnist-compare": PUSHCEN_FMNIST_COMPARE,
            # issue 43: each method at its paper's staleness
            "fedadt-fmnist-paper": FEDADT_FMNIST_PAPER, "fedecho-fmnist-paper": FEDECHO_FMNIST_PAPER,
+           "fedecho-fmnist-paper-cuda": FEDECHO_FMNIST_PAPER_CUDA,
            "fedrevive-fmnist-lag": FEDREVIVE_FMNIST_LAG}
 
 

@@ -252,6 +252,30 @@ def test_each_aggregation_scores_the_logit_ensemble_against_the_model_it_teaches
     assert summary["teacher-better-share"] == float((ensemble == labels).mean() > (own == labels).mean())
 
 
+def test_distill_move_ratio_is_the_distillations_change_over_the_buffered_step():
+    # Prepare: the same arrivals into FedEcho with 3 distillation steps and into its twin without any
+    from asyncfl.strategies.fedecho import FedEcho
+
+    rng = np.random.default_rng(1)
+    inputs = rng.normal(size=(30, 1, 8, 8)).astype(np.float32)
+    make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
+    current = model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=1))
+    clients = [model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=s)) for s in (2, 3)]
+    results = {}
+    for steps in (3, 0):
+        strategy = FedEcho(make, inputs, buffer_size=2, server_lr=1.0, distill_steps=steps, distill_lr=1e-2,
+                           overlap_logits=False)
+        for index, weights in enumerate(clients):
+            new = strategy.on_arrival(Arrival(index, 0, 0, weights, current, 10, 0.1, 0.0), current)
+        results[steps] = (new, strategy.summary())
+    # Assert: the ratio by hand from the two models; the twin without distillation reports none
+    (distilled, summary), (plain, plain_summary) = results[3], results[0]
+    expected = np.linalg.norm(distilled - plain) / np.linalg.norm(plain - current)
+    assert expected > 0
+    assert summary["distill-move-ratio"] == pytest.approx(expected, rel=1e-4)
+    assert "distill-move-ratio" not in plain_summary
+
+
 def test_holdout_distillation_labels_are_the_rows_of_its_inputs():
     from asyncfl.data.unlabeled import distillation_labels
 

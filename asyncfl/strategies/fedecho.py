@@ -293,7 +293,20 @@ class FedEcho(Strategy):
         self.aggregations += 1
         self.wait_for_logits()
         self._compare_teacher(candidate)
-        return self.distill(candidate) if cfg.distill_steps else candidate
+        if not cfg.distill_steps:
+            return candidate
+        distilled = self.distill(candidate)
+        self._measure_move(current, candidate, distilled)
+        return distilled
+
+    def _measure_move(self, current: np.ndarray, candidate: np.ndarray, distilled: np.ndarray) -> None:
+        """How far the distillation moved the model, against the buffered step it follows (parameter norms):
+        the quantity that decides whether the teacher's lead can reach the model at all."""
+        step = float(np.linalg.norm(candidate - current))
+        if step > 0.0:
+            figures = self._teacher_figures  # .get: checkpoints from before this figure lack its keys
+            figures["distilled"] = figures.get("distilled", 0.0) + 1.0
+            figures["move-ratio"] = figures.get("move-ratio", 0.0) + float(np.linalg.norm(distilled - candidate)) / step
 
     def _compare_teacher(self, candidate: np.ndarray) -> None:
         """Score the teacher (the stored-logit ensemble) against the model it is about to teach, on all of ``U``:
@@ -331,12 +344,16 @@ class FedEcho(Strategy):
     def _teacher_summary(self) -> dict[str, float]:
         """Means over aggregations: ``teacher-agreement`` (the ensemble's and the new global model's argmax on
         ``U``); with labeled ``U`` also each one's accuracy and the share of aggregations where the
-        ensemble was the better (what the distillation relies on)."""
+        ensemble was the better (what the distillation relies on); with distillation,
+        ``distill-move-ratio``: the norm of the distillation's change to the model over the norm of the
+        buffered step before it."""
         figures = self._teacher_figures
         count = figures["aggregations"]
         if not count:
             return {}
         out = {"teacher-agreement": round(figures["agreement"] / count, 4)}
+        if figures.get("distilled"):
+            out["distill-move-ratio"] = round(figures["move-ratio"] / figures["distilled"], 5)
         if self.distill_labels is not None:
             out.update({"teacher-accuracy-on-u": round(figures["ensemble-correct"] / count, 4),
                         "global-accuracy-on-u": round(figures["global-correct"] / count, 4),
