@@ -161,3 +161,34 @@ def test_the_wall_clock_study_swaps_only_the_strategy_of_each_shipped_example(ex
     assert fedbuff.startswith(source.rstrip("\n"))
     with pytest.raises(SystemExit, match="valid: flower-fedavg, fedbuff, fedasync"):
         wall_clock.swapped(source, "fedprox", out)
+
+
+def _partial_runs():
+    spec = importlib.util.spec_from_file_location("partial_runs", ROOT / "benchmarks" / "partial_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_runs_stopped_early_are_compared_at_a_time_each_reached_and_paired_by_seed(tmp_path):
+    # Prepare: an ablation and an arm over two seeds; the arm's seed 2 stopped at t=2
+    partial = _partial_runs()
+    runs = tmp_path / "runs"
+    _run(runs, "base__x__s1", [0.1, 0.2, 0.3, 0.4])
+    _run(runs, "base__x__s2", [0.2, 0.2, 0.5, 0.5])
+    _run(runs, "arm__x__s1", [0.3, 0.3, 0.6, 0.9])
+    _run(runs, "arm__x__s2", [0.4, 0.6])
+    for name in ("base__x__s1", "base__x__s2", "arm__x__s1", "arm__x__s2"):
+        (runs / name / "summary.json").write_text(json.dumps({"arrivals": 10}))
+    # Execute
+    text = partial.table(tmp_path, [2.0, 4.0], "base", window=2)
+    # Assert: at t=2 the mean of the last 2 evaluations; at t=4 seed 2 of the arm has no value and no pair
+    arm = next(line for line in text.splitlines() if line.startswith("| arm | 1,2"))
+    cells = [c.strip() for c in arm.strip("|").split("|")]
+    assert cells[2] == "30.0 / 50.0"  # (0.3+0.3)/2, (0.4+0.6)/2
+    assert cells[3] == "75.0"  # seed 1: (0.6+0.9)/2
+    assert cells[4] == "+22.5 (+15.0 / +30.0)"  # vs base (0.15, 0.2)
+    assert cells[5] == "+40.0 (+40.0)"  # vs base (0.35)
+    assert cells[6] == "4 (10) / 2 (10)"
+    with pytest.raises(SystemExit, match="no runs of 'other'"):
+        partial.table(tmp_path, [2.0], "other", window=2)
