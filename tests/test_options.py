@@ -98,7 +98,7 @@ def test_dispatch_hold_is_refused_where_the_strategy_would_ignore_it_before_any_
     assert parse_run_config({**PYPROJECT, "strategy": "fedasync", "dispatch-hold": 0.5}).options.dispatch_hold == 0.5
 
 
-def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync():
+def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync(caplog):
     def client(node, message):
         return trained_reply(message, message.content.array_records["arrays"])
 
@@ -107,7 +107,10 @@ def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync():
                                 num_rounds=3, clock="virtual", delays="uniform-speed", **how)
         return result.summary.get("held-dispatches", 0)
 
-    assert holds(asyncfl.FedBuff(buffer_size=2)) > 0  # equal speeds: the buffer's arrivals come together
+    held = holds(asyncfl.FedBuff(buffer_size=2))
+    assert held > 0  # equal speeds: the buffer's arrivals come together
+    closing = [r.getMessage() for r in caplog.records if "mean staleness" in r.getMessage()]
+    assert closing and closing[-1].endswith(f", {held} dispatch(es) held for the next version")
     assert holds(asyncfl.FedAsync()) == 0  # its mixing takes a fresh model whole: held waves would replace it
     assert holds(asyncfl.FedAsync(), dispatch_hold=0.5) > 0
     assert holds(asyncfl.FedBuff(buffer_size=2), dispatch_hold=0.0) == 0

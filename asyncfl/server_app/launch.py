@@ -241,9 +241,10 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     )
     s = result.summary
     per_round = f" (of {config.round_arrivals} updates)" if config.round_arrivals else ""
+    held = f", {s['held-dispatches']} dispatch(es) held for the next version" if s.get("held-dispatches") else ""
     flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds%s, %d arrivals, %d server versions, %d rejected, "
-             "mean staleness %.2f", name, s["wall-seconds"], s["rounds"], per_round, s["arrivals"],
-             s["server-versions"], s["rejected-updates"], s["staleness-mean"])
+             "mean staleness %.2f%s", name, s["wall-seconds"], s["rounds"], per_round, s["arrivals"],
+             s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
     if server_eval is not None and recorder is not None and len(engine.stats.evaluations) > len(server_eval.by_round):
         flwr_log(logging.INFO, "%d server-side evaluations, the last of each round below; every one: %s",
                  len(engine.stats.evaluations), recorder.folder / "metrics.csv")
