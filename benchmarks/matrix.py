@@ -540,6 +540,8 @@ FEDECHO_FMNIST_PAPER = Study(
         "fedecho-q60-eta1e-4__large-dir0.1": {**_FEDECHO_PAPER_ECHO, "fedecho.distill-steps": 60,
                                               "fedecho.distill-lr": 1e-4},
         "fedecho-u-mnist__large-dir0.1": {**_FEDECHO_PAPER_ECHO, "fedecho.distill-set": "mnist5k"},
+        # eta_d following half the buffered step (fedecho.distill-move), from the paper's 3e-6
+        "fedecho-move0.5__large-dir0.1": {**_FEDECHO_PAPER_ECHO, "fedecho.distill-move": 0.5},
     },
     extra_seeds=(1, 2, 3),
 )

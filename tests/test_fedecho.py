@@ -285,3 +285,38 @@ def test_holdout_distillation_labels_are_the_rows_of_its_inputs():
     ours = distillation_labels("holdout", labels, size=10, seed=3, holdout_fraction=0.2)
     assert np.array_equal(labels[inputs[:, 0, 0, 0].astype(int)], ours)
     assert distillation_labels("mnist5k", labels, size=10, seed=3) is None
+
+
+def test_distill_move_scales_the_next_distillation_step_towards_its_fraction_of_the_buffered_step():
+    # Prepare: the same arrivals into FedEcho with a target fraction and into its twin at a fixed step
+    from asyncfl.strategies.fedecho import FedEcho
+
+    rng = np.random.default_rng(2)
+    inputs = rng.normal(size=(30, 1, 8, 8)).astype(np.float32)
+    make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
+    current = model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=1))
+    clients = [model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=s)) for s in (2, 3)]
+
+    def one_aggregation(**knobs):
+        strategy = FedEcho(make, inputs, buffer_size=2, server_lr=1.0, distill_steps=3, distill_lr=1e-3,
+                           overlap_logits=False, **knobs)
+        for index, weights in enumerate(clients):
+            strategy.on_arrival(Arrival(index, 0, 0, weights, current, 10, 0.1, 0.0), current)
+        return strategy.summary()
+
+    fixed = one_aggregation()
+    ratio = fixed["distill-move-ratio"]
+    # Execute: targets a little under, far under and far over the ratio the first step gave
+    near, low, high = (one_aggregation(distill_move=ratio * f)["distill-lr"] for f in (0.5, 0.01, 100.0))
+    # Assert: the next eta_d is scaled by target / ratio, at most 4x either way; the fixed step stays
+    assert fixed["distill-lr"] == 1e-3
+    assert near == pytest.approx(0.5e-3, rel=1e-3)
+    assert low == pytest.approx(0.25e-3, rel=1e-3)
+    assert high == pytest.approx(4e-3, rel=1e-3)
+
+
+def test_distill_move_without_a_distillation_is_refused():
+    from asyncfl.strategies.fedecho import FedEchoConfig
+
+    with pytest.raises(ValueError, match="distill_move.*distill_steps = 0 turns the distillation off"):
+        FedEchoConfig(distill_steps=0, distill_move=0.5)

@@ -124,6 +124,13 @@ class FedEchoConfig(StrategyConfig):
         (its App. B). Adam moves every weight by about ``eta_d`` per step whatever the clients' update
         size, so a larger ``eta_d`` outweighs small client steps (1e-4, our former default, undid them
         at SGD lr 0.01: measured in the drop-in study: docs/methods.md, "Default server steps").
+    distill_move : float
+        0 (default): ``eta_d`` stays ``distill_lr``, as in the paper. Above 0 (ours): ``eta_d`` is set
+        again after every distillation so that the next one changes the model by about this fraction
+        of the buffered step it follows (parameter norms; the summary's ``distill-move-ratio``),
+        starting from ``distill_lr`` and changing at most 4x per aggregation. A fixed ``eta_d`` that
+        helps at one client step size outweighs smaller client steps and leaves larger ones
+        untouched; a fraction of the step carries over.
     alpha_min, alpha_max : float
         Range of the uncertainty weight (equal values: a fixed ``alpha``).
     overlap_logits : bool
@@ -146,6 +153,7 @@ class FedEchoConfig(StrategyConfig):
     distill_steps: int = knob(10, minimum=0)
     distill_batch_size: int = knob(64, minimum=1)
     distill_lr: float = knob(3e-6, above=0)
+    distill_move: float = knob(0.0, minimum=0)
     alpha_min: float = knob(0.2, minimum=0, maximum=1)
     alpha_max: float = knob(0.8, minimum=0, maximum=1)
     clip: float = knob(5.0, above=0)
@@ -155,6 +163,9 @@ class FedEchoConfig(StrategyConfig):
     pace: str = knob("measured", choices=PACES)
 
     def check(self) -> None:
+        if self.distill_move > 0 and self.distill_steps == 0:
+            self.fail("distill_move", "sets the distillation's step, and distill_steps = 0 turns the distillation "
+                      "off: give distill_steps > 0 or leave distill_move at 0")
         if self.alpha_min > self.alpha_max:
             self.fail("alpha_min", f"must be <= alpha_max ({self.alpha_max}); equal values give a fixed alpha")
 
@@ -175,7 +186,8 @@ class FedEcho(Strategy):
     distill_inputs : array, tensor or Dataset
         The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
         are ignored).
-    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, alpha_min, alpha_max, clip, overlap_logits
+    buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, distill_move, alpha_min, alpha_max, clip,
+    overlap_logits
         See :class:`FedEchoConfig`.
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows (:class:`FedEchoConfig`).
@@ -194,13 +206,14 @@ class FedEcho(Strategy):
 
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 0,
                  server_lr: float = 0.0, distill_steps: int = 10, distill_batch_size: int = 64,
-                 distill_lr: float = 3e-6, alpha_min: float = 0.2, alpha_max: float = 0.8, clip: float = 5.0,
-                 overlap_logits: bool = True, pace: str = "measured", seed: int = 0,
+                 distill_lr: float = 3e-6, distill_move: float = 0.0, alpha_min: float = 0.2, alpha_max: float = 0.8,
+                 clip: float = 5.0, overlap_logits: bool = True, pace: str = "measured", seed: int = 0,
                  distill_labels: Any = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size=buffer_size, server_lr=server_lr, distill_steps=distill_steps,
-                                    distill_batch_size=distill_batch_size, distill_lr=distill_lr, alpha_min=alpha_min,
-                                    alpha_max=alpha_max, clip=clip, overlap_logits=overlap_logits, pace=pace)
+                                    distill_batch_size=distill_batch_size, distill_lr=distill_lr,
+                                    distill_move=distill_move, alpha_min=alpha_min, alpha_max=alpha_max, clip=clip,
+                                    overlap_logits=overlap_logits, pace=pace)
         self._measure_response(pace, server_lr)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
@@ -301,12 +314,20 @@ class FedEcho(Strategy):
 
     def _measure_move(self, current: np.ndarray, candidate: np.ndarray, distilled: np.ndarray) -> None:
         """How far the distillation moved the model, against the buffered step it follows (parameter norms):
-        the quantity that decides whether the teacher's lead can reach the model at all."""
+        the quantity that decides whether the teacher's lead can reach the model at all; with
+        ``distill_move`` the next distillation's ``eta_d`` is scaled towards that fraction (Adam's change
+        grows about in proportion to its learning rate)."""
         step = float(np.linalg.norm(candidate - current))
-        if step > 0.0:
-            figures = self._teacher_figures  # .get: checkpoints from before this figure lack its keys
-            figures["distilled"] = figures.get("distilled", 0.0) + 1.0
-            figures["move-ratio"] = figures.get("move-ratio", 0.0) + float(np.linalg.norm(distilled - candidate)) / step
+        if step <= 0.0:
+            return
+        ratio = float(np.linalg.norm(distilled - candidate)) / step
+        figures = self._teacher_figures  # .get: checkpoints from before this figure lack its keys
+        figures["distilled"] = figures.get("distilled", 0.0) + 1.0
+        figures["move-ratio"] = figures.get("move-ratio", 0.0) + ratio
+        target = self.config.distill_move
+        if target > 0 and ratio > 0:
+            group = self.optimizer.param_groups[0]
+            group["lr"] *= min(4.0, max(0.25, target / ratio))
 
     def _compare_teacher(self, candidate: np.ndarray) -> None:
         """Score the teacher (the stored-logit ensemble) against the model it is about to teach, on all of ``U``:
@@ -336,6 +357,7 @@ class FedEcho(Strategy):
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
+            "distill-lr": float(f"{self.optimizer.param_groups[0]['lr']:.4g}"),
             "server-lr": round(self._paced_lr(self.config.server_lr, self.buffer_size), 6),
             **self._pace_summary(),
             **self._teacher_summary(),

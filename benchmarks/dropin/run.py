@@ -241,7 +241,8 @@ def run_cell(cell: dict) -> dict:
     row.update({key: summary[key] for key in ("pace-response", "pace-bound", "update-norm-clipped",
                                                "update-norm-rejected", "update-norm-largest-ratio",
                                                "update-norm-median", "dp-epsilon", "dp-delta", "dp-releases",
-                                               "dp-most-participations") if key in summary})
+                                               "dp-most-participations", "distill-move-ratio", "teacher-accuracy-on-u",
+                                               "global-accuracy-on-u") if key in summary})
     return row
 
 
