@@ -252,24 +252,27 @@ def test_each_aggregation_scores_the_logit_ensemble_against_the_model_it_teaches
     assert summary["teacher-better-share"] == float((ensemble == labels).mean() > (own == labels).mean())
 
 
-def test_distill_move_ratio_is_the_distillations_change_over_the_buffered_step():
-    # Prepare: the same arrivals into FedEcho with 3 distillation steps and into its twin without any
+def _one_aggregation(seed: int, **knobs):
+    """Two client models arrive at FedEcho (buffer 2, server lr 1) on 30 random inputs: (global model before,
+    after, the summary)."""
     from asyncfl.strategies.fedecho import FedEcho
 
-    rng = np.random.default_rng(1)
-    inputs = rng.normal(size=(30, 1, 8, 8)).astype(np.float32)
-    make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
+    inputs = np.random.default_rng(seed).normal(size=(30, 1, 8, 8)).astype(np.float32)
     current = model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=1))
     clients = [model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=s)) for s in (2, 3)]
-    results = {}
-    for steps in (3, 0):
-        strategy = FedEcho(make, inputs, buffer_size=2, server_lr=1.0, distill_steps=steps, distill_lr=1e-2,
-                           overlap_logits=False)
-        for index, weights in enumerate(clients):
-            new = strategy.on_arrival(Arrival(index, 0, 0, weights, current, 10, 0.1, 0.0), current)
-        results[steps] = (new, strategy.summary())
+    strategy = FedEcho(lambda: build_model("mlp", (1, 8, 8), 3), inputs, buffer_size=2, server_lr=1.0,
+                       overlap_logits=False, **knobs)
+    new = None
+    for index, weights in enumerate(clients):
+        new = strategy.on_arrival(Arrival(index, 0, 0, weights, current, 10, 0.1, 0.0), current)
+    return current, new, strategy.summary()
+
+
+def test_distill_move_ratio_is_the_distillations_change_over_the_buffered_step():
+    # Prepare / execute: the same arrivals into FedEcho with 3 distillation steps and into its twin without any
+    current, distilled, summary = _one_aggregation(1, distill_steps=3, distill_lr=1e-2)
+    _, plain, plain_summary = _one_aggregation(1, distill_steps=0)
     # Assert: the ratio by hand from the two models; the twin without distillation reports none
-    (distilled, summary), (plain, plain_summary) = results[3], results[0]
     expected = np.linalg.norm(distilled - plain) / np.linalg.norm(plain - current)
     assert expected > 0
     assert summary["distill-move-ratio"] == pytest.approx(expected, rel=1e-4)
@@ -288,26 +291,12 @@ def test_holdout_distillation_labels_are_the_rows_of_its_inputs():
 
 
 def test_distill_move_scales_the_next_distillation_step_towards_its_fraction_of_the_buffered_step():
-    # Prepare: the same arrivals into FedEcho with a target fraction and into its twin at a fixed step
-    from asyncfl.strategies.fedecho import FedEcho
-
-    rng = np.random.default_rng(2)
-    inputs = rng.normal(size=(30, 1, 8, 8)).astype(np.float32)
-    make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
-    current = model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=1))
-    clients = [model_to_flat(build_model("mlp", (1, 8, 8), 3, seed=s)) for s in (2, 3)]
-
-    def one_aggregation(**knobs):
-        strategy = FedEcho(make, inputs, buffer_size=2, server_lr=1.0, distill_steps=3, distill_lr=1e-3,
-                           overlap_logits=False, **knobs)
-        for index, weights in enumerate(clients):
-            strategy.on_arrival(Arrival(index, 0, 0, weights, current, 10, 0.1, 0.0), current)
-        return strategy.summary()
-
-    fixed = one_aggregation()
+    # Prepare: one aggregation at a fixed step gives the ratio that step makes
+    fixed = _one_aggregation(2, distill_steps=3, distill_lr=1e-3)[2]
     ratio = fixed["distill-move-ratio"]
-    # Execute: targets a little under, far under and far over the ratio the first step gave
-    near, low, high = (one_aggregation(distill_move=ratio * f)["distill-lr"] for f in (0.5, 0.01, 100.0))
+    # Execute: targets a little under, far under and far over that ratio
+    near, low, high = (_one_aggregation(2, distill_steps=3, distill_lr=1e-3, distill_move=ratio * f)[2]["distill-lr"]
+                       for f in (0.5, 0.01, 100.0))
     # Assert: the next eta_d is scaled by target / ratio, at most 4x either way; the fixed step stays
     assert fixed["distill-lr"] == 1e-3
     assert near == pytest.approx(0.5e-3, rel=1e-3)
