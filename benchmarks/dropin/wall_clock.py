@@ -98,13 +98,14 @@ def run_cell(example: str, strategy: str, run: int) -> dict:
             raise SystemExit(f"{example} / {strategy} run {run} failed (rc {done.returncode}):\n{output[-4000:]}")
         by_round = json.loads(accuracy_file.read_text())
     curve = [round(by_round[r], 4) for r in sorted(by_round, key=int)]
-    staleness = re.findall(r"mean staleness ([0-9.]+)", output)
-    finished = [line for line in output.splitlines() if "mean staleness" in line]
-    held = re.search(r"(\d+) dispatch\(es\) held", finished[-1]) if finished else None
+    # asyncfl's closing line: "... mean staleness S[, N dispatch(es) held for the next version]"
+    closing = [line for line in output.splitlines() if "mean staleness" in line]
+    staleness = re.search(r"mean staleness ([0-9.]+)", closing[-1]) if closing else None
+    held = re.search(r"(\d+) dispatch\(es\) held", closing[-1]) if closing else None
     return {"example": example, "strategy": strategy, "run": run, "curve": curve, "final": curve[-1],
             "best": max(curve), "collapsed": collapsed(curve), "seconds": round(seconds, 1),
-            "staleness-mean": float(staleness[-1]) if staleness else None,
-            "held-dispatches": int(held.group(1)) if held else (0 if finished else None)}
+            "staleness-mean": float(staleness.group(1).rstrip(".")) if staleness else None,
+            "held-dispatches": int(held.group(1)) if held else (0 if closing else None)}
 
 
 def table(rows: list[dict]) -> str:
