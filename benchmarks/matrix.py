@@ -546,7 +546,7 @@ FEDECHO_FMNIST_PAPER = Study(
     extra_seeds=(1, 2, 3),
 )
 
-# The same study on a lent CUDA machine (issue 43; benchmarks/fedecho-fmnist-paper-cuda/on_device.sh): the clients
+# The same study on a lent CUDA machine (issue 43; benchmarks/on_device.sh): the clients
 # train on the GPU (the ClientApp picks CUDA where there is one), so these runs pair with each other, not with the CPU
 # runs above (same seed, other arithmetic). Seeds 11-12; no checkpoints (the machine is lent for minutes); no MNIST arm
 # (its data is not carried there).
@@ -576,6 +576,14 @@ FEDREVIVE_FMNIST_LAG = Study(
     seeds=(1, 2, 3),
     targets=(0.8, 0.85),
 )
+
+# The same study on a lent CUDA machine (issue 43; benchmarks/on_device.sh): the clients train on the GPU and
+# FedRevive's server work (probes, synthesis, distillation: ~4 s per arrival on one of this project's CPU cores) runs
+# there too (fedrevive.server-device). Seeds 1-3 as above, but GPU arithmetic: these runs pair with each other. A second
+# lease ran seeds 4-6 of FedRevive and AFL-DW only (ONLY="fedrevive__,afl-dw__").
+FEDREVIVE_FMNIST_LAG_CUDA = dataclasses.replace(
+    FEDREVIVE_FMNIST_LAG, name="fedrevive-fmnist-lag-cuda", seeds=(1, 2, 3, 4, 5, 6),
+    common={**FEDREVIVE_FMNIST_LAG.common, "fedrevive.server-device": "cuda", "checkpoint-every": 0})
 
 # PushCen on Fashion-MNIST (issue 29): first a setting where collaboration matters (the paper: Independent 43.9 vs
 # 57.7 for the gossip methods on CIFAR-10 with 500 examples per peer). 50 peers, Dirichlet 0.5, each peer keeps at
@@ -627,7 +635,7 @@ STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "fedadt-fmnist": FEDADT_FMNIST,
            # issue 43: each method at its paper's staleness
            "fedadt-fmnist-paper": FEDADT_FMNIST_PAPER, "fedecho-fmnist-paper": FEDECHO_FMNIST_PAPER,
            "fedecho-fmnist-paper-cuda": FEDECHO_FMNIST_PAPER_CUDA,
-           "fedrevive-fmnist-lag": FEDREVIVE_FMNIST_LAG}
+           "fedrevive-fmnist-lag": FEDREVIVE_FMNIST_LAG, "fedrevive-fmnist-lag-cuda": FEDREVIVE_FMNIST_LAG_CUDA}
 
 
 def gossip_table(study: Study) -> str:

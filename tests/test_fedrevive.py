@@ -433,3 +433,56 @@ def test_warmup_is_a_run_config_switch_with_its_choices_named():
     assert FedReviveConfig.from_run_config({**defaults(), "fedrevive.warmup": "raw"}).warmup == "raw"
     with pytest.raises(ConfigError, match="damped, raw"):
         FedReviveConfig.from_run_config({**defaults(), "fedrevive.warmup": "undamped"})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the refusal cannot happen")
+def test_server_device_cuda_without_a_gpu_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"server_device='cuda' needs a CUDA GPU.*run-config fedrevive.server-device"):
+        FedRevive(_mlp, 3, SHAPE, server_device="cuda")
+    with pytest.raises(ConfigError, match="choose one of: cpu, cuda"):
+        FedRevive(_mlp, 3, SHAPE, server_device="gpu")
+
+
+def test_kd_pool_keeps_labels_on_the_cpu_and_moves_restored_inputs_to_its_device():
+    pool = KDPool(capacity=4, device="meta")  # a device without data: where tensors live is all that is checked
+    pool.add(torch.zeros(2, 1), torch.tensor([0, 1]))
+    assert pool.x.device.type == "meta" and pool.y.device.type == "cpu"
+    pool.x = torch.zeros(2, 1)  # as a checkpoint restores it
+    assert pool.sample(np.array([0.5, 0.5]), 3, np.random.default_rng(0)).device.type == "meta"
+
+
+def _revive_arrivals(device: str, overlap: bool = True):
+    base = model_to_flat(build_model("cnn", (1, 28, 28), 10, batchnorm=True, seed=1))
+    rng = np.random.default_rng(3)
+    clients = [(base + 0.02 * rng.standard_normal(base.size)).astype(np.float32) for _ in range(6)]
+    revive = FedRevive(_bn_cnn, 10, (1, 28, 28), synthesis_start=0, kd_start=2, synthesis_every=2, kd_steps=3,
+                       kd_batch_size=8, latent_dim=8, synthesis_batch_size=16, teacher_buffer_size=3, seed=2,
+                       overlap_teachers=overlap, server_device=device)
+    return revive, base, clients
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on a lent device)")
+def test_fedrevive_on_a_gpu_makes_the_cpu_updates_up_to_float_order_and_resumes_there():
+    models = {}
+    for device in ("cpu", "cuda"):
+        revive, model, clients = _revive_arrivals(device)
+        models[device] = []
+        for i, weights in enumerate(clients):
+            model = revive.on_arrival(_arrival(i, weights, model, 20), model)
+            models[device].append(model)
+        assert revive.kd_updates == 4 and revive.synthesis_rounds == 3
+    for cpu, gpu in zip(models["cpu"], models["cuda"]):
+        np.testing.assert_allclose(gpu, cpu, rtol=0, atol=1e-4)
+    # A checkpoint taken on the GPU resumes there and continues as the uninterrupted run.
+    revive, model, clients = _revive_arrivals("cuda")
+    for i, weights in enumerate(clients[:3]):
+        model = revive.on_arrival(_arrival(i, weights, model, 20), model)
+    saved = revive.state_dict()
+    resumed, _, _ = _revive_arrivals("cuda")
+    resumed.load_state_dict(saved)
+    assert resumed.pool.x.device.type == "cpu"  # restored on the CPU, moved at first use
+    straight, resumed_model = model, model
+    for i, weights in enumerate(clients[3:], start=3):
+        straight = revive.on_arrival(_arrival(i, weights, straight, 20), straight)
+        resumed_model = resumed.on_arrival(_arrival(i, weights, resumed_model, 20), resumed_model)
+    np.testing.assert_allclose(resumed_model, straight, rtol=0, atol=1e-5)

@@ -29,6 +29,8 @@ label proportions, and ``beta`` is a constant 0.5 (the paper's upper-bound ablat
 
 The student runs in eval mode, so the global model's BatchNorm statistics are not
 moved by synthetic inputs. Teachers are run one after the other (not batched).
+``server_device="cuda"`` runs the probes, the synthesis and the distillation on a GPU
+(:mod:`asyncfl.models.device`); the random draws stay on the CPU.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from asyncfl.data.holdout import holdout_rows
+from asyncfl.models.device import SERVER_DEVICES, device_problem, torch_device
 from asyncfl.models.flat import load_flat, model_to_flat, parameter_mask
 from asyncfl.strategies.afl_dw import afl_dw_step
 from asyncfl.strategies.base import Arrival, Strategy
@@ -113,6 +116,9 @@ class FedReviveConfig(StrategyConfig):
         minibatches are drawn as before: the same bits). Uses a second core when the server has one.
     latent_dim : int
         The generator's latent size.
+    server_device : {"cpu", "cuda"}
+        Where the server's networks run (probes, generator, teachers, student). ``"cuda"`` needs a
+        GPU that torch sees; ours (the paper does not say where its server runs).
     proportions : {"proxy", "true"}
         Built-in app only: ``true`` weights teachers by the clients' real label histograms (the
         paper's ablation). A library user passes ``true_proportions``.
@@ -148,6 +154,7 @@ class FedReviveConfig(StrategyConfig):
     alpha_adversarial: float = knob(0.1, minimum=0)
     reptile_step: float = knob(0.5, above=0, maximum=1)
     overlap_teachers: bool = knob(True)
+    server_device: str = knob("cpu", choices=SERVER_DEVICES)
     proportions: str = knob("proxy", choices=REVIVE_PROPORTIONS, builtin=True)
 
     @property
@@ -157,6 +164,11 @@ class FedReviveConfig(StrategyConfig):
                                generator_lr=self.generator_lr, latent_lr=self.latent_lr,
                                alpha_target=self.alpha_target, alpha_feature=self.alpha_feature,
                                alpha_adv=self.alpha_adversarial, meta_lambda=self.reptile_step)
+
+    def check(self) -> None:
+        problem = device_problem(self.server_device)
+        if problem:
+            self.fail("server_device", problem)
 
 
 @dataclass(frozen=True)
@@ -229,7 +241,8 @@ class FedRevive(Strategy):
                  temperature: float = 1.0, pool_capacity: int = 2048, latent_dim: int = 100,
                  synthesis_batch_size: int = 64, synthesis_steps: int = 2, generator_lr: float = 0.01,
                  latent_lr: float = 0.003, alpha_target: float = 1.0, alpha_feature: float = 0.3,
-                 alpha_adversarial: float = 0.1, reptile_step: float = 0.5, overlap_teachers: bool = True, seed: int = 0,
+                 alpha_adversarial: float = 0.1, reptile_step: float = 0.5, overlap_teachers: bool = True,
+                 server_device: str = "cpu", seed: int = 0,
                  true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         config = self.config_class(
@@ -239,7 +252,8 @@ class FedRevive(Strategy):
             kd_batch_size=kd_batch_size, kd_lr=kd_lr, temperature=temperature, pool_capacity=pool_capacity,
             latent_dim=latent_dim, synthesis_batch_size=synthesis_batch_size, synthesis_steps=synthesis_steps,
             generator_lr=generator_lr, latent_lr=latent_lr, alpha_target=alpha_target, alpha_feature=alpha_feature,
-            alpha_adversarial=alpha_adversarial, reptile_step=reptile_step, overlap_teachers=overlap_teachers)
+            alpha_adversarial=alpha_adversarial, reptile_step=reptile_step, overlap_teachers=overlap_teachers,
+            server_device=server_device)
         self.config = config
         self._measure_response(pace, server_lr)
         self.num_classes = num_classes
@@ -249,18 +263,19 @@ class FedRevive(Strategy):
         if len(tuple(input_shape)) != 3:
             raise ValueError(f"FedRevive: input_shape must be (channels, height, width), got {input_shape!r}")
         self.make_model = make_model
-        self.student = make_model().eval()
-        self.probe_net = make_model().eval()
-        self._teacher_nets = [make_model().eval() for _ in range(config.teacher_buffer_size)]
+        self.device = torch_device(config.server_device)
+        self.student = make_model().to(self.device).eval()
+        self.probe_net = make_model().to(self.device).eval()
+        self._teacher_nets = [make_model().to(self.device).eval() for _ in range(config.teacher_buffer_size)]
         self._buffer: deque[tuple[int, nn.Module]] = deque()  # (client, loaded teacher), oldest first
         self._next_slot = 0
         self.true_proportions = true_proportions
         self.proxies = ClassProportionProxies(num_classes, input_shape, config.probe_uploads, config.probe_temperature,
-                                              seed=seed)
-        with torch.random.fork_rng():  # a seeded generator init that leaves the global RNG alone
+                                              seed=seed, device=self.device)
+        with torch.random.fork_rng(devices=[]):  # a seeded init on the CPU that leaves the global RNG alone
             torch.manual_seed(seed)
-            self.generator = Generator(config.latent_dim, num_classes, input_shape)
-        self.pool = KDPool(config.pool_capacity)
+            self.generator = Generator(config.latent_dim, num_classes, input_shape).to(self.device)
+        self.pool = KDPool(config.pool_capacity, self.device)
         self._teacher_thread = ThreadPoolExecutor(1, thread_name_prefix="fedrevive-teachers") \
             if config.overlap_teachers else None
         self.data_driven = False
@@ -321,7 +336,8 @@ class FedRevive(Strategy):
         self._buffer.append((client, load_flat(net, weights).eval()))
 
     def _weights(self) -> torch.Tensor:
-        return torch.from_numpy(teacher_class_weights([self._proportions(c) for c, _ in self._buffer])).float()
+        weights = teacher_class_weights([self._proportions(c) for c, _ in self._buffer])
+        return torch.from_numpy(weights).float().to(self.device)
 
     @property
     def server_lr(self) -> float:
@@ -408,6 +424,7 @@ class FedRevive(Strategy):
     def summary(self) -> dict[str, float | int | str]:
         return {
             "variant": "dd-fedrevive" if self.data_driven else "fedrevive",
+            "server-device": self.config.server_device,
             "server-lr": round(self.server_lr, 6),
             "kd-updates": self.kd_updates,
             "raw-warmup-updates": self.raw_updates,
@@ -457,7 +474,7 @@ class DDFedRevive(FedRevive):
                              f"label histogram, got {type(label_proportions).__name__}")
         super().__init__(model_fn, num_classes, input_shape, seed=seed, true_proportions=label_proportions, **options)
         self.data_driven = True
-        self.pool = KDPool(len(y))
+        self.pool = KDPool(len(y), self.device)
         self.pool.add(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
                       torch.from_numpy(np.asarray(y, dtype=np.int64)))
 

@@ -22,10 +22,11 @@ class ClassProportionProxies:
     state_attributes = ("_sum", "_count")
 
     def __init__(self, num_classes: int, input_shape: tuple[int, int, int], t_est: int = 2, t_probe: float = 1.0,
-                 probe_size: int = 256, seed: int = 0, true_proportions: dict[int, np.ndarray] | None = None) -> None:
+                 probe_size: int = 256, seed: int = 0, true_proportions: dict[int, np.ndarray] | None = None,
+                 device: torch.device | str = "cpu") -> None:
         self.num_classes, self.t_est, self.t_probe = num_classes, t_est, t_probe
-        generator = torch.Generator().manual_seed(seed)
-        self.probe = torch.randn((probe_size, *input_shape), generator=generator)
+        generator = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same probe on every device
+        self.probe = torch.randn((probe_size, *input_shape), generator=generator).to(device)
         self.true_proportions = true_proportions
         self._sum: dict[int, np.ndarray] = {}
         self._count: dict[int, int] = {}
@@ -35,7 +36,7 @@ class ClassProportionProxies:
         """Probe one upload of ``client`` (only its first ``T_est`` count)."""
         if self.true_proportions is not None or self._count.get(client, 0) >= self.t_est:
             return
-        probs = torch.softmax(chunked_forward(model.eval(), self.probe) / self.t_probe, dim=1).mean(dim=0).double().numpy()
+        probs = torch.softmax(chunked_forward(model.eval(), self.probe) / self.t_probe, dim=1).mean(dim=0).double().cpu().numpy()
         self._sum[client] = self._sum.get(client, 0.0) + probs
         self._count[client] = self._count.get(client, 0) + 1
 

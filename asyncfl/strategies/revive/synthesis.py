@@ -60,7 +60,7 @@ class BatchNormStatistics:
         self.terms.append(torch.norm(mean - module.running_mean, 2) + torch.norm(var - module.running_var, 2))
 
     def take(self) -> torch.Tensor:
-        total = torch.stack(self.terms).sum() if self.terms else torch.zeros(())
+        total = torch.stack(self.terms).sum() if self.terms else torch.zeros(())  # (a CPU scalar mixes with any device)
         self.terms = []
         return total
 
@@ -77,7 +77,7 @@ def synthesis_loss(synthetic: torch.Tensor, labels: torch.Tensor, teachers: list
     with torch.no_grad():
         student_logits = student(synthetic)
     student_log_p = F.log_softmax(student_logits, dim=1)
-    target = adversarial = feature = torch.zeros(())
+    target = adversarial = feature = synthetic.new_zeros(())
     for k, (teacher, stats) in enumerate(zip(teachers, statistics)):
         logits = teacher(synthetic)
         target = target + (per_sample[k] * F.cross_entropy(logits, labels, reduction="none")).mean()
@@ -94,11 +94,15 @@ def synthesize(generator: Generator, teachers: list[nn.Module], student: nn.Modu
                num_classes: int, config: SynthesisConfig, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One synthesis round; returns the lowest-loss batch ``(inputs, labels)`` and its loss.
 
-    ``generator`` is meta-updated in place with the Reptile step.
+    ``generator`` is meta-updated in place with the Reptile step. The work runs on the generator's
+    device; ``z`` and the labels are drawn from ``rng`` on the CPU (the same draws on every device),
+    and the labels come back on the CPU.
     """
+    device = next(generator.parameters()).device
     fast = copy.deepcopy(generator).train()
-    z = torch.randn((config.batch_size, generator.latent_dim), generator=rng).requires_grad_(True)
-    labels = torch.randint(num_classes, (config.batch_size,), generator=rng)
+    z = torch.randn((config.batch_size, generator.latent_dim), generator=rng).to(device).requires_grad_(True)
+    drawn = torch.randint(num_classes, (config.batch_size,), generator=rng)
+    labels = drawn.to(device)
     optimizer = torch.optim.Adam([{"params": fast.parameters(), "lr": config.generator_lr},
                                   {"params": [z], "lr": config.latent_lr}], betas=(0.5, 0.999))
     for teacher in teachers:
@@ -126,4 +130,4 @@ def synthesize(generator: Generator, teachers: list[nn.Module], student: nn.Modu
         for slow_buffer, adapted_buffer in zip(generator.buffers(), fast.buffers()):
             slow_buffer.copy_(adapted_buffer)
     assert best is not None
-    return best[0], labels, best[1]
+    return best[0], drawn, best[1]
