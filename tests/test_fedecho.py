@@ -309,3 +309,44 @@ def test_distill_move_without_a_distillation_is_refused():
 
     with pytest.raises(ValueError, match="distill_move.*distill_steps = 0 turns the distillation off"):
         FedEchoConfig(distill_steps=0, distill_move=0.5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the refusal cannot happen")
+def test_fedecho_server_device_cuda_without_a_gpu_is_refused_naming_the_key():
+    make, unlabeled, _, _ = _mlp_setup()
+    with pytest.raises(ConfigError, match=r"server_device='cuda' needs a CUDA GPU.*run-config fedecho.server-device"):
+        FedEcho(make, unlabeled, server_device="cuda")
+
+
+def _echo_models(device: str, uploads, base, make, unlabeled, state=None, start=0, current=None):
+    echo = FedEcho(make, unlabeled, buffer_size=3, distill_steps=4, distill_batch_size=16, distill_lr=1e-3,
+                   distill_move=0.5, seed=5, server_device=device)
+    if state is not None:
+        echo.load_state_dict(state)
+    current, models = (base if current is None else current), []
+    for client, weights in uploads[start:]:
+        new = echo.on_arrival(_arrival(client, weights, base), current)
+        if new is not None:
+            current = new
+            models.append(new)
+    return echo, models
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on a lent device)")
+def test_fedecho_on_a_gpu_makes_the_cpu_updates_up_to_float_order_and_resumes_there():
+    make = lambda: build_model("cnn", (1, 28, 28), 10)  # noqa: E731
+    unlabeled = np.random.default_rng(1).standard_normal((100, 1, 28, 28)).astype(np.float32)
+    base = model_to_flat(build_model("cnn", (1, 28, 28), 10, seed=0))
+    rng = np.random.default_rng(2)
+    uploads = [(i % 4, (base + 0.01 * rng.standard_normal(base.size)).astype(np.float32)) for i in range(9)]
+    _, on_cpu = _echo_models("cpu", uploads, base, make, unlabeled)
+    gpu, on_gpu = _echo_models("cuda", uploads, base, make, unlabeled)
+    assert len(on_cpu) == len(on_gpu) == 3 and gpu.summary()["server-device"] == "cuda"
+    for a, b in zip(on_cpu, on_gpu):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4)
+    # a checkpoint after the first aggregation (its Adam moments restored on the CPU) resumes on the GPU
+    first, _ = _echo_models("cuda", uploads[:3], base, make, unlabeled)
+    _, resumed = _echo_models("cuda", uploads, base, make, unlabeled, state=first.state_dict(), start=3,
+                              current=on_gpu[0])
+    for a, b in zip(on_gpu[1:], resumed):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)

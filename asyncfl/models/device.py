@@ -1,7 +1,8 @@
 """Where a server-side method runs its networks: the CPU (default) or a CUDA GPU.
 
 FedRevive's server trains a generator and distils eight teachers into a student at every
-arrival; on a CPU core that is seconds per arrival, on a GPU a fraction of it. The engine's
+arrival, FedEcho's runs every arriving model over its unlabeled set and distils at every
+aggregation; on a CPU core that is up to seconds per arrival, on a GPU a fraction of it. The engine's
 global model stays a numpy vector either way: a method copies it onto its device to work
 and hands a numpy vector back, so the choice changes the method's speed and, through
 floating-point order on the GPU, the last bits of its numbers, nothing else.

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillation_inputs, distillation_labels
+from asyncfl.models.device import SERVER_DEVICES, device_problem, torch_device
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.models.inference import chunked_forward
 from asyncfl.strategies.base import Arrival, Strategy
@@ -143,6 +144,9 @@ class FedEchoConfig(StrategyConfig):
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows: the clients' measured response (default) or the bound for any
         client, as for FedBuff (:class:`asyncfl.strategies.fedbuff.FedBuffConfig`).
+    server_device : {"cpu", "cuda"}
+        Where the server's networks run (each arrival's logit pass over ``U``, the distillation).
+        ``"cuda"`` needs a GPU that torch sees; ours (the paper does not say where its server runs).
     """
 
     label: ClassVar[str] = "FedEcho"
@@ -161,8 +165,12 @@ class FedEchoConfig(StrategyConfig):
     distill_set: str = knob("digits", choices=DISTILL_SETS, builtin=True)
     distill_size: int = knob(1000, minimum=1, builtin=True)
     pace: str = knob("measured", choices=PACES)
+    server_device: str = knob("cpu", choices=SERVER_DEVICES)
 
     def check(self) -> None:
+        problem = device_problem(self.server_device)
+        if problem:
+            self.fail("server_device", problem)
         if self.distill_move > 0 and self.distill_steps == 0:
             self.fail("distill_move", "sets the distillation's step, and distill_steps = 0 turns the distillation "
                       "off: give distill_steps > 0 or leave distill_move at 0")
@@ -187,7 +195,7 @@ class FedEcho(Strategy):
         The unlabeled distillation inputs ``U``, shaped like the clients' inputs (labels, if any,
         are ignored).
     buffer_size, server_lr, distill_steps, distill_batch_size, distill_lr, distill_move, alpha_min, alpha_max, clip,
-    overlap_logits
+    overlap_logits, server_device
         See :class:`FedEchoConfig`.
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows (:class:`FedEchoConfig`).
@@ -207,18 +215,20 @@ class FedEcho(Strategy):
     def __init__(self, model_fn: Callable[[], nn.Module], distill_inputs: Any, buffer_size: int = 0,
                  server_lr: float = 0.0, distill_steps: int = 10, distill_batch_size: int = 64,
                  distill_lr: float = 3e-6, distill_move: float = 0.0, alpha_min: float = 0.2, alpha_max: float = 0.8,
-                 clip: float = 5.0, overlap_logits: bool = True, pace: str = "measured", seed: int = 0,
+                 clip: float = 5.0, overlap_logits: bool = True, pace: str = "measured", server_device: str = "cpu",
+                 seed: int = 0,
                  distill_labels: Any = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
         self.config = FedEchoConfig(buffer_size=buffer_size, server_lr=server_lr, distill_steps=distill_steps,
                                     distill_batch_size=distill_batch_size, distill_lr=distill_lr,
                                     distill_move=distill_move, alpha_min=alpha_min, alpha_max=alpha_max, clip=clip,
-                                    overlap_logits=overlap_logits, pace=pace)
+                                    overlap_logits=overlap_logits, pace=pace, server_device=server_device)
         self._measure_response(pace, server_lr)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")
-        self.unlabeled = torch.from_numpy(unlabeled)
-        self.client_net, self.student = model_fn().eval(), model_fn().eval()
+        self.device = torch_device(server_device)
+        self.unlabeled = torch.from_numpy(unlabeled).to(self.device)
+        self.client_net, self.student = model_fn().to(self.device).eval(), model_fn().to(self.device).eval()
         self.optimizer = torch.optim.Adam(self.student.parameters(), lr=distill_lr, betas=(0.9, 0.999), eps=1e-8)
         self.distill_source = "user inputs"
         self.bank = ClientLogitBank()
@@ -256,7 +266,7 @@ class FedEcho(Strategy):
 
     def client_logits(self, weights: np.ndarray) -> np.ndarray:
         """Logits of the client model ``weights`` on all of ``U`` (in cache-sized chunks: the same bits, faster)."""
-        return chunked_forward(load_flat(self.client_net, weights).eval(), self.unlabeled).numpy()
+        return chunked_forward(load_flat(self.client_net, weights).eval(), self.unlabeled).cpu().numpy()
 
     def distill(self, model: np.ndarray) -> np.ndarray:
         """``Q`` clipped Adam steps of the global model towards the averaged client logits."""
@@ -265,11 +275,11 @@ class FedEcho(Strategy):
         for _ in range(cfg.distill_steps):
             rows = torch.randint(len(self.unlabeled), (min(cfg.distill_batch_size, len(self.unlabeled)),),
                                  generator=self._generator)
-            teacher = torch.from_numpy(self.bank.mean(rows.numpy()))
+            teacher = torch.from_numpy(self.bank.mean(rows.numpy())).to(self.device)
             alpha = uncertainty_weight(teacher, cfg.alpha_min, cfg.alpha_max)
             self._alpha_sum += alpha
             self._alpha_count += 1
-            loss = fedecho_distillation_loss(self.student(self.unlabeled[rows]), teacher, alpha)
+            loss = fedecho_distillation_loss(self.student(self.unlabeled[rows.to(self.device)]), teacher, alpha)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.clip)
@@ -333,7 +343,7 @@ class FedEcho(Strategy):
         """Score the teacher (the stored-logit ensemble) against the model it is about to teach, on all of ``U``:
         their argmax agreement, and, where ``U`` has the task's labels, each one's accuracy."""
         ensemble = torch.from_numpy(self.bank.mean()).argmax(dim=1)
-        own = chunked_forward(load_flat(self.client_net, candidate).eval(), self.unlabeled).argmax(dim=1)
+        own = chunked_forward(load_flat(self.client_net, candidate).eval(), self.unlabeled).argmax(dim=1).cpu()
         figures = self._teacher_figures
         figures["aggregations"] += 1.0
         figures["agreement"] += float((ensemble == own).float().mean())
@@ -354,6 +364,7 @@ class FedEcho(Strategy):
             "buffer-size": self.buffer_size,
             "distill-set": self.distill_source,
             "distill-samples": int(len(self.unlabeled)),
+            "server-device": self.config.server_device,
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
