@@ -36,7 +36,8 @@ class ClassProportionProxies:
         """Probe one upload of ``client`` (only its first ``T_est`` count)."""
         if self.true_proportions is not None or self._count.get(client, 0) >= self.t_est:
             return
-        probs = torch.softmax(chunked_forward(model.eval(), self.probe) / self.t_probe, dim=1).mean(dim=0).double().cpu().numpy()
+        logits = chunked_forward(model.eval(), self.probe)
+        probs = torch.softmax(logits / self.t_probe, dim=1).mean(dim=0).double().cpu().numpy()
         self._sum[client] = self._sum.get(client, 0.0) + probs
         self._count[client] = self._count.get(client, 0) + 1
 
