@@ -182,12 +182,18 @@ def test_client_logits_are_the_client_models_outputs_on_all_of_u():
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_logits_on_a_background_thread_give_the_same_models_and_bank():
+def _cnn_uploads():
+    """A CNN builder, 100 unlabeled inputs, a base model and 9 uploads from 4 clients near it."""
     make = lambda: build_model("cnn", (1, 28, 28), 10)  # noqa: E731
     unlabeled = np.random.default_rng(1).standard_normal((100, 1, 28, 28)).astype(np.float32)
     base = model_to_flat(build_model("cnn", (1, 28, 28), 10, seed=0))
     rng = np.random.default_rng(2)
     uploads = [(i % 4, (base + 0.01 * rng.standard_normal(base.size)).astype(np.float32)) for i in range(9)]
+    return make, unlabeled, base, uploads
+
+
+def test_logits_on_a_background_thread_give_the_same_models_and_bank():
+    make, unlabeled, base, uploads = _cnn_uploads()
     runs = []
     for overlap in (False, True):
         echo = FedEcho(make, unlabeled, buffer_size=3, distill_steps=4, distill_batch_size=16, distill_lr=1e-3,
@@ -334,11 +340,7 @@ def _echo_models(device: str, uploads, base, make, unlabeled, state=None, start=
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on a lent device)")
 def test_fedecho_on_a_gpu_makes_the_cpu_updates_up_to_float_order_and_resumes_there():
-    make = lambda: build_model("cnn", (1, 28, 28), 10)  # noqa: E731
-    unlabeled = np.random.default_rng(1).standard_normal((100, 1, 28, 28)).astype(np.float32)
-    base = model_to_flat(build_model("cnn", (1, 28, 28), 10, seed=0))
-    rng = np.random.default_rng(2)
-    uploads = [(i % 4, (base + 0.01 * rng.standard_normal(base.size)).astype(np.float32)) for i in range(9)]
+    make, unlabeled, base, uploads = _cnn_uploads()
     _, on_cpu = _echo_models("cpu", uploads, base, make, unlabeled)
     gpu, on_gpu = _echo_models("cuda", uploads, base, make, unlabeled)
     assert len(on_cpu) == len(on_gpu) == 3 and gpu.summary()["server-device"] == "cuda"
