@@ -40,6 +40,7 @@ _PUBLIC = {
     "StrategyConfig": "asyncfl.strategies.settings",
     "answer_identity": "asyncfl.client_app.extras",
     "pad_to_emulated_duration": "asyncfl.client_app.extras",
+    "report_train_seconds": "asyncfl.client_app.extras",
     "DelayModel": "asyncfl.simulation.delays",
     "ComponentDelay": "asyncfl.simulation.delays",
 }
@@ -72,7 +73,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; the same names as _PUBLIC 
         RunFailed, NoNodesConnected, NothingToDispatch, ClientAppsFailing, TooFewPeers, MissingClientInfo,
         CheckpointError, ConfigError, StateError,
     )
-    from asyncfl.client_app.extras import answer_identity, pad_to_emulated_duration
+    from asyncfl.client_app.extras import answer_identity, pad_to_emulated_duration, report_train_seconds
     from asyncfl.simulation.delays import DelayModel, ComponentDelay
 
 

@@ -42,6 +42,17 @@ LABEL_COUNTS = "label-counts"
 #: The training loss a reply reports (asyncfl's ClientApp; Flower's examples write ``train_loss``).
 TRAIN_LOSS = "train-loss"
 TRAIN_LOSS_ALIASES = (TRAIN_LOSS, "train_loss")
+#: Seconds the ClientApp spent on the job (asyncfl's ClientApp; any app with the ``report_train_seconds`` mod): on
+#: the wall clock, a round trip minus this is the time the job waited to start (a simulation's worker queue).
+TRAIN_SECONDS = "train-seconds"
+
+
+def train_seconds(metrics) -> float | None:
+    """A reply's ``train-seconds`` when its metrics hold a finite number >= 0 there, else ``None``."""
+    value = metrics.get(TRAIN_SECONDS) if metrics is not None else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+        return None
+    return float(value)
 #: A reply's record saying where a simulated ClientApp ran: ``{RAY_NODE: id}`` (multi-node Ray runs).
 WORKER_RECORD = "asyncfl-worker"
 RAY_NODE = "ray-node"

@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from asyncfl import protocol
 from asyncfl.server_app.clock import VirtualClock, WallClock
 from asyncfl.server_app.engine import Job
@@ -48,3 +50,25 @@ def test_wall_clock_costs_no_server_time_and_asks_emulated_durations_only_when_s
     assert WallClock(FixedDelays()).request_keys(1) == {}
     assert WallClock(FixedDelays(), emulate_delay_scale=0.5).request_keys(1) == {protocol.EMULATE_SECONDS: 1.25}
     assert WallClock(FixedDelays()).job_duration(1) == 0.0 and WallClock(FixedDelays()).server_time(3.0) == 0.0
+
+
+def test_hold_window_adds_the_measured_start_wait_on_the_wall_clock_only():
+    # jobs that train 1 s but come back after 6 s waited 5 s for a worker: a freed slot may wait that long for
+    # the next version on top of a tenth of a job's compute; without train-seconds the round trip is the job
+    wall = WallClock(FixedDelays())
+    assert wall.hold_window(0.1, 6.0) == pytest.approx(0.6)
+    for finish, seconds in ((6.0, 1.0), (6.5, 1.2), (5.5, 0.8)):
+        wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, finish, 0, 0.0), seconds)
+    assert wall.hold_window(0.1, 6.0) == pytest.approx(0.1 * 1.0 + 5.0)
+    wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 2.0, 0, 0.0), 3.0)  # longer than its round trip: ignored
+    assert len(wall.recent_compute) == 3
+    virtual = VirtualClock(FixedDelays())
+    virtual.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 6.0, 0, 0.0), 1.0)
+    assert virtual.hold_window(0.1, 6.0) == pytest.approx(0.6)
+
+
+def test_train_seconds_reads_only_a_finite_non_negative_number():
+    assert protocol.train_seconds({"train-seconds": 2}) == 2.0
+    for metrics in (None, {}, {"train-seconds": float("nan")}, {"train-seconds": -1.0}, {"train-seconds": [1.0]},
+                    {"train-seconds": True}, {"train-seconds": float("inf")}):
+        assert protocol.train_seconds(metrics) is None

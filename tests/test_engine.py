@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Error, Message
 
+from asyncfl import protocol
 from asyncfl.config import ConfigError, EngineConfig
 from asyncfl.errors import ClientAppsFailing
 from asyncfl.options import RunOptions
@@ -653,6 +654,35 @@ def test_dispatch_hold_never_waits_for_a_slow_buffer():
     durations = sorted(engine.delays.profile(c).train for c in range(2))
     assert seen[:2] == [pytest.approx(durations[0]), pytest.approx(2 * durations[0])]
     assert engine.state.held_since == -1.0
+
+
+@pytest.mark.parametrize("reports_train_seconds, second_wave_bases", [(False, [0, 1]), (True, [1, 1])])
+def test_wall_clock_hold_covers_the_time_jobs_wait_to_start(reports_train_seconds, second_wave_bases):
+    # replies come 0.6 s (node 101) and 0.9 s (node 102's first) after their push. Without train-seconds a job is
+    # its 0.6 s round trip and a tenth of it cannot cover the 0.3 s to the buffer's step: 101's second job goes out
+    # on version 0. Replies saying they trained 1 ms show 0.6 s of waiting to start, so the slot waits for version 1
+    pushed_at = {}
+
+    def handler(node, message):
+        pushed_at[message.metadata.message_id] = (node, time.monotonic())
+        reply = plus_one(node, message)
+        if reports_train_seconds:
+            reply.content.metric_records["metrics"][protocol.TRAIN_SECONDS] = 0.001
+        return reply
+
+    def after_their_wait(waiting):
+        now, firsts = time.monotonic(), {}
+        for message_id in pushed_at:
+            firsts.setdefault(pushed_at[message_id][0], message_id)
+        return [w for w in waiting  # identity queries (not in pushed_at) come back at once
+                if w not in pushed_at or now - pushed_at[w][1] >= (0.9 if w == firsts[102] else 0.6)]
+
+    strategy = FedBuff(buffer_size=2, server_lr=1.0)
+    seen = _dispatch_versions(strategy)
+    engine = make_engine(FakeGrid(2, handler, release=after_their_wait), strategy, clock="wall", concurrency=2,
+                         max_arrivals=4, dispatch_hold=0.1, job_timeout=30.0)
+    engine.run()
+    assert [base for base, _ in seen[2:]] == second_wave_bases
 
 
 def test_wall_clock_a_held_slot_goes_out_when_its_wait_is_over():

@@ -81,6 +81,9 @@ def train(msg: Message, context: Context) -> Message:
         device=pick_device(),
     )
     model.cpu()
+    # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it; the padding is the
+    # job's emulated training, so train-seconds includes it (the rest of a round trip is the wait to start)
+    pad_to_emulated_duration(msg, started)
     train_seconds = time.monotonic() - started
     fault = fault_of(context.node_config, context.run_config, _node_ids(context)[0])
     arrays = apply_fault(fault, ArrayRecord(model.state_dict()), msg.content["arrays"],
@@ -89,12 +92,10 @@ def train(msg: Message, context: Context) -> Message:
         {
             "arrays": arrays,
             "metrics": MetricRecord({protocol.NUM_EXAMPLES: len(data.y_train), protocol.TRAIN_LOSS: loss,
-                                     "train-seconds": train_seconds}),
+                                     protocol.TRAIN_SECONDS: train_seconds}),
             **worker_record(),
         }
     )
-    # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it.
-    pad_to_emulated_duration(msg, started)
     return Message(content, reply_to=msg)
 
 

@@ -5,7 +5,12 @@ node's ``partition-id`` (and, if you say how, its example count): clients are th
 ordered by partition id, so a seeded simulation repeats exactly whatever node ids
 the SuperLink assigned. ``pad_to_emulated_duration`` makes a deployed client take
 as long as the delay model drew for the job (``start(..., emulate_delay_scale=...)``),
-so asynchrony shows on uniform hardware::
+so asynchrony shows on uniform hardware. ``report_train_seconds`` is a Flower mod that adds the
+seconds your train handler took to its reply's metrics, so that on the wall clock the engine can
+tell a job's training from the time it waited for a worker (a simulation runs more jobs than it
+has workers) and lets ``dispatch-hold`` wait that long for a fresher model at no cost::
+
+    app = ClientApp(mods=[report_train_seconds])
 
     app = ClientApp()
     answer_identity(app, num_examples=lambda context: len(my_partition(context)))
@@ -24,8 +29,9 @@ import sys
 import time
 from typing import Callable
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common import MessageType
 
 from asyncfl import protocol
 
@@ -99,3 +105,29 @@ def pad_to_emulated_duration(msg: Message, started: float) -> None:
     remaining = float(config.get(protocol.EMULATE_SECONDS, 0.0)) - (time.monotonic() - started)
     if remaining > 0:
         time.sleep(remaining)
+
+
+def report_train_seconds(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Flower mod: add ``train-seconds`` (the train handler's wall time) to a train reply's metrics.
+
+    Register it with ``ClientApp(mods=[report_train_seconds])``. The seconds go into the reply's
+    ``"metrics"`` record (else its only MetricRecord, which the engine reads; a new ``"metrics"``
+    record when it has none). A value the handler already reports is kept; error replies and other
+    message types pass through untouched. The engine subtracts it from the job's round trip to learn
+    how long jobs wait before they start (``dispatch-hold`` on the wall clock); Flower's strategies
+    aggregate it like any other train metric.
+    """
+    if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+        return call_next(msg, context)
+    started = time.monotonic()
+    reply = call_next(msg, context)
+    seconds = time.monotonic() - started
+    if reply.has_error():
+        return reply
+    records = reply.content.metric_records
+    target = records.get("metrics") if "metrics" in records else next(iter(records.values()), None)
+    if target is None:
+        reply.content["metrics"] = MetricRecord({protocol.TRAIN_SECONDS: seconds})
+    elif protocol.TRAIN_SECONDS not in target:
+        target[protocol.TRAIN_SECONDS] = seconds
+    return reply

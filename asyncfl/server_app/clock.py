@@ -63,6 +63,13 @@ class Clock(Protocol):
     def typical_duration(self, in_flight: dict[str, "Job"]) -> float | None:
         """A job's usual duration on this clock (``None``: no estimate yet)."""
 
+    def observe_train_seconds(self, job: "Job", seconds: float) -> None:
+        """An accepted reply said its ClientApp trained for ``seconds`` (``train-seconds``)."""
+
+    def hold_window(self, hold: float, typical: float) -> float:
+        """How long a freed slot may wait for the strategy's next version: ``hold`` x a job's compute, plus the
+        time a job waits before it starts (dead time whichever model it carries)."""
+
     def puller(self, grid, concurrency: int) -> ThreadedPuller | None:
         """How replies are pulled: ``None`` for one ``pull_messages`` call over every waiting message."""
 
@@ -106,6 +113,12 @@ class VirtualClock:
         # the median: a few slow clients' jobs must not stretch the fast ones' wait
         return float(np.median([job.finish - job.start for job in in_flight.values()])) if in_flight else None
 
+    def observe_train_seconds(self, job, seconds):
+        pass  # a virtual job starts when it is dispatched and lasts what was drawn for it
+
+    def hold_window(self, hold, typical):
+        return hold * typical
+
     def puller(self, grid, concurrency: int) -> None:
         return None
 
@@ -123,6 +136,9 @@ class WallClock:
         self.emulate_delay_scale = emulate_delay_scale
         self.started = time.monotonic()
         self.recent_durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
+        # replies that report train-seconds: (compute, round trip - compute) of the latest ones
+        self.recent_compute: deque[float] = deque(maxlen=RECENT_DURATIONS)
+        self.recent_start_waits: deque[float] = deque(maxlen=RECENT_DURATIONS)
 
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
@@ -162,6 +178,19 @@ class WallClock:
 
     def typical_duration(self, in_flight):
         return float(np.median(self.recent_durations)) if self.recent_durations else None
+
+    def observe_train_seconds(self, job, seconds):
+        round_trip = job.finish - job.start
+        if not 0.0 <= seconds <= round_trip:  # not a measurement of this job (a clock step, a made-up value)
+            return
+        self.recent_compute.append(seconds)
+        self.recent_start_waits.append(round_trip - seconds)
+
+    def hold_window(self, hold, typical):
+        # without train-seconds the round trip is all the engine knows of a job: a hold of ``hold`` x that
+        if not self.recent_compute:
+            return hold * typical
+        return hold * float(np.median(self.recent_compute)) + float(np.median(self.recent_start_waits))
 
     def resume_at(self, clock: float) -> None:
         self.started = time.monotonic() - clock  # wall time goes on from the checkpoint's, never back

@@ -128,9 +128,11 @@ class Dispatcher:
 
     def holding(self) -> bool:
         """``dispatch-hold``: whether free slots wait for the strategy's next version, due (the in-flight job that
-        completes it, by the clock's estimate) within ``dispatch-hold`` x a job's duration of when they began to
-        wait. Never for a synchronous strategy, one that cannot say when it steps, or a version the jobs in flight
-        cannot complete."""
+        completes it, by the clock's estimate) within the clock's hold window of when they began to wait:
+        ``dispatch-hold`` x a job's duration, plus on the wall clock the time jobs wait to start where replies
+        report ``train-seconds`` (a job queued for a worker has not begun: its model can be chosen later at no
+        cost). Never for a synchronous strategy, one that cannot say when it steps, or a version the jobs in
+        flight cannot complete."""
         state, hold = self.state, self.config.dispatch_hold
         pending = self.strategy.arrivals_to_next_version() if hold > 0 and not self.strategy.synchronous else 0
         if pending <= 0 or len(state.in_flight) < pending:
@@ -141,7 +143,7 @@ class Dispatcher:
         dues = [self.clock.due(job, typical) for job in state.in_flight.values()]
         now = self.clock.now(state.now)
         since = now if state.held_since < 0 else state.held_since
-        if max(sorted(dues)[pending - 1], now) - since > hold * typical:  # an overdue job: expect it now
+        if max(sorted(dues)[pending - 1], now) - since > self.clock.hold_window(hold, typical):  # overdue: expect now
             return False
         if state.held_since < 0:
             state.stats.held_dispatches += 1

@@ -320,6 +320,9 @@ class AsyncEngine:
         self.stats.count_reply(job, content, self.keys.arrays, metrics, state.pulled_at.pop(job.message_id, None),
                                str(worker[protocol.RAY_NODE]) if worker is not None and protocol.RAY_NODE in worker
                                else None)
+        train_seconds = protocol.train_seconds(metrics)
+        if train_seconds is not None:  # the wall clock learns how long jobs wait to start (dispatch-hold)
+            self.clock.observe_train_seconds(job, train_seconds)
         if self.train_metrics is not None and metrics is not None:
             self.train_metrics.add(RecordDict({"metrics": metrics}))
         return outcome

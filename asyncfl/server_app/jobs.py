@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 from flwr.app import RecordDict
 
+from asyncfl import protocol
+
 
 class GridLike(Protocol):
     """The part of ``flwr.serverapp.Grid`` the engine uses."""
@@ -105,8 +107,9 @@ class EngineStats:
             tally = self.tally(job.client)
             tally[2] += pulled_wall - job.sent_wall
             tally[3] += 1
-        if metrics is not None and "train-seconds" in metrics:
-            self.client_train_seconds.append(float(metrics["train-seconds"]))
+        train_seconds = protocol.train_seconds(metrics)
+        if train_seconds is not None:
+            self.client_train_seconds.append(train_seconds)
         if worker_node is not None:
             self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1
 

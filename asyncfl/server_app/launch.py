@@ -242,6 +242,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     s = result.summary
     per_round = f" (of {config.round_arrivals} updates)" if config.round_arrivals else ""
     held = f", {s['held-dispatches']} dispatch(es) held for the next version" if s.get("held-dispatches") else ""
+    if config.clock == "wall" and s.get("client-train-s-mean") is not None and s.get("job-round-trip-s-mean"):
+        held += (f", jobs trained {s['client-train-s-mean']:.2f}s of a {s['job-round-trip-s-mean']:.2f}s round trip "
+                 "(means)")
     flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds%s, %d arrivals, %d server versions, %d rejected, "
              "mean staleness %.2f%s", name, s["wall-seconds"], s["rounds"], per_round, s["arrivals"],
              s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
