@@ -17,6 +17,12 @@ appended to the copy's ``main`` writes it as JSON). Federated evaluation is off 
 
 Cells are appended to ``<out>/cells.jsonl`` as they finish and skipped when present (resumes).
 
+The examples' ClientApps carry asyncfl's optional ``report_train_seconds`` mod (one line, as
+``docs/library.md`` tells a user): replies say how long they trained, and the engine reads the rest
+of a round trip as time the job waited for a worker (``dispatch-hold``'s window). ``--no-client-mod``
+takes it out of the copy (the cells before it existed). A cell records whether the mod was on and
+the means of both times from asyncfl's closing line.
+
 Usage::
 
     .venv/bin/python benchmarks/dropin/wall_clock.py --examples quickstart-pytorch --runs 5
@@ -51,6 +57,7 @@ EXAMPLES = {
     "advanced-pytorch": ("advancedexample/server_app.py", 50, "fraction-evaluate=0.0"),
 }
 RESULT_LINE = "    result = strategy.start("
+MOD = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re.M)
 
 
 def swapped(source: str, strategy: str, accuracy_file: Path) -> str:
@@ -78,7 +85,14 @@ def swapped(source: str, strategy: str, accuracy_file: Path) -> str:
     return source
 
 
-def run_cell(example: str, strategy: str, run: int) -> dict:
+def without_mod(source: str) -> str:
+    """``client_app.py`` with the ``report_train_seconds`` mod taken off its ClientApp."""
+    if not MOD.search(source):
+        raise SystemExit(f"the example's client_app.py has no {MOD.pattern[1:]!r}: update {Path(__file__).name}")
+    return MOD.sub("app = ClientApp()", source)
+
+
+def run_cell(example: str, strategy: str, run: int, client_mod: bool = True) -> dict:
     """One ``asyncfl run`` of ``example`` with ``strategy`` swapped in; the cell with its accuracy curve."""
     module, nodes, overrides = EXAMPLES[example]
     with tempfile.TemporaryDirectory() as folder:
@@ -87,6 +101,10 @@ def run_cell(example: str, strategy: str, run: int) -> dict:
         accuracy_file = Path(folder) / "accuracy.json"
         server_app = app / module
         server_app.write_text(swapped(server_app.read_text(), strategy, accuracy_file))
+        client_app = server_app.with_name("client_app.py")
+        if not client_mod:
+            client_app.write_text(without_mod(client_app.read_text()))
+        client_mod = bool(MOD.search(client_app.read_text()))
         if example == "advanced-pytorch":
             overrides += f" save-dir='{Path(folder) / 'saved'}'"
         started = time.perf_counter()
@@ -102,18 +120,24 @@ def run_cell(example: str, strategy: str, run: int) -> dict:
     closing = [line for line in output.splitlines() if "mean staleness" in line]
     staleness = re.search(r"mean staleness ([0-9.]+)", closing[-1]) if closing else None
     held = re.search(r"(\d+) dispatch\(es\) held", closing[-1]) if closing else None
+    trained = re.search(r"jobs trained ([0-9.]+)s of a ([0-9.]+)s round trip", closing[-1]) if closing else None
+    timing = {"client-train-s-mean": float(trained.group(1)), "job-round-trip-s-mean": float(trained.group(2))} \
+        if trained else {}
     return {"example": example, "strategy": strategy, "run": run, "curve": curve, "final": curve[-1],
             "best": max(curve), "collapsed": collapsed(curve), "seconds": round(seconds, 1),
             "staleness-mean": float(staleness.group(1).rstrip(".")) if staleness else None,
-            "held-dispatches": int(held.group(1)) if held else (0 if closing else None)}
+            "held-dispatches": int(held.group(1)) if held else (0 if closing else None), "client-mod": client_mod,
+            **timing}
 
 
-def table(rows: list[dict]) -> str:
-    """Markdown per example and strategy: mean final, gap to Flower's FedAvg, worst run's gap, collapses, seconds."""
+def table(rows: list[dict], reference_rows: list[dict] | None = None) -> str:
+    """Markdown per example and strategy: mean final, gap to Flower's FedAvg (its cells in ``rows``, else in
+    ``reference_rows``), worst run's gap, collapses, seconds."""
     lines = ["| example | strategy | final (mean ± sd) | − Flower FedAvg | worst run − FedAvg's mean | "
              "collapses | late swing | staleness | wall s per run | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for example in EXAMPLES:
-        reference = [r["final"] for r in rows if r["example"] == example and r["strategy"] == "flower-fedavg"]
+        reference = [r["final"] for r in rows if r["example"] == example and r["strategy"] == "flower-fedavg"] or \
+            [r["final"] for r in reference_rows or [] if r["example"] == example and r["strategy"] == "flower-fedavg"]
         ref = statistics.mean(reference) if reference else None
         for strategy in STRATEGIES:
             cells = [r for r in rows if r["example"] == example and r["strategy"] == strategy]
@@ -131,6 +155,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per cell (the wall clock is not seeded)")
     parser.add_argument("--out", type=Path, default=HERE / "wall-clock")
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
+    parser.add_argument("--no-client-mod", action="store_true",
+                        help="take asyncfl's report_train_seconds mod out of the copy's ClientApp")
+    parser.add_argument("--reference", type=Path, default=HERE / "wall-clock" / "cells.jsonl",
+                        help="cells with Flower's FedAvg, where --out has none (default: wall-clock/cells.jsonl)")
     args = parser.parse_args()
     path = args.out / "cells.jsonl"
     done = {(r["example"], r["strategy"], r["run"]) for r in load(path)}
@@ -140,12 +168,12 @@ def main() -> None:
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
         for example, strategy, run in todo:
-            row = run_cell(example, strategy, run)
+            row = run_cell(example, strategy, run, not args.no_client_mod)
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example:>18} {strategy:>14} run {run}: final {row['final']:.3f} best {row['best']:.3f}"
                   f"{' COLLAPSED' if row['collapsed'] else ''} ({row['seconds']} s)", flush=True)
-    print(table(load(path)))
+    print(table(load(path), load(args.reference) if args.reference.exists() else None))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""advancedexample: the ClientApp, as a synchronous Flower app has it (asyncfl needs no change here).
+"""advancedexample: the ClientApp as a synchronous Flower app has it, plus one optional asyncfl mod.
 
 Each client keeps its own classification head between the jobs it runs (``context.state``, which
 Flower keeps per node for the whole run): it trains the received model with its own head in place
 and evaluates that way, a simple personalisation. The whole model goes back to the server.
+
+``report_train_seconds`` adds each job's training seconds to its reply's metrics: in a simulation on one
+machine the engine then knows how long jobs queue for a worker, and FedBuff's ``dispatch_hold`` lets a freed
+slot wait that long for a fresher model (docs/library.md, "Your ClientApp"). The app works without it.
 """
 
 import torch
+from asyncfl import report_train_seconds
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -13,7 +18,7 @@ from advancedexample.task import HEAD, Net, load_data
 from advancedexample.task import test as test_fn
 from advancedexample.task import train as train_fn
 
-app = ClientApp()
+app = ClientApp(mods=[report_train_seconds])  # optional: see the module docstring
 torch.set_num_threads(1)  # simulated clients share the machine's cores
 PERSONAL_HEAD = "personal-head"
 

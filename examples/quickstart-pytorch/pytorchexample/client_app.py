@@ -1,6 +1,12 @@
-"""pytorchexample: the ClientApp, exactly as a synchronous Flower app has it (asyncfl needs no change here)."""
+"""pytorchexample: the ClientApp as a synchronous Flower app has it, plus one optional asyncfl mod.
+
+``report_train_seconds`` adds each job's training seconds to its reply's metrics: in a simulation on one
+machine the engine then knows how long jobs queue for a worker, and FedBuff's ``dispatch_hold`` lets a freed
+slot wait that long for a fresher model (docs/library.md, "Your ClientApp"). The app works without it.
+"""
 
 import torch
+from asyncfl import report_train_seconds
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -8,7 +14,7 @@ from pytorchexample.task import Net, load_data
 from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
 
-app = ClientApp()
+app = ClientApp(mods=[report_train_seconds])  # optional: see the module docstring
 torch.set_num_threads(1)  # simulated clients share the machine's cores
 
 
