@@ -78,6 +78,23 @@ def test_the_stale_window_averages_the_affected_class_after_its_start_and_gi_run
                            "disparity at 0.21 of its start; 3 comparisons; mean E1 1.5 vs E2 2; never switched back")
 
 
+def test_the_affected_class_is_paired_by_seed_with_a_t_interval(tmp_path):
+    matrix = _matrix()
+    study = matrix.Study(name="gi", supernodes=2, common={}, scenarios={"s": {}}, seeds=(1, 2), targets=(0.5,),
+                         methods={"u": {}, "gi": {}}, affected_class=5, stale_window_start=2.0, final_window=2,
+                         paired_against=("u",))
+    _class_run(tmp_path, "u__s__s1", [0.9, 0.9, 0.2, 0.4], {})  # last 2: 0.3
+    _class_run(tmp_path, "u__s__s2", [0.9, 0.9, 0.4, 0.6], {})  # last 2: 0.5
+    _class_run(tmp_path, "gi__s__s1", [0.0, 0.0, 0.3, 0.5], {})  # +10 points
+    _class_run(tmp_path, "gi__s__s2", [0.0, 0.0, 0.7, 0.7], {})  # +20 points
+    _class_run(tmp_path, "gi__s__s3", [0.0, 0.0, 0.9, 0.9], {})  # no seed-3 reference: not paired
+
+    lines = matrix.paired_lines(study, tmp_path, matrix.table_rows(study))
+
+    # mean +15, sd 7.07, t(0.975, 1) = 12.706: half-width 12.706 x 7.07 / sqrt(2) = 63.5
+    assert lines[-1] == "| gi | u | s | 1,2 | +15.0 ± 63.5 (+10.0 / +20.0) | +15.0 ± 63.5 (+10.0 / +20.0) |"
+
+
 def test_mean_curve_averages_runs_at_each_time_after_smoothing_each_run(tmp_path):
     matrix = _matrix()
     _class_run(tmp_path, "a__s__s1", [0.0, 0.2, 0.4], {})
@@ -161,6 +178,14 @@ def test_the_wall_clock_study_swaps_only_the_strategy_of_each_shipped_example(ex
     assert fedbuff.startswith(source.rstrip("\n"))
     with pytest.raises(SystemExit, match="valid: flower-fedavg, fedbuff, fedasync"):
         wall_clock.swapped(source, "fedprox", out)
+    # run options go into asyncfl's start() only
+    assert "strategy.start(concurrency=4, " in wall_clock.swapped(source, "fedbuff", out, "concurrency=4")
+    with pytest.raises(SystemExit, match="Flower's FedAvg.start"):
+        wall_clock.swapped(source, "flower-fedavg", out, "concurrency=4")
+    # the shipped ClientApp carries the report_train_seconds mod; the cells before it ran without
+    client = (ROOT / "examples" / example / module).with_name("client_app.py").read_text()
+    assert wall_clock.MOD.search(client) and not wall_clock.MOD.search(wall_clock.without_mod(client))
+    ast.parse(wall_clock.without_mod(client))
 
 
 def _partial_runs():

@@ -60,8 +60,9 @@ RESULT_LINE = "    result = strategy.start("
 MOD = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re.M)
 
 
-def swapped(source: str, strategy: str, accuracy_file: Path) -> str:
-    """``server_app.py`` with its strategy swapped and a line writing the per-round server-side accuracy."""
+def swapped(source: str, strategy: str, accuracy_file: Path, start_options: str = "") -> str:
+    """``server_app.py`` with its strategy swapped and a line writing the per-round server-side accuracy;
+    ``start_options`` (``"concurrency=4"``) go into an asyncfl strategy's ``start()`` call."""
 
     imports = re.compile(r"^from asyncfl import ([^\n]*)$", re.M)
     if not imports.search(source) or "FedBuff" not in imports.search(source).group(1):
@@ -77,6 +78,10 @@ def swapped(source: str, strategy: str, accuracy_file: Path) -> str:
         raise SystemExit(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if RESULT_LINE not in source:
         raise SystemExit(f"the example's server_app.py has no {RESULT_LINE.strip()!r}: update {Path(__file__).name}")
+    if start_options:
+        if strategy == "flower-fedavg":
+            raise SystemExit("--start-options are asyncfl's run options: Flower's FedAvg.start() takes none")
+        source = source.replace(RESULT_LINE, f"{RESULT_LINE}{start_options}, ", 1)
     # appended to main, whose last statement (saving the final model) follows start()
     source = source.rstrip("\n") + (
         "\n    import json as _json\n"
@@ -92,7 +97,7 @@ def without_mod(source: str) -> str:
     return MOD.sub("app = ClientApp()", source)
 
 
-def run_cell(example: str, strategy: str, run: int, client_mod: bool = True) -> dict:
+def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, start_options: str = "") -> dict:
     """One ``asyncfl run`` of ``example`` with ``strategy`` swapped in; the cell with its accuracy curve."""
     module, nodes, overrides = EXAMPLES[example]
     with tempfile.TemporaryDirectory() as folder:
@@ -100,7 +105,7 @@ def run_cell(example: str, strategy: str, run: int, client_mod: bool = True) -> 
         shutil.copytree(ROOT / "examples" / example, app, ignore=shutil.ignore_patterns(".flwr", "*.pt", "outputs"))
         accuracy_file = Path(folder) / "accuracy.json"
         server_app = app / module
-        server_app.write_text(swapped(server_app.read_text(), strategy, accuracy_file))
+        server_app.write_text(swapped(server_app.read_text(), strategy, accuracy_file, start_options))
         client_app = server_app.with_name("client_app.py")
         if not client_mod:
             client_app.write_text(without_mod(client_app.read_text()))
@@ -127,6 +132,7 @@ def run_cell(example: str, strategy: str, run: int, client_mod: bool = True) -> 
             "best": max(curve), "collapsed": collapsed(curve), "seconds": round(seconds, 1),
             "staleness-mean": float(staleness.group(1).rstrip(".")) if staleness else None,
             "held-dispatches": int(held.group(1)) if held else (0 if closing else None), "client-mod": client_mod,
+            **({"start-options": start_options} if start_options else {}),
             **timing}
 
 
@@ -157,6 +163,8 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     parser.add_argument("--no-client-mod", action="store_true",
                         help="take asyncfl's report_train_seconds mod out of the copy's ClientApp")
+    parser.add_argument("--start-options", default="",
+                        help="keywords for an asyncfl strategy's start(), as Python: \"concurrency=4\"")
     parser.add_argument("--reference", type=Path, default=HERE / "wall-clock" / "cells.jsonl",
                         help="cells with Flower's FedAvg, where --out has none (default: wall-clock/cells.jsonl)")
     args = parser.parse_args()
@@ -168,7 +176,7 @@ def main() -> None:
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
         for example, strategy, run in todo:
-            row = run_cell(example, strategy, run, not args.no_client_mod)
+            row = run_cell(example, strategy, run, not args.no_client_mod, args.start_options)
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example:>18} {strategy:>14} run {run}: final {row['final']:.3f} best {row['best']:.3f}"
