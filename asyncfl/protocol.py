@@ -53,6 +53,14 @@ def train_seconds(metrics) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
         return None
     return float(value)
+
+
+def reply_metrics(content):
+    """A reply's ``"metrics"`` MetricRecord, else its only (first) one as Flower reads it, else ``None``."""
+    records = content.metric_records
+    return records["metrics"] if "metrics" in records else next(iter(records.values()), None)
+
+
 #: A reply's record saying where a simulated ClientApp ran: ``{RAY_NODE: id}`` (multi-node Ray runs).
 WORKER_RECORD = "asyncfl-worker"
 RAY_NODE = "ray-node"

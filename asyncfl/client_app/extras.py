@@ -11,8 +11,6 @@ tell a job's training from the time it waited for a worker (a simulation runs mo
 has workers) and lets ``dispatch-hold`` wait that long for a fresher model at no cost::
 
     app = ClientApp(mods=[report_train_seconds])
-
-    app = ClientApp()
     answer_identity(app, num_examples=lambda context: len(my_partition(context)))
 
     @app.train()
@@ -124,8 +122,7 @@ def report_train_seconds(msg: Message, context: Context, call_next: Callable[[Me
     seconds = time.monotonic() - started
     if reply.has_error():
         return reply
-    records = reply.content.metric_records
-    target = records.get("metrics") if "metrics" in records else next(iter(records.values()), None)
+    target = protocol.reply_metrics(reply.content)
     if target is None:
         reply.content["metrics"] = MetricRecord({protocol.TRAIN_SECONDS: seconds})
     elif protocol.TRAIN_SECONDS not in target:

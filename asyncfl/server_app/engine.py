@@ -317,10 +317,11 @@ class AsyncEngine:
         content = reply.content
         metrics = self.keys.metrics_of(content)
         worker = content.config_records.get(protocol.WORKER_RECORD)
-        self.stats.count_reply(job, content, self.keys.arrays, metrics, state.pulled_at.pop(job.message_id, None),
+        train_seconds = protocol.train_seconds(metrics)
+        self.stats.count_reply(job, content, self.keys.arrays, train_seconds,
+                               state.pulled_at.pop(job.message_id, None),
                                str(worker[protocol.RAY_NODE]) if worker is not None and protocol.RAY_NODE in worker
                                else None)
-        train_seconds = protocol.train_seconds(metrics)
         if train_seconds is not None:  # the wall clock learns how long jobs wait to start (dispatch-hold)
             self.clock.observe_train_seconds(job, train_seconds)
         if self.train_metrics is not None and metrics is not None:

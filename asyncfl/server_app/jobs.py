@@ -13,8 +13,6 @@ from typing import Protocol
 import numpy as np
 from flwr.app import RecordDict
 
-from asyncfl import protocol
-
 
 class GridLike(Protocol):
     """The part of ``flwr.serverapp.Grid`` the engine uses."""
@@ -97,8 +95,8 @@ class EngineStats:
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
-    def count_reply(self, job: Job, content: RecordDict, arrays_key: str, metrics, pulled_wall: float | None,
-                    worker_node: str | None) -> None:
+    def count_reply(self, job: Job, content: RecordDict, arrays_key: str, train_seconds: float | None,
+                    pulled_wall: float | None, worker_node: str | None) -> None:
         """An accepted reply's transport: bytes of its arrays as serialized, its round trip (``pulled_wall``: when
         it was pulled, if known), the client's own compute time and the Ray node it ran on."""
         self.reply_bytes.append(sum(len(array.data) for array in content.array_records[arrays_key].values()))
@@ -107,7 +105,6 @@ class EngineStats:
             tally = self.tally(job.client)
             tally[2] += pulled_wall - job.sent_wall
             tally[3] += 1
-        train_seconds = protocol.train_seconds(metrics)
         if train_seconds is not None:
             self.client_train_seconds.append(train_seconds)
         if worker_node is not None:

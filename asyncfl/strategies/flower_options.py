@@ -26,6 +26,8 @@ from typing import Callable
 
 from flwr.app import MetricRecord, RecordDict
 
+from asyncfl import protocol
+
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
@@ -39,10 +41,7 @@ class MessageKeys:
 
     def metrics_of(self, content: RecordDict) -> MetricRecord | None:
         """The reply's ``"metrics"`` record, else its only MetricRecord (Flower reads the first one)."""
-        records = content.metric_records
-        if "metrics" in records:
-            return records["metrics"]
-        return next(iter(records.values()), None)
+        return protocol.reply_metrics(content)
 
 
 @dataclass(frozen=True)
