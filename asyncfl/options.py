@@ -71,6 +71,14 @@ class RunOptions(Knobs):
         client's update in it. At equal speeds, where the buffer's arrivals come together, this costs no
         time; a slow buffer is never waited for. 0 = dispatch at once; None: the strategy's own
         ``auto_dispatch_hold`` (FedBuff 0.1, others 0). ``dispatch-hold``.
+    cap_in_flight : bool
+        Wall clock, asynchronous strategies: keep in flight only the jobs the workers can start soon, the
+        measured parallelism + 1 (jobs in flight x (train + the shortest wait to start) / round trip, over
+        the latest replies that report ``train-seconds``; :func:`asyncfl.report_train_seconds`), never more
+        than ``concurrency``. Where ClientApps share a few workers (a simulation on a small machine), jobs
+        beyond those wait in a queue and grow stale there for no gain in throughput. ``concurrency`` still
+        sets the strategy (FedBuff's buffer, the pace). Without ``train-seconds`` replies, on the virtual
+        clock and in synchronous rounds it does nothing. ``cap-in-flight``.
     server_time_scale : float
         Virtual clock: charge server compute at this many units per second (0 = free, the papers'
         convention). ``server-time-scale``.
@@ -131,6 +139,7 @@ class RunOptions(Knobs):
     progress: bool = knob(False)
     overlap_server_compute: bool = knob(False)
     dispatch_hold: float | None = knob(None, minimum=0)
+    cap_in_flight: bool = knob(True)
     server_time_scale: float = knob(0.0, minimum=0)
     round_deadline: float = knob(0.0, minimum=0)
     pipeline_late_clients: bool = knob(False)
@@ -217,6 +226,10 @@ class RunOptions(Knobs):
             raise ConfigError(f"update_norm_bound={self.update_norm_bound} (update-norm-bound) would bound honest "
                               "updates at or below the typical one; use a multiple > 1 of the recent median norm "
                               "(default 3), or 0 to turn the bound off")
+        if self.jobs_per_client > 1 and self.cap_in_flight:
+            raise ConfigError(f"jobs-per-client (jobs_per_client) = {self.jobs_per_client} queues each client's next "
+                              "job on purpose, and cap-in-flight (cap_in_flight, on by default) keeps jobs out of "
+                              "queues: set cap-in-flight = false with it")
         if self.jobs_per_client > 1 and self.clock != "wall":
             raise ConfigError("jobs-per-client (jobs_per_client) > 1 queues a client's next job at the SuperLink while "
                               "it trains; that is a deployment setting and needs clock = 'wall' (the virtual clock "
@@ -347,6 +360,7 @@ class EngineConfig:
     jobs_per_client: int = _resumed(1)  # wall clock: jobs a client may have out at once (> 1 queues its next job)
     update_norm_bound: float = _resumed(0.0)  # bound each update's norm at this x the recent median (0 = off)
     update_norm_action: str = _resumed("clip")  # or "reject"
+    cap_in_flight: bool = False  # wall clock: jobs in flight capped at the measured parallelism + 1
 
     @classmethod
     def resume_fields(cls) -> tuple[str, ...]:

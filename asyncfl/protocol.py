@@ -61,9 +61,10 @@ def reply_metrics(content):
     return records["metrics"] if "metrics" in records else next(iter(records.values()), None)
 
 
-#: A reply's record saying where a simulated ClientApp ran: ``{RAY_NODE: id}`` (multi-node Ray runs).
+#: A reply's record saying where its ClientApp ran: ``{PROCESS: "host:pid"}``, and ``RAY_NODE: id`` in a Ray worker.
 WORKER_RECORD = "asyncfl-worker"
 RAY_NODE = "ray-node"
+PROCESS = "process"
 
 # ------------------------------------------------------------------ gossip events (relay <-> peer ClientApps)
 #: A peer's accuracy on its local test split after the event.

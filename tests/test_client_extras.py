@@ -1,5 +1,7 @@
 """asyncfl's extras for a user's ClientApp: the ``report_train_seconds`` mod."""
 
+import os
+import socket
 import time
 
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -33,6 +35,9 @@ def test_the_mod_adds_the_handlers_seconds_to_the_metrics_record_a_train_reply_h
                                  _handler(RecordDict({"train_metrics": MetricRecord({"train_loss": 1.0})})))
     assert protocol.TRAIN_SECONDS in reply.content.metric_records["train_metrics"]
     assert list(reply.content.metric_records) == ["train_metrics"]
+    # and which process trained, in a ConfigRecord (Flower's strategies aggregate MetricRecords only)
+    worker = reply.content.config_records[protocol.WORKER_RECORD]
+    assert worker[protocol.PROCESS] == f"{socket.gethostname()}:{os.getpid()}"
 
 
 def test_the_mod_creates_a_metrics_record_and_keeps_a_reported_value():

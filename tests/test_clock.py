@@ -58,12 +58,12 @@ def test_hold_window_adds_the_measured_start_wait_on_the_wall_clock_only():
     wall = WallClock(FixedDelays())
     assert wall.hold_window(0.1, 6.0) == pytest.approx(0.6)
     for finish, seconds in ((6.0, 1.0), (6.5, 1.2), (5.5, 0.8)):
-        wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, finish, 0, 0.0), seconds)
+        wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, finish, 0, 0.0), seconds, 3)
     assert wall.hold_window(0.1, 6.0) == pytest.approx(0.1 * 1.0 + 5.0)
-    wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 2.0, 0, 0.0), 3.0)  # longer than its round trip: ignored
+    wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 2.0, 0, 0.0), 3.0, 3)  # longer than its round trip: ignored
     assert len(wall.recent_compute) == 3
     virtual = VirtualClock(FixedDelays())
-    virtual.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 6.0, 0, 0.0), 1.0)
+    virtual.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 6.0, 0, 0.0), 1.0, 3)
     assert virtual.hold_window(0.1, 6.0) == pytest.approx(0.6)
 
 
@@ -72,3 +72,49 @@ def test_train_seconds_reads_only_a_finite_non_negative_number():
     for metrics in (None, {}, {"train-seconds": float("nan")}, {"train-seconds": -1.0}, {"train-seconds": [1.0]},
                     {"train-seconds": True}, {"train-seconds": float("inf")}):
         assert protocol.train_seconds(metrics) is None
+
+
+def _observe(clock, jobs, processes=2):
+    """``jobs``: (train seconds, wait to start, jobs in flight) per accepted reply, trained in turn by ``processes``
+    processes (0: replies name none)."""
+    for i, (train, wait, in_flight) in enumerate(jobs):
+        clock.observe_train_seconds(Job("m", 101, 1, 0, 0.0, train + wait, 0, 0.0), train, in_flight,
+                                    f"host:{i % processes}" if processes else None)
+
+
+def test_in_flight_cap_is_the_measured_parallelism_plus_one_on_the_wall_clock_only():
+    # 10 jobs out, each trains 1 s; one started after 1 s (transport), seven queued 3 s: a round trip of 3.75 s on
+    # average, of which 2 s every job pays, so the workers run 10 x 2 / 3.75 = 5.33 jobs at once: cap 7
+    wall = WallClock(FixedDelays())
+    _observe(wall, [(1.0, 1.0, 10)] + [(1.0, 3.0, 10)] * 6, processes=6)
+    assert wall.parallelism() is None and wall.in_flight_cap(10) == 10  # 7 replies: not measured yet
+    _observe(wall, [(1.0, 3.0, 10)], processes=6)
+    assert wall.parallelism() == pytest.approx(10 * 2.0 / 3.75)
+    assert wall.in_flight_cap(10) == 7 and wall.in_flight_cap(6) == 6  # never above concurrency
+    virtual = VirtualClock(FixedDelays())
+    _observe(virtual, [(1.0, 3.0, 10)] * 8)
+    assert virtual.in_flight_cap(10) == 10
+
+
+def test_in_flight_cap_never_below_the_processes_that_train_and_only_where_they_are_fewer_than_the_jobs():
+    # the same replies: 2 processes trained them (the waits are a queue): at least 2 + 1; 10 processes or
+    # replies that name none (a wait may be a SuperNode's idle poll, and a node trains one job at a time): no cap
+    replies = [(1.0, 1.0, 10)] + [(1.0, 3.0, 10)] * 15  # 10 x 2 / 3.875 = 5.2 at once
+    for processes, cap in ((2, 7), (10, 10), (0, 10)):
+        wall = WallClock(FixedDelays())
+        _observe(wall, replies, processes)
+        assert wall.in_flight_cap(10) == cap
+    # 4 processes, and every job waited 9 s beyond the shortest wait: 10 x 1 / 9.75 = 1.03 at once by Little's law,
+    # but 4 processes trained: the cap keeps 4 + 1
+    wall = WallClock(FixedDelays())
+    _observe(wall, [(1.0, 0.0, 10)] + [(1.0, 9.0, 10)] * 31, processes=4)
+    assert wall.parallelism() == pytest.approx(10 * 1.0 / (1.0 + 279 / 32)) and wall.in_flight_cap(10) == 5
+
+
+def test_in_flight_cap_grows_back_when_nothing_queues():
+    # 4 jobs out and none waits beyond the 0.2 s every job pays: the workers could run more, the cap offers one more
+    wall = WallClock(FixedDelays())
+    _observe(wall, [(1.0, 0.2, 4)] * 8)
+    assert wall.parallelism() == pytest.approx(4.0) and wall.in_flight_cap(10) == 5
+    _observe(wall, [(1.0, 0.2, 5)] * 32)  # the window holds the latest 32 replies
+    assert wall.in_flight_cap(10) == 6

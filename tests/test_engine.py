@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Error, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
 
 from asyncfl import protocol
 from asyncfl.config import ConfigError, EngineConfig
@@ -13,6 +13,7 @@ from asyncfl.errors import ClientAppsFailing
 from asyncfl.options import RunOptions
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
+from asyncfl.server_app.puller import ThreadedPuller
 from asyncfl.simulation.delays import ComponentDelay, DelayModel
 from asyncfl.simulation.presets import DELAY_PRESETS
 from asyncfl.strategies import FedAvg, FedBuff, Strategy
@@ -596,7 +597,9 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
 
 def test_jobs_per_client_above_one_needs_the_wall_clock():
     with pytest.raises(ConfigError, match="jobs-per-client.*clock = 'wall'"):
-        RunOptions(clock="virtual", delays=FIXED, jobs_per_client=2)
+        RunOptions(clock="virtual", delays=FIXED, jobs_per_client=2, cap_in_flight=False)
+    with pytest.raises(ConfigError, match="jobs-per-client.*queues.*on purpose.*set cap-in-flight = false"):
+        RunOptions(clock="wall", jobs_per_client=2)
     with pytest.raises(ConfigError, match="jobs_per_client=0 must be >= 1.*jobs-per-client"):
         RunOptions(clock="wall", jobs_per_client=0)
 
@@ -699,3 +702,49 @@ def test_wall_clock_a_held_slot_goes_out_when_its_wait_is_over():
     engine.run()
     assert engine.stats.arrivals == 4
     assert engine.stats.rejected == {}
+
+
+class TwoWorkers(FakeGrid):
+    """Train jobs queue for 2 workers that train each for ``train_s`` wall seconds (a simulation on 2 cores); replies
+    say so in ``train-seconds``."""
+
+    def __init__(self, num_nodes, train_s):
+        super().__init__(num_nodes, self._train, release=self._done)
+        self.train_s, self.free_at, self.back_at, self.in_flight_at_push = train_s, [0.0, 0.0], {}, []
+
+    def _train(self, node, message):
+        worker = min(range(2), key=self.free_at.__getitem__)
+        start = max(time.monotonic(), self.free_at[worker])
+        self.free_at[worker] = start + self.train_s
+        self.back_at[message.metadata.message_id] = start + self.train_s
+        reply = plus_one(node, message)
+        reply.content.metric_records["metrics"][protocol.TRAIN_SECONDS] = self.train_s
+        reply.content.config_records[protocol.WORKER_RECORD] = ConfigRecord({protocol.PROCESS: f"host:{worker}"})
+        return reply
+
+    def _done(self, waiting):
+        now = time.monotonic()
+        return [w for w in waiting if self.back_at.get(w, 0.0) <= now]
+
+    def push_messages(self, messages):
+        if any(m.metadata.message_type == "train" for m in messages):
+            self.in_flight_at_push.append(len(self.engine.state.in_flight) + len(messages))
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("cap", [True, False])
+def test_wall_clock_caps_jobs_in_flight_at_the_workers_parallelism_and_keeps_the_strategys_concurrency(cap):
+    # 8 jobs in flight on 2 workers: 6 wait in a queue, growing stale. Once 8 replies told how long they trained,
+    # the cap keeps about 2 + 1 out; FedBuff's buffer is still the one for 8 in flight
+    grid = TwoWorkers(8, train_s=0.15)
+    strategy = FedBuff()
+    engine = make_engine(grid, strategy, clock="wall", concurrency=8, max_arrivals=32, job_timeout=30.0,
+                         cap_in_flight=cap)
+    grid.engine, engine._puller = engine, ThreadedPuller(grid, min_interval=0.002, max_interval=0.005)  # notice soon
+    engine.run()
+    late = grid.in_flight_at_push[len(grid.in_flight_at_push) // 2:]  # dispatches of the run's second half
+    assert strategy.buffer_size == 2 and engine.stats.arrivals == 32
+    if cap:
+        assert max(late) <= 5 and 2 <= engine.stats.in_flight_cap_min <= 5
+    else:
+        assert min(late) >= 7 and engine.stats.capped_checks == 0

@@ -23,6 +23,8 @@ has workers) and lets ``dispatch-hold`` wait that long for a fresher model at no
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
 from typing import Callable
@@ -45,10 +47,14 @@ def ray_node_id() -> str | None:
     return str(ray.get_runtime_context().get_node_id())
 
 
-def worker_record() -> dict[str, RecordDict]:
-    """``{"asyncfl-worker": ConfigRecord({"ray-node": id})}`` in a Ray worker, else nothing."""
+def worker_record() -> dict[str, ConfigRecord]:
+    """``{"asyncfl-worker": ConfigRecord({"process": "host:pid"})}``, with ``"ray-node": id`` in a Ray worker: the
+    engine counts the processes that train (a simulation runs many nodes on a few) and the Ray nodes."""
+    worker = ConfigRecord({protocol.PROCESS: f"{socket.gethostname()}:{os.getpid()}"})
     node = ray_node_id()
-    return {protocol.WORKER_RECORD: ConfigRecord({protocol.RAY_NODE: node})} if node else {}
+    if node:
+        worker[protocol.RAY_NODE] = node
+    return {protocol.WORKER_RECORD: worker}
 
 
 def node_ids(context: Context) -> tuple[int, int]:
@@ -113,7 +119,10 @@ def report_train_seconds(msg: Message, context: Context, call_next: Callable[[Me
     record when it has none). A value the handler already reports is kept; error replies and other
     message types pass through untouched. The engine subtracts it from the job's round trip to learn
     how long jobs wait before they start (``dispatch-hold`` on the wall clock); Flower's strategies
-    aggregate it like any other train metric.
+    aggregate it like any other train metric. The mod also adds an ``"asyncfl-worker"`` ConfigRecord
+    naming the process that trained (:func:`worker_record`; Flower's strategies aggregate no
+    ConfigRecord): where many nodes share a few processes, the engine keeps no more jobs in flight than
+    they can start soon (``cap-in-flight``).
     """
     if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
         return call_next(msg, context)
@@ -127,4 +136,6 @@ def report_train_seconds(msg: Message, context: Context, call_next: Callable[[Me
         reply.content["metrics"] = MetricRecord({protocol.TRAIN_SECONDS: seconds})
     elif protocol.TRAIN_SECONDS not in target:
         target[protocol.TRAIN_SECONDS] = seconds
+    if protocol.WORKER_RECORD not in reply.content.config_records:
+        reply.content.config_records.update(worker_record())
     return reply

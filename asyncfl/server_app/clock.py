@@ -16,6 +16,7 @@ simulation too.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +28,10 @@ from asyncfl.server_app.puller import ThreadedPuller
 
 #: Wall clock: how many of the latest jobs' durations estimate a job's (median): the due time of one in flight.
 RECENT_DURATIONS = 32
+#: Wall clock: replies reporting train-seconds needed before the jobs in flight are capped at the measured parallelism.
+CAP_AFTER_REPLIES = 8
+#: Wall clock: how many of the latest replies' training processes count the processes that train.
+PROCESS_WINDOW = 128
 
 if TYPE_CHECKING:
     from flwr.app import Message
@@ -63,8 +68,12 @@ class Clock(Protocol):
     def typical_duration(self, in_flight: dict[str, "Job"]) -> float | None:
         """A job's usual duration on this clock (``None``: no estimate yet)."""
 
-    def observe_train_seconds(self, job: "Job", seconds: float) -> None:
-        """An accepted reply said its ClientApp trained for ``seconds`` (``train-seconds``)."""
+    def observe_train_seconds(self, job: "Job", seconds: float, in_flight: int, process: str | None = None) -> None:
+        """An accepted reply said its ClientApp trained for ``seconds`` (``train-seconds``) in ``process`` (its
+        ``asyncfl-worker`` record, if any); ``in_flight`` jobs were out when it was accepted (this one included)."""
+
+    def in_flight_cap(self, concurrency: int) -> int:
+        """How many jobs to keep in flight, at most ``concurrency``: those the workers can start soon."""
 
     def hold_window(self, hold: float, typical: float) -> float:
         """How long a freed slot may wait for the strategy's next version: ``hold`` x a job's compute, plus the
@@ -113,8 +122,11 @@ class VirtualClock:
         # the median: a few slow clients' jobs must not stretch the fast ones' wait
         return float(np.median([job.finish - job.start for job in in_flight.values()])) if in_flight else None
 
-    def observe_train_seconds(self, job, seconds):
+    def observe_train_seconds(self, job, seconds, in_flight, process=None):
         pass  # a virtual job starts when it is dispatched and lasts what was drawn for it
+
+    def in_flight_cap(self, concurrency):
+        return concurrency  # nothing queues on the virtual clock
 
     def hold_window(self, hold, typical):
         return hold * typical
@@ -136,9 +148,11 @@ class WallClock:
         self.emulate_delay_scale = emulate_delay_scale
         self.started = time.monotonic()
         self.recent_durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
-        # replies that report train-seconds: (compute, round trip - compute) of the latest ones
+        # replies that report train-seconds: (compute, round trip - compute, jobs out) of the latest ones
         self.recent_compute: deque[float] = deque(maxlen=RECENT_DURATIONS)
         self.recent_start_waits: deque[float] = deque(maxlen=RECENT_DURATIONS)
+        self.recent_in_flight: deque[int] = deque(maxlen=RECENT_DURATIONS)
+        self.recent_processes: deque[str] = deque(maxlen=PROCESS_WINDOW)  # which process trained each reply
 
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
@@ -179,12 +193,39 @@ class WallClock:
     def typical_duration(self, in_flight):
         return float(np.median(self.recent_durations)) if self.recent_durations else None
 
-    def observe_train_seconds(self, job, seconds):
+    def observe_train_seconds(self, job, seconds, in_flight, process=None):
         round_trip = job.finish - job.start
         if not 0.0 <= seconds <= round_trip:  # not a measurement of this job (a clock step, a made-up value)
             return
         self.recent_compute.append(seconds)
         self.recent_start_waits.append(round_trip - seconds)
+        self.recent_in_flight.append(in_flight)
+        if process is not None:
+            self.recent_processes.append(process)
+
+    def parallelism(self) -> float | None:
+        """Jobs the workers run at once, by Little's law over the latest replies that report train-seconds:
+        jobs in flight x (train + the shortest wait to start) / round trip. The shortest wait is transport and
+        start-up, which every job pays; anything above it is a queue for a worker. ``None``: too few replies."""
+        if len(self.recent_compute) < CAP_AFTER_REPLIES:
+            return None
+        compute, waits = float(np.mean(self.recent_compute)), self.recent_start_waits
+        round_trip = compute + float(np.mean(waits))
+        if round_trip <= 0:
+            return None
+        return float(np.mean(self.recent_in_flight)) * (compute + min(waits)) / round_trip
+
+    def in_flight_cap(self, concurrency):
+        # Only where replies show fewer training processes than jobs in flight do jobs queue for a worker (Flower's
+        # simulation runs many nodes on a few Ray actors). A deployment's node trains one job at a time, and a wait
+        # there is transport or a SuperNode's idle poll: waiting for the next job would idle the node.
+        processes = len(set(self.recent_processes))
+        running = self.parallelism()
+        if running is None or not processes or processes >= concurrency:
+            return concurrency
+        # one job more than the workers run, so a worker that frees finds the next job there; below the workers no
+        # job queues, so the estimate, and with it the cap, grows back by one per window of replies
+        return max(1, min(concurrency, max(processes, math.ceil(running - 1e-9)) + 1))
 
     def hold_window(self, hold, typical):
         # without train-seconds the round trip is all the engine knows of a job: a hold of ``hold`` x that

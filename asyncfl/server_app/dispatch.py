@@ -97,7 +97,7 @@ class Dispatcher:
             return 0
         self.refresh_nodes()
         late = len(state.in_flight) if self.strategy.synchronous else 0  # late jobs belong to earlier rounds
-        want = self.config.concurrency - len(state.in_flight) + late
+        want = self.in_flight_limit() - len(state.in_flight) + late
         # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
         # every round; at this point every job still in flight is late, the round having closed)
         if want <= 0 or not len(self.slots) or self.holding():
@@ -125,6 +125,19 @@ class Dispatcher:
         pushed = self.push(jobs)
         self.state.stats.dispatched += pushed
         return pushed
+
+    def in_flight_limit(self) -> int:
+        """``cap-in-flight``: an asynchronous strategy's jobs in flight on the wall clock are capped at what the
+        workers can start soon (:meth:`WallClock.in_flight_cap`), so no job waits in a queue growing stale;
+        ``concurrency`` stays what the strategy was configured for (FedBuff's buffer, the pace). A synchronous
+        round is its cohort."""
+        concurrency = self.config.concurrency
+        if not self.config.cap_in_flight or self.strategy.synchronous:
+            return concurrency
+        cap = self.clock.in_flight_cap(concurrency)
+        if cap < concurrency:
+            self.state.stats.count_in_flight_cap(cap)
+        return cap
 
     def holding(self) -> bool:
         """``dispatch-hold``: whether free slots wait for the strategy's next version, due (the in-flight job that

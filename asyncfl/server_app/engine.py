@@ -316,14 +316,14 @@ class AsyncEngine:
         state.failures_in_a_row = 0
         content = reply.content
         metrics = self.keys.metrics_of(content)
-        worker = content.config_records.get(protocol.WORKER_RECORD)
+        worker = content.config_records.get(protocol.WORKER_RECORD) or {}
         train_seconds = protocol.train_seconds(metrics)
         self.stats.count_reply(job, content, self.keys.arrays, train_seconds,
                                state.pulled_at.pop(job.message_id, None),
-                               str(worker[protocol.RAY_NODE]) if worker is not None and protocol.RAY_NODE in worker
-                               else None)
-        if train_seconds is not None:  # the wall clock learns how long jobs wait to start (dispatch-hold)
-            self.clock.observe_train_seconds(job, train_seconds)
+                               str(worker[protocol.RAY_NODE]) if protocol.RAY_NODE in worker else None)
+        if train_seconds is not None:  # the wall clock learns how long jobs queue (dispatch-hold, cap-in-flight)
+            self.clock.observe_train_seconds(job, train_seconds, len(state.in_flight) + 1,
+                                             str(worker[protocol.PROCESS]) if protocol.PROCESS in worker else None)
         if self.train_metrics is not None and metrics is not None:
             self.train_metrics.add(RecordDict({"metrics": metrics}))
         return outcome

@@ -82,6 +82,10 @@ class EngineStats:
     reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
     clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
     held_dispatches: int = 0  # times free slots waited for the strategy's next version (dispatch-hold)
+    # cap-in-flight: dispatch checks that found jobs in flight capped below concurrency, the sum and least cap
+    capped_checks: int = 0
+    in_flight_cap_sum: int = 0
+    in_flight_cap_min: int = 0
     unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
     # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
     by_client: dict[int, list[float]] = field(default_factory=dict)
@@ -109,6 +113,12 @@ class EngineStats:
             self.client_train_seconds.append(train_seconds)
         if worker_node is not None:
             self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1
+
+    def count_in_flight_cap(self, cap: int) -> None:
+        """A dispatch check found jobs in flight capped at ``cap`` (below ``concurrency``)."""
+        self.capped_checks += 1
+        self.in_flight_cap_sum += cap
+        self.in_flight_cap_min = cap if self.capped_checks == 1 else min(self.in_flight_cap_min, cap)
 
     def count_arrival(self, client: int, staleness: int, wall: float) -> None:
         """An update the strategy took in."""

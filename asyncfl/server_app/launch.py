@@ -245,6 +245,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     if config.clock == "wall" and s.get("client-train-s-mean") is not None and s.get("job-round-trip-s-mean"):
         held += (f", jobs trained {s['client-train-s-mean']:.2f}s of a {s['job-round-trip-s-mean']:.2f}s round trip "
                  "(means)")
+    if s.get("in-flight-cap-mean") is not None:
+        held += (f", jobs in flight capped at {s['in-flight-cap-mean']:.1f} (mean; least {s['in-flight-cap-min']}) "
+                 f"of concurrency {config.concurrency} (cap-in-flight)")
     flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds%s, %d arrivals, %d server versions, %d rejected, "
              "mean staleness %.2f%s", name, s["wall-seconds"], s["rounds"], per_round, s["arrivals"],
              s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)

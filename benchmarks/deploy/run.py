@@ -78,6 +78,7 @@ def main(jobs: int = 60, jobs_per_client: int = 1) -> dict:
                                           "run-name='warm-up'")
             ours_wall, ours_cpu = _submit(deployment, f"{COMMON} concurrency={NODES * jobs_per_client} "
                                                       f"jobs-per-client={jobs_per_client} max-arrivals={jobs} "
+                                                      f"cap-in-flight={str(jobs_per_client == 1).lower()} "
                                                       f"strategy='fedbuff' fedbuff.buffer-size={NODES} "
                                                       f"output-dir='{tmp}' run-name='ours'")
             peer_wall, peer_cpu = _submit(deployment, f"{COMMON} concurrency={NODES} max-arrivals={jobs} "

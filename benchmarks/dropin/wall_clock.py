@@ -128,6 +128,9 @@ def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, sta
     trained = re.search(r"jobs trained ([0-9.]+)s of a ([0-9.]+)s round trip", closing[-1]) if closing else None
     timing = {"client-train-s-mean": float(trained.group(1)), "job-round-trip-s-mean": float(trained.group(2))} \
         if trained else {}
+    capped = re.search(r"jobs in flight capped at ([0-9.]+) \(mean; least (\d+)\)", closing[-1]) if closing else None
+    if capped:
+        timing.update({"in-flight-cap-mean": float(capped.group(1)), "in-flight-cap-min": int(capped.group(2))})
     return {"example": example, "strategy": strategy, "run": run, "curve": curve, "final": curve[-1],
             "best": max(curve), "collapsed": collapsed(curve), "seconds": round(seconds, 1),
             "staleness-mean": float(staleness.group(1).rstrip(".")) if staleness else None,
