@@ -153,6 +153,7 @@ class WallClock:
         self.recent_start_waits: deque[float] = deque(maxlen=RECENT_DURATIONS)
         self.recent_in_flight: deque[int] = deque(maxlen=RECENT_DURATIONS)
         self.recent_processes: deque[str] = deque(maxlen=PROCESS_WINDOW)  # which process trained each reply
+        self._cap: tuple[int, int] | None = None  # (concurrency, cap) since the last reply: asked at every dispatch
 
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
@@ -202,6 +203,7 @@ class WallClock:
         self.recent_in_flight.append(in_flight)
         if process is not None:
             self.recent_processes.append(process)
+        self._cap = None
 
     def parallelism(self) -> float | None:
         """Jobs the workers run at once, by Little's law over the latest replies that report train-seconds:
@@ -216,6 +218,11 @@ class WallClock:
         return float(np.mean(self.recent_in_flight)) * (compute + min(waits)) / round_trip
 
     def in_flight_cap(self, concurrency):
+        if self._cap is None or self._cap[0] != concurrency:  # the figures change only with a reply
+            self._cap = (concurrency, self._measured_cap(concurrency))
+        return self._cap[1]
+
+    def _measured_cap(self, concurrency: int) -> int:
         # Only where replies show fewer training processes than jobs in flight do jobs queue for a worker (Flower's
         # simulation runs many nodes on a few Ray actors). A deployment's node trains one job at a time, and a wait
         # there is transport or a SuperNode's idle poll: waiting for the next job would idle the node.
