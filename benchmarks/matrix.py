@@ -597,7 +597,9 @@ FEDREVIVE_FMNIST_LAG = Study(
 # lease ran seeds 4-6 of FedRevive and AFL-DW only (ONLY="fedrevive__,afl-dw__").
 FEDREVIVE_FMNIST_LAG_CUDA = dataclasses.replace(
     FEDREVIVE_FMNIST_LAG, name="fedrevive-fmnist-lag-cuda", seeds=(1, 2, 3, 4, 5, 6),
-    common={**FEDREVIVE_FMNIST_LAG.common, "fedrevive.server-device": "cuda", "checkpoint-every": 0})
+    common={**FEDREVIVE_FMNIST_LAG.common, "fedrevive.server-device": "cuda", "checkpoint-every": 0},
+    # FedBuff (no server work to move to a GPU) ran on the CPU study above
+    methods={k: v for k, v in FEDREVIVE_FMNIST_LAG.methods.items() if k != "fedbuff"}, relative_target=None)
 
 # PushCen on Fashion-MNIST (issue 29): first a setting where collaboration matters (the paper: Independent 43.9 vs
 # 57.7 for the gossip methods on CIFAR-10 with 500 examples per peer). 50 peers, Dirichlet 0.5, each peer keeps at
