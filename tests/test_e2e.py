@@ -175,10 +175,14 @@ def test_fedrevive_synthesises_and_distils_in_a_real_run_and_resumes_after_a_kil
     # resumed: the same seed gives byte-identical metrics and final model whatever Ray did physically
     asyncfl_run_killed(ROOT, f"{overrides} run-name='killed'", tmp_path / "killed", version=5)
     assert not (tmp_path / "killed" / "final_model.pt").exists()
-    assert "resumed at server version 5" in asyncfl_run_resumed(tmp_path / "killed")
+    asyncfl_run_resumed(tmp_path / "killed")
+    # the run folder's own record, not the streamed log: `flwr run --stream` can end before the SuperLink has
+    # handed over the ServerApp's last lines (a CI run lost "resumed at server version 5" that way)
+    resumed = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    resumed_version = int(Path(resumed["resumed-from"]).name.split("-")[1][1:])  # checkpoint-v<version>-a<arrivals>
+    assert 5 <= resumed_version < resumed["server-versions"]
     for name in ("metrics.csv", "final_model.pt"):
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "revive" / name).read_bytes()
-    resumed = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert resumed["kd-updates"] == 6 and resumed["checkpoint-mb"] > 0
     summary = json.loads((tmp_path / "revive" / "summary.json").read_text())
     assert summary["strategy"] == "fedrevive" and summary["arrivals"] == 10
