@@ -742,8 +742,8 @@ def run_in_process(config: dict, supernodes: int) -> None:
 
 
 def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path, in_process: bool = False) -> None:
-    """One real ``asyncfl run`` (or, ``in_process``, the same apps in one process); skipped when its summary
-    exists."""
+    """One real ``asyncfl run`` (or, ``in_process``, the same apps in one process); skipped when it finished,
+    extended from its last checkpoint when the horizon grew, resumed from its newest one when interrupted."""
     run_name = f"{name}__s{seed}"
     config = {**overrides, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name}
     # a study's common settings name several methods' knobs; each run takes only its own strategy's (the app
@@ -758,6 +758,10 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
             return
         # a longer horizon than the run had: go on from the checkpoint it wrote when it stopped (the same run as
         # one made with the longer horizon from the start, on the virtual clock)
+        config["resume-from"] = str(runs_dir / run_name)
+    elif list((runs_dir / run_name / "checkpoints").glob("checkpoint-v*.npz")):
+        # an interrupted run (killed, or stopped by an error since fixed) goes on from its newest checkpoint:
+        # on the virtual clock the same bytes as one uninterrupted run
         config["resume-from"] = str(runs_dir / run_name)
     text = " ".join(f"{key if '.' not in key else json.dumps(key)}={toml_value(v)}" for key, v in config.items())
     command = [str(ROOT / ".venv/bin/asyncfl"), "run", "--num-supernodes", str(study.supernodes), "-c", text]

@@ -58,6 +58,22 @@ def test_logit_bank_keeps_only_each_clients_latest_logits():
     assert bank.nbytes == 2 * 2 * 3 * 2  # float16
 
 
+def test_logit_bank_keeps_logits_beyond_float16_and_refuses_non_finite_ones():
+    # A client model that diverged locally gave logits of 1.6e9 in a paper-regime run: cast to float16 they
+    # became inf, the teacher inf, the distilled model NaN, and the run stopped. Now: kept as float32, exact.
+    bank = ClientLogitBank()
+    bank.store(0, np.full((2, 3), 2.0, dtype=np.float32))
+    assert bank.store(1, np.full((2, 3), 1.6e9, dtype=np.float32))
+    assert np.all(np.isfinite(bank.mean())) and np.allclose(bank.mean(), (2.0 + 1.6e9) / 2)
+    assert bank.wide == 1 and bank.nbytes == 2 * 3 * 2 + 2 * 3 * 4
+    # non-finite logits are refused: client 1 keeps its previous ones, client 2 is not in the teacher
+    assert not bank.store(1, np.full((2, 3), np.nan, dtype=np.float32))
+    assert not bank.store(2, np.array([[np.inf, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=np.float32))
+    assert bank.refused == 2 and len(bank) == 2 and np.allclose(bank.mean(), (2.0 + 1.6e9) / 2)
+    bank.store(1, np.full((2, 3), 4.0, dtype=np.float32))  # back in range: float16 again, the sum exact
+    assert np.allclose(bank.mean(), 3.0) and bank.nbytes == 2 * 2 * 3 * 2
+
+
 def _mlp_setup():
     make = lambda: build_model("mlp", (1, 8, 8), 3)  # noqa: E731
     unlabeled = np.random.default_rng(0).normal(size=(60, 1, 8, 8)).astype(np.float32)

@@ -70,14 +70,20 @@ def fedecho_distillation_loss(student_logits: torch.Tensor, teacher_logits: torc
 class ClientLogitBank:
     """The latest logits of every client on ``U``, stored as float16, with a float64 running sum.
 
-    Memory is ``clients x |U| x classes x 2`` bytes (:attr:`nbytes`).
+    Memory is ``clients x |U| x classes x 2`` bytes (:attr:`nbytes`). A client's logits beyond float16's
+    range (a model that diverged locally can reach 1e9) are kept as float32 instead, so the teacher is the
+    mean of the logits as computed (the paper's arithmetic) rather than of infinities; non-finite logits
+    are refused and the client's previous ones stay. Both are counted (:attr:`wide`, :attr:`refused`).
     """
 
-    state_attributes = ("_logits", "_sum")
+    state_attributes = ("_logits", "_sum", "wide", "refused")
+    FLOAT16_MAX = float(np.finfo(np.float16).max)
 
     def __init__(self) -> None:
         self._logits: dict[int, np.ndarray] = {}
         self._sum: np.ndarray | None = None
+        self.wide = 0  # logits stored as float32: beyond float16's range
+        self.refused = 0  # non-finite logits not stored
 
     def __len__(self) -> int:
         return len(self._logits)
@@ -86,9 +92,16 @@ class ClientLogitBank:
     def nbytes(self) -> int:
         return sum(v.nbytes for v in self._logits.values())
 
-    def store(self, client: int, logits: np.ndarray) -> None:
-        """Replace ``client``'s logits."""
-        compact = logits.astype(np.float16)
+    def store(self, client: int, logits: np.ndarray) -> bool:
+        """Replace ``client``'s logits; False (the bank unchanged) when they are not all finite."""
+        if not np.isfinite(logits).all():
+            self.refused += 1
+            return False
+        if np.abs(logits).max(initial=0.0) > self.FLOAT16_MAX:
+            compact = logits.astype(np.float32)
+            self.wide += 1
+        else:
+            compact = logits.astype(np.float16)
         if self._sum is None:
             self._sum = np.zeros(compact.shape, dtype=np.float64)
         previous = self._logits.get(client)
@@ -96,6 +109,7 @@ class ClientLogitBank:
             self._sum -= previous
         self._sum += compact
         self._logits[client] = compact
+        return True
 
     def mean(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Average stored logits over all clients that have reported (the teacher ``y_t``)."""
@@ -367,6 +381,8 @@ class FedEcho(Strategy):
             "server-device": self.config.server_device,
             "logit-clients": len(self.bank),
             "logits-mb": round(self.bank.nbytes / 2**20, 3),
+            "logits-beyond-float16": self.bank.wide,
+            "logits-non-finite": self.bank.refused,
             "mean-alpha": round(self._alpha_sum / self._alpha_count, 4) if self._alpha_count else float("nan"),
             "distill-lr": float(f"{self.optimizer.param_groups[0]['lr']:.4g}"),
             "server-lr": round(self._paced_lr(self.config.server_lr, self.buffer_size), 6),
