@@ -71,7 +71,7 @@ class ClientLogitBank:
     """The latest logits of every client on ``U``, stored as float16, with a float64 running sum.
 
     Memory is ``clients x |U| x classes x 2`` bytes (:attr:`nbytes`). A client's logits beyond float16's
-    range (a model that diverged locally can reach 1e9) are kept as float32 instead, so the teacher is the
+    range (a model whose local training diverged) are kept as float32 instead, so the teacher is the
     mean of the logits as computed (the paper's arithmetic) rather than of infinities; non-finite logits
     are refused and the client's previous ones stay. Both are counted (:attr:`wide`, :attr:`refused`).
     """
