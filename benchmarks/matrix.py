@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncfl.config import foreign_settings  # noqa: E402 (the repository's package, from a script)
+from asyncfl.server_app import checkpoint  # noqa: E402
 from asyncfl.server_app.run_folder import toml_value  # noqa: E402
 
 
@@ -764,7 +765,7 @@ def run_cell(study: Study, name: str, overrides: dict, seed: int, runs_dir: Path
         # a longer horizon than the run had: go on from the checkpoint it wrote when it stopped (the same run as
         # one made with the longer horizon from the start, on the virtual clock)
         config["resume-from"] = str(runs_dir / run_name)
-    elif list((runs_dir / run_name / "checkpoints").glob("checkpoint-v*.npz")):
+    elif checkpoint.listed(runs_dir / run_name / checkpoint.FOLDER):
         # an interrupted run (killed, or stopped by an error since fixed) goes on from its newest checkpoint:
         # on the virtual clock the same bytes as one uninterrupted run
         config["resume-from"] = str(runs_dir / run_name)
