@@ -42,8 +42,8 @@ def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: Met
         aggregate = aggregate_metricrecords
     try:
         return aggregate(replies, weight_key)
-    except (ZeroDivisionError, KeyError, TypeError, ValueError) as exc:
-        log.warning("%s metrics not aggregated: %s: %s", what, type(exc).__name__, exc)
+    except Exception as exc:  # noqa: BLE001 - the metrics come from participants: a report lost, never the run
+        log.warning("%s metrics not aggregated: %s: %s", what, type(exc).__name__, str(exc)[:300])
         return None
 
 

@@ -2,7 +2,8 @@
 
 Strategies work on one contiguous vector: one numpy operation per arrival
 instead of one per layer. The codec remembers the layout (names, shapes,
-dtypes) of the initial model and rejects replies that do not match it.
+dtypes) of the initial model and rejects replies that do not match it
+(``docs/security.md``: every reply is a participant's data, checked before use).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from collections import OrderedDict
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+
+
+#: The largest integer entry a reply may carry: float32 (the flat vector) holds integers exactly up to 2**24.
+INTEGER_LIMIT = 2**24
 
 
 class MalformedUpdate(ValueError):
@@ -82,6 +87,13 @@ class ModelCodec:
                                for name, size, dtype in zip(self.names, self.sizes, self.dtypes)])
         return mask if mask.any() else None
 
+    def integer_entries(self) -> np.ndarray | None:
+        """Boolean vector over the flat layout: True where an entry is an integer (e.g. ``num_batches_tracked``);
+        ``None`` when the model has none."""
+        mask = np.concatenate([np.full(size, np.issubdtype(dtype, np.integer))
+                               for size, dtype in zip(self.sizes, self.dtypes)])
+        return mask if mask.any() else None
+
     def clamp_variances(self, flat: np.ndarray) -> tuple[np.ndarray, int]:
         """``flat`` with BatchNorm ``running_var`` entries clamped to >= 0, and how many were negative.
 
@@ -107,8 +119,9 @@ class ModelCodec:
         items = OrderedDict()
         for i, name in enumerate(self.names):
             piece = flat[self.offsets[i] : self.offsets[i + 1]].reshape(self.shapes[i])
-            if np.issubdtype(self.dtypes[i], np.integer):
-                piece = np.rint(piece)
+            if np.issubdtype(self.dtypes[i], np.integer):  # within the dtype's range: no wrap-around on the cast
+                info = np.iinfo(self.dtypes[i])
+                piece = np.clip(np.rint(piece), max(info.min, -INTEGER_LIMIT), min(info.max, INTEGER_LIMIT))
             # np.array keeps 0-d entries 0-d (np.ascontiguousarray would make them 1-d).
             items[name] = Array(np.array(piece, dtype=self.dtypes[i], order="C"))
         return ArrayRecord(items)
@@ -116,30 +129,49 @@ class ModelCodec:
     def decode(self, record: ArrayRecord) -> np.ndarray:
         """Validate a client's ArrayRecord and return it flattened.
 
-        Arrays are matched by name when the names agree with ours, else by
-        position (ClientApps that send plain lists of arrays).
+        A reply is data from a participant that may be faulty or hostile: it must carry exactly
+        this layout's names (in any order, as Flower's own strategies require), each array of its
+        shape, of a floating dtype where the model's entry is floating and an integer dtype where it
+        is an integer (a counter sent as float32 +-3.4e38 would make the model non-finite), integer
+        values within float32's exact range (+-2**24; the flat vector is float32), and no NaN/Inf.
 
         Raises
         ------
         MalformedUpdate
-            Wrong number of arrays, wrong shape, non-numeric dtype, or NaN/Inf.
+            ``wrong-layout`` (number of arrays), ``wrong-names``, ``undecodable``, ``wrong-shape``,
+            ``wrong-dtype``, ``out-of-range`` or ``non-finite``.
         """
         keys = list(record.keys())
         if len(keys) != len(self.names):
             raise MalformedUpdate("wrong-layout", f"{len(keys)} arrays, expected {len(self.names)}")
-        order = self.names if set(keys) == set(self.names) else keys
-        arrays = []
-        for i, key in enumerate(order):
-            try:
-                array = array_view(record[key])
-            except Exception as exc:  # corrupt bytes or unknown serialisation
-                raise MalformedUpdate("undecodable", f"array {key!r}: {exc}") from exc
-            if tuple(array.shape) != self.shapes[i]:
-                raise MalformedUpdate("wrong-shape", f"array {key!r} has shape {array.shape}, expected {self.shapes[i]}")
-            if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-                raise MalformedUpdate("wrong-dtype", f"array {key!r} has dtype {array.dtype}")
-            arrays.append(array)
-        flat = self.flatten(arrays)
+        if set(keys) != set(self.names):
+            unknown = sorted(set(keys) - set(self.names))[:3]
+            raise MalformedUpdate("wrong-names", f"arrays named {unknown} are not in the model; expected the names "
+                                                 f"the model was sent with (e.g. {self.names[:3]})")
+        arrays = [self._checked_array(i, record) for i in range(len(self.names))]
+        with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond float32's range becomes inf: refused below
+            flat = self.flatten(arrays)
         if not np.isfinite(flat).all():
-            raise MalformedUpdate("non-finite", "update contains NaN or Inf")
+            raise MalformedUpdate("non-finite", "update contains NaN or Inf (or a value beyond float32's range)")
         return flat
+
+    def _checked_array(self, i: int, record: ArrayRecord) -> np.ndarray:
+        """Array ``i`` of the layout from ``record``, checked for decodability, shape, dtype kind and range."""
+        name = self.names[i]
+        try:
+            array = array_view(record[name])
+        except Exception as exc:  # corrupt bytes, an unknown serialisation, a dtype numpy does not know
+            raise MalformedUpdate("undecodable", f"array {name!r}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        if tuple(array.shape) != self.shapes[i]:
+            raise MalformedUpdate("wrong-shape", f"array {name!r} has shape {array.shape}, expected {self.shapes[i]}")
+        expected_integer = np.issubdtype(self.dtypes[i], np.integer)
+        kind_ok = (np.issubdtype(array.dtype, np.integer) if expected_integer
+                   else np.issubdtype(array.dtype, np.floating))
+        if not kind_ok or array.dtype == np.bool_:
+            wanted = "an integer" if expected_integer else "a floating"
+            raise MalformedUpdate("wrong-dtype", f"array {name!r} has dtype {array.dtype}; the model's entry is "
+                                                 f"{self.dtypes[i]} ({wanted} dtype is expected)")
+        if expected_integer and array.size and (int(array.min()) < -INTEGER_LIMIT or int(array.max()) > INTEGER_LIMIT):
+            raise MalformedUpdate("out-of-range", f"integer array {name!r} holds a value beyond +-{INTEGER_LIMIT} "
+                                                  "(float32 holds integers exactly only up to 2**24)")
+        return array

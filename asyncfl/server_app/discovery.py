@@ -72,6 +72,11 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     return found
 
 
+def _whole(value) -> bool:
+    """A node's identity answer is data: an id, a size or a label count is used only when a whole number >= 0."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
+
+
 def _ask(grid, nodes: list[int], deadline: float, request: dict) -> dict[str, int]:
     """Push one ``query`` carrying ``request`` to each of ``nodes``; ``{message id: node}``."""
     if not nodes:
@@ -104,11 +109,11 @@ def _collect(grid, pending: set[str], until: float, found: Identities, total: in
             record, node = reply.content.config_records["config"], reply.metadata.src_node_id
             value, size, counts = (record.get(protocol.PARTITION_ID), record.get(protocol.NUM_EXAMPLES),
                                    record.get(protocol.LABEL_COUNTS))
-            if isinstance(value, int):
+            if _whole(value) and value not in found.partition_of.values():  # a claimed id is taken once
                 found.partition_of[node] = value
-            if isinstance(size, int):
+            if _whole(size):
                 found.size_of[node] = size
-            if isinstance(counts, list):
+            if isinstance(counts, list) and counts and all(_whole(c) for c in counts):
                 found.labels_of[node] = [int(c) for c in counts]
         if pending:
             pacer.wait(pull_seconds, len(replies))

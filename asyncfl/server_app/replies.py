@@ -1,12 +1,16 @@
 """A train reply checked before a strategy sees it: an :class:`Arrival`, or what is wrong with it, by reason.
 
 A reply is rejected (counted by reason, never aggregated, the run goes on) when it never
-came, is an error, lacks the model record, or carries a model of another layout, shape or
-dtype or with NaN/Inf (:class:`~asyncfl.server_app.codec.ModelCodec` says which). Step 3 of
+came, is an error, lacks the model record, carries a model of another layout, names, shape,
+dtype or range or with NaN/Inf (:class:`~asyncfl.server_app.codec.ModelCodec` says which), or
+reports an example count that is not a whole number >= 0. Whatever a node sends is data: no
+value, type or shape here raises past :func:`read_reply`. Step 3 of
 the reply path (``docs/engine.md``): nothing here counts, logs or changes state.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from flwr.app import Message
@@ -63,8 +67,39 @@ def read_reply(job: Job, reply: Message | None, codec: ModelCodec, keys: Message
     except RejectedReply as rejected:
         return rejected
     metrics = keys.metrics_of(reply.content)
-    num_examples = int(metrics.get(keys.weight, 0)) if metrics is not None else 0
-    train_loss = next((float(metrics[k]) for k in protocol.TRAIN_LOSS_ALIASES if k in metrics), float("nan")) \
-        if metrics is not None else float("nan")
+    num_examples = reported_count(metrics, keys.weight)
+    if isinstance(num_examples, RejectedReply):
+        return num_examples
     return Arrival(client_index=job.client, base_version=job.version, staleness=version - job.version,
-                   weights=weights, base=base, num_examples=num_examples, train_loss=train_loss, time=job.finish)
+                   weights=weights, base=base, num_examples=num_examples, train_loss=reported_loss(metrics),
+                   time=job.finish)
+
+
+#: The largest example count a reply may report (float64 holds whole numbers exactly up to 2**53).
+MAX_COUNT = 2**53
+
+
+def reported_count(metrics, key: str) -> int | RejectedReply:
+    """A reply's example count under ``key``: a whole number >= 0 (an integral float is taken), 0 when absent;
+    anything else (NaN, inf, negative, fractional, a list, a bool) is the reply's rejection ``bad-num-examples``."""
+    value = metrics.get(key, 0) if metrics is not None else 0
+    whole = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+    if not whole or not 0 <= value <= MAX_COUNT:
+        return RejectedReply("bad-num-examples", f"{key!r} is {str(value)[:60]} ({type(value).__name__}); "
+                                                 f"expected a whole number from 0 to {MAX_COUNT}")
+    return int(value)
+
+
+def reported_loss(metrics) -> float:
+    """A reply's training loss (``train-loss`` or Flower's ``train_loss``) when it is a finite number, else NaN:
+    a report, not an input to any step, so an odd value is not worth a rejection."""
+    if metrics is None:
+        return float("nan")
+    value = next((metrics[k] for k in protocol.TRAIN_LOSS_ALIASES if k in metrics), None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return float("nan")
+    try:
+        loss = float(value)
+    except OverflowError:  # an int beyond float's range
+        return float("nan")
+    return loss if math.isfinite(loss) else float("nan")

@@ -1,0 +1,163 @@
+"""Every reply is data, never control flow: mutated train replies through the real engine never end a run.
+
+Two nodes of eight answer a share of its jobs with a reply mutated in one field (its metrics' types and
+values, its arrays' dtype, names, shape, order, count, bytes and values, its records); the run goes on to
+its stop, every mutated reply is an arrival or a rejection counted under the reason expected of it, and the
+model stays finite. Over FedBuff, FedAsync and FedAvg this drives well over 1,000 mutated replies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from asyncfl import FedAsync, FedAvg, FedBuff
+from tests.fake_grid import FakeGrid
+
+NODES = 8
+SHAPE = (2, 3)
+
+
+def _initial() -> dict[str, np.ndarray]:
+    return {"w": np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(SHAPE), "steps": np.zeros(1, np.int64)}
+
+
+def _raw(dtype: str, shape, data: bytes, stype: str = "numpy.ndarray") -> Array:
+    return Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data)
+
+
+def _arrays(w, steps, **extra) -> ArrayRecord:
+    return ArrayRecord({"w": w if isinstance(w, Array) else Array(w), **extra,
+                        "steps": steps if isinstance(steps, Array) else Array(steps)})
+
+
+def _metrics(**values) -> MetricRecord:
+    return MetricRecord({"num-examples": 10, "train-loss": 0.5, **values})
+
+
+def metrics_of(**values):
+    """A reply with the honest arrays and these metric values."""
+    return lambda w, s: RecordDict({"arrays": _arrays(w, s), "metrics": _metrics(**values)})
+
+
+def arrays_of(make):
+    """A reply with honest metrics and the arrays ``make(w, steps)`` builds."""
+    return lambda w, s: RecordDict({"arrays": make(w, s), "metrics": _metrics()})
+
+
+def content_of(make):
+    """A reply whose whole content ``make(w, steps)`` builds (an Error: an error reply)."""
+    return make
+
+
+NAN, INF, COUNT, LOSS = float("nan"), float("inf"), "num-examples", "train-loss"
+ZERO24, LYING_HEADER = b"\x00" * 24, b"\x93NUMPY\x01\x00\xff\x00" + b"x" * 8
+
+#: name -> (how the reply is built from the honest weights and counter, the rejection reason or None = accepted)
+MUTATIONS = {
+    # metrics: types and values
+    "num-examples-nan": (metrics_of(**{COUNT: NAN}), "bad-num-examples"),
+    "num-examples-inf": (metrics_of(**{COUNT: INF}), "bad-num-examples"),
+    "num-examples-negative": (metrics_of(**{COUNT: -69}), "bad-num-examples"),
+    "num-examples-fraction": (metrics_of(**{COUNT: 2.5}), "bad-num-examples"),
+    "num-examples-list": (metrics_of(**{COUNT: [1, 2]}), "bad-num-examples"),
+    "num-examples-huge": (metrics_of(**{COUNT: 2**70}), "bad-num-examples"),
+    "num-examples-billion": (metrics_of(**{COUNT: 10**9}), None),
+    "num-examples-float-whole": (metrics_of(**{COUNT: 12.0}), None),
+    "num-examples-zero": (metrics_of(**{COUNT: 0}), None),
+    "train-loss-list": (metrics_of(**{LOSS: [1.0, 2.0]}), None),
+    "train-loss-inf": (metrics_of(**{LOSS: INF}), None),
+    "train-loss-huge-int": (metrics_of(**{LOSS: 2**1100}), None),
+    "odd-metric-lists": (metrics_of(acc=[NAN] * 3, x=-1e308), None),
+    "num-examples-missing": (content_of(lambda w, s: RecordDict({"arrays": _arrays(w, s),
+                                                                 "metrics": MetricRecord({LOSS: 0.5})})), None),
+    "metrics-absent": (content_of(lambda w, s: RecordDict({"arrays": _arrays(w, s)})), None),
+    "metrics-as-config": (content_of(lambda w, s: RecordDict({"arrays": _arrays(w, s),
+                                                              "metrics": ConfigRecord({COUNT: "ten"})})), None),
+    # records
+    "error-reply": (content_of(lambda w, s: Error(code=0, reason="Traceback\nRuntimeError: its own")), "error-reply"),
+    "no-arrays": (content_of(lambda w, s: RecordDict({"metrics": _metrics()})), "no-arrays"),
+    "arrays-elsewhere": (content_of(lambda w, s: RecordDict({"model": _arrays(w, s), "metrics": _metrics()})),
+                         "no-arrays"),
+    "empty": (content_of(lambda w, s: RecordDict({})), "no-arrays"),
+    # arrays: count, names, order
+    "extra-array": (arrays_of(lambda w, s: _arrays(w, s, extra=Array(np.zeros(2, np.float32)))), "wrong-layout"),
+    "missing-array": (arrays_of(lambda w, s: ArrayRecord({"w": Array(w)})), "wrong-layout"),
+    "renamed": (arrays_of(lambda w, s: ArrayRecord({"a": Array(w), "b": Array(s)})), "wrong-names"),
+    "reordered": (arrays_of(lambda w, s: ArrayRecord({"steps": Array(s), "w": Array(w)})), None),
+    # shapes
+    "transposed": (arrays_of(lambda w, s: _arrays(np.ascontiguousarray(w.T), s)), "wrong-shape"),
+    "scalar": (arrays_of(lambda w, s: _arrays(np.array(1.0, np.float32), s)), "wrong-shape"),
+    "flattened": (arrays_of(lambda w, s: _arrays(w.reshape(-1), s)), "wrong-shape"),
+    # dtypes
+    "float64": (arrays_of(lambda w, s: _arrays(w.astype(np.float64), s)), None),
+    "float16": (arrays_of(lambda w, s: _arrays(w.astype(np.float16), s)), None),
+    "int-weights": (arrays_of(lambda w, s: _arrays(w.astype(np.int32), s)), "wrong-dtype"),
+    "bool-weights": (arrays_of(lambda w, s: _arrays(w > 0, s)), "wrong-dtype"),
+    "complex-weights": (arrays_of(lambda w, s: _arrays(w.astype(np.complex64), s)), "wrong-dtype"),
+    "float-counter-huge": (arrays_of(lambda w, s: _arrays(w, np.full(1, 3.4e38, np.float32))), "wrong-dtype"),
+    "int32-counter": (arrays_of(lambda w, s: _arrays(w, s.astype(np.int32))), None),
+    "counter-beyond-float32": (arrays_of(lambda w, s: _arrays(w, np.full(1, 2**40, np.int64))), "out-of-range"),
+    "counter-uint64-max": (arrays_of(lambda w, s: _arrays(w, np.full(1, 2**64 - 1, np.uint64))), "out-of-range"),
+    "counter-big-but-exact": (arrays_of(lambda w, s: _arrays(w, np.full(1, 2**24, np.int64))), None),
+    # values
+    "nan": (arrays_of(lambda w, s: _arrays(np.full(SHAPE, np.nan, np.float32), s)), "non-finite"),
+    "inf": (arrays_of(lambda w, s: _arrays(np.full(SHAPE, -np.inf, np.float32), s)), "non-finite"),
+    "beyond-float32": (arrays_of(lambda w, s: _arrays(np.full(SHAPE, 1e300), s)), "non-finite"),
+    "float32-max": (arrays_of(lambda w, s: _arrays(np.full(SHAPE, 3.4e38, np.float32), s)), None),
+    "scaled": (arrays_of(lambda w, s: _arrays(w * np.float32(-1e6), s)), None),
+    # bytes
+    "garbage-bytes": (arrays_of(lambda w, s: _arrays(_raw("float32", SHAPE, b"garbage"), s)), "undecodable"),
+    "npy-header-lies": (arrays_of(lambda w, s: _arrays(_raw("float32", SHAPE, LYING_HEADER), s)),
+                        "undecodable"),
+    "unknown-dtype": (arrays_of(lambda w, s: _arrays(_raw("no-such-dtype", SHAPE, ZERO24), s)), "undecodable"),
+    "unknown-stype": (arrays_of(lambda w, s: _arrays(_raw("float32", SHAPE, ZERO24, stype="pickle"), s)),
+                      "undecodable"),
+}
+
+
+def _fuzzing_client(seen: Counter, share: float = 0.5):
+    """Honest nodes pull the model toward a target; nodes 101-102 mutate ``share`` of their replies, by job seed."""
+    names = sorted(MUTATIONS)
+    target = np.linspace(0.5, -0.5, 6, dtype=np.float32).reshape(SHAPE)
+
+    def handle(node: int, message: Message) -> Message:
+        record = message.content.array_records["arrays"]
+        w = record["w"].numpy()
+        honest_w, steps = w + np.float32(0.2) * (target - w), record["steps"].numpy() + 1
+        seed = int(message.content.config_records["config"]["job-seed"])
+        rng = np.random.default_rng(seed % 2**32)
+        if node in (101, 102) and rng.random() < share:
+            name = names[int(rng.integers(len(names)))]
+            seen[(message.metadata.message_id, name)] += 1
+            return Message(MUTATIONS[name][0](honest_w, steps), reply_to=message)
+        return Message(RecordDict({"arrays": _arrays(honest_w, steps), "metrics": _metrics()}), reply_to=message)
+
+    return handle
+
+
+@pytest.mark.parametrize("make", [lambda: FedBuff(fraction_evaluate=0.0), lambda: FedAsync(fraction_evaluate=0.0),
+                                  lambda: FedAvg(fraction_evaluate=0.0)], ids=["fedbuff", "fedasync", "fedavg"])
+def test_mutated_replies_never_end_a_run_and_each_is_counted_by_its_reason(make):
+    seen: Counter = Counter()
+    grid = FakeGrid(NODES, _fuzzing_client(seen, share=0.95))
+    initial = _initial()
+    result = make().start(grid, ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=0,
+                          train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=5,
+                          max_arrivals=2400, concurrency=8)
+    summary = result.summary
+    rejected = Counter(summary["rejected-by-reason"])
+    expected = Counter(MUTATIONS[name][1] for (_, name) in seen if MUTATIONS[name][1] is not None)
+    pushed_train = sum(m.metadata.message_type == "train" for m in grid.pushed)
+    abandoned = pushed_train - summary["arrivals"] - sum(rejected.values())
+
+    assert len(seen) >= 500 and summary["arrivals"] == 2400  # the run reached its stop
+    assert 0 <= abandoned <= 8  # the jobs still in flight at the stop; every other reply counted
+    assert set(rejected) <= set(expected)
+    for reason, count in expected.items():  # each mutated reply's rejection under its reason (bar the abandoned)
+        assert count - abandoned <= rejected[reason] <= count, reason
+    assert all(np.isfinite(result.arrays[k].numpy()).all() for k in initial)
+    assert result.arrays["steps"].numpy().dtype == np.int64 and abs(int(result.arrays["steps"].numpy()[0])) < 2**24
