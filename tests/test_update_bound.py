@@ -12,16 +12,22 @@ from asyncfl.strategies.arrival import Arrival
 from tests.fake_grid import FakeGrid, trained_reply
 
 
-def arrival(delta, base=None) -> Arrival:
+def arrival(delta, base=None, client=0, num_examples=1) -> Arrival:
     base = np.zeros(len(delta), np.float32) if base is None else np.asarray(base, np.float32)
-    return Arrival(0, 0, 0, base + np.asarray(delta, np.float32), base, 1, 0.0, 0.0)
+    return Arrival(client, 0, 0, base + np.asarray(delta, np.float32), base, num_examples, 0.0, 0.0)
+
+
+def fill(bound, norms, dims=1, first_client=0):
+    """One update of each norm, each from its own client (an all-zero base: the warm-up passes them as they are)."""
+    for i, norm in enumerate(norms):
+        bound.apply(arrival([norm] + [0.0] * (dims - 1), client=first_client + i))
 
 
 def test_an_update_beyond_the_bound_is_scaled_back_along_its_direction():
     bound = UpdateNormBound(2.0)
-    for norm in (1.0, 2.0, 3.0):  # median 2 -> bound 4
-        assert bound.apply(arrival([norm, 0.0])).weights.tolist() == [norm, 0.0]
-    clipped = bound.apply(arrival([6.0, 8.0], base=[1.0, 1.0]))  # norm 10 -> 4: (0.6, 0.8) x 4 from the base
+    for client, norm in enumerate((1.0, 2.0, 3.0)):  # median 2 -> bound 4
+        assert bound.apply(arrival([norm, 0.0], client=client)).weights.tolist() == [norm, 0.0]
+    clipped = bound.apply(arrival([6.0, 8.0], base=[1.0, 1.0], client=3))  # norm 10 -> 4: (0.6, 0.8) x 4 from the base
     assert clipped.weights == pytest.approx([1.0 + 2.4, 1.0 + 3.2])
     assert clipped.delta == pytest.approx([2.4, 3.2])
     assert (bound.clipped, bound.rejected) == (1, 0) and bound.largest_ratio == pytest.approx(5.0)
@@ -29,32 +35,37 @@ def test_an_update_beyond_the_bound_is_scaled_back_along_its_direction():
 
 def test_an_update_within_the_bound_is_passed_as_it_came():
     bound = UpdateNormBound(3.0)
-    for _ in range(MIN_HISTORY):
-        bound.apply(arrival([1.0, 0.0]))
-    within = arrival([0.0, 2.9])
+    fill(bound, [1.0] * MIN_HISTORY, dims=2)
+    within = arrival([0.0, 2.9], client=MIN_HISTORY)
     assert bound.apply(within) is within
 
 
-def test_before_enough_history_the_reference_is_the_base_models_norm():
+def test_before_enough_history_the_reference_is_a_tenth_of_the_base_models_norm():
     bound = UpdateNormBound(3.0)
-    base = [3.0, 4.0]  # norm 5 -> bound 15
-    assert bound.reference(np.array(base, np.float32)) == pytest.approx(5.0)
+    base = [3.0, 4.0]  # norm 5 -> reference 0.5 -> bound 1.5
+    assert bound.reference(np.array(base, np.float32)) == pytest.approx(0.5)
     clipped = bound.apply(arrival([0.0, 30.0], base=base))
-    assert clipped.delta == pytest.approx([0.0, 15.0])
+    assert clipped.delta == pytest.approx([0.0, 1.5])
+
+
+def test_an_attacker_that_arrives_first_cannot_replace_the_model():
+    """An update of -3 x0 (norm 3 |x0|) passed the old bound (3 x |x0|) unclipped; now it moves x0 by 0.3 |x0|."""
+    base = np.array([3.0, 4.0], np.float32)
+    out = UpdateNormBound(3.0).apply(arrival(-3 * base, base=base))
+    assert out.weights == pytest.approx(0.7 * base)
 
 
 def test_the_median_ignores_a_minority_of_huge_norms():
     bound = UpdateNormBound(3.0)
-    for norm in (1.0, 1e6, 1.0, 1.0, 1e6):
-        bound.apply(arrival([norm]))
+    fill(bound, (1.0, 1e6, 1.0, 1.0, 1e6))
     assert bound.reference(np.zeros(1, np.float32)) == pytest.approx(1.0)
+    assert sorted(bound.norms) == [1.0, 1.0, 1.0, 3.0, 1e6]  # the last 1e6 came after history: it entered clipped
 
 
 def test_reject_names_the_reason_and_counts_it():
     bound = UpdateNormBound(2.0, action="reject")
-    for _ in range(MIN_HISTORY):
-        bound.apply(arrival([1.0]))
-    outcome = bound.apply(arrival([5.0]))
+    fill(bound, [1.0] * MIN_HISTORY)
+    outcome = bound.apply(arrival([5.0], client=MIN_HISTORY))
     assert isinstance(outcome, RejectedReply) and outcome.reason == "update-norm" and bound.rejected == 1
     assert "exceeds 2 x the reference 1" in str(outcome)
 
@@ -62,10 +73,10 @@ def test_reject_names_the_reason_and_counts_it():
 def test_entries_that_are_not_trained_are_neither_measured_nor_scaled():
     trained = np.array([True, True, False])
     bound = UpdateNormBound(2.0, groups=[trained])
-    for _ in range(MIN_HISTORY):
-        bound.apply(arrival([1.0, 0.0, 50.0]))  # a counter moving by 50 is no part of the norm
+    for client in range(MIN_HISTORY):
+        bound.apply(arrival([1.0, 0.0, 50.0], client=client))  # a counter moving by 50 is no part of the norm
     assert bound.reference(np.zeros(3, np.float32)) == pytest.approx(1.0)
-    clipped = bound.apply(arrival([0.0, 4.0, 50.0]))
+    clipped = bound.apply(arrival([0.0, 4.0, 50.0], client=MIN_HISTORY))
     assert clipped.weights.tolist() == pytest.approx([0.0, 2.0, 50.0])
 
 
@@ -75,17 +86,17 @@ def test_batchnorm_statistics_are_bounded_on_their_own_scale():
     bound over the weights alone)."""
     weights, stats = np.array([True, True, False, False]), np.array([False, False, True, True])
     bound = UpdateNormBound(3.0, groups=[weights, stats])
-    for _ in range(MIN_HISTORY):
-        assert bound.apply(arrival([1.0, 0.0, 10.0, 0.0])).delta.tolist() == [1.0, 0.0, 10.0, 0.0]
-    out = bound.apply(arrival([0.0, 2.0, 0.0, 500.0]))
+    for client in range(MIN_HISTORY):
+        assert bound.apply(arrival([1.0, 0.0, 10.0, 0.0], client=client)).delta.tolist() == [1.0, 0.0, 10.0, 0.0]
+    out = bound.apply(arrival([0.0, 2.0, 0.0, 500.0], client=MIN_HISTORY))
     assert out.delta.tolist() == pytest.approx([0.0, 2.0, 0.0, 30.0]) and bound.clipped == 1
 
 
 def test_huge_finite_updates_do_not_overflow_the_norm():
     bound = UpdateNormBound(3.0)
-    for _ in range(MIN_HISTORY):
-        bound.apply(arrival([1.0, 1.0]))
-    clipped = bound.apply(arrival([3e38, 3e38]))
+    for client in range(MIN_HISTORY):
+        bound.apply(arrival([1.0, 1.0], client=client))
+    clipped = bound.apply(arrival([3e38, 3e38], client=MIN_HISTORY))
     assert np.isfinite(clipped.weights).all() and np.linalg.norm(clipped.delta) == pytest.approx(3 * np.sqrt(2))
 
 
@@ -146,9 +157,27 @@ def test_rejecting_beyond_the_bound_counts_the_faulty_nodes_updates_as_rejected(
 
 def test_once_honest_updates_stop_moving_the_model_any_update_is_bounded_at_zero():
     bound = UpdateNormBound(3.0)
-    for _ in range(MIN_HISTORY):
-        bound.apply(arrival([0.0, 0.0], base=[1.0, 1.0]))
-    assert bound.apply(arrival([5.0, 0.0], base=[1.0, 1.0])).weights.tolist() == [1.0, 1.0]
+    for client in range(MIN_HISTORY):
+        bound.apply(arrival([0.0, 0.0], base=[1.0, 1.0], client=client))
+    assert bound.apply(arrival([5.0, 0.0], base=[1.0, 1.0], client=MIN_HISTORY)).weights.tolist() == [1.0, 1.0]
+
+
+def test_a_fast_client_fills_one_entry_of_the_window_and_its_bound_shrinks_with_its_share():
+    """Clients 0-3 send norm 1 once each in turn; client 9 sends norm 100 after each of them (4x their rate). Its
+    entries replace each other (one of five clients), so the median stays 1; its bound is 3 / its share ratio."""
+    bound = UpdateNormBound(3.0)
+    fill(bound, [1.0, 1.0, 1.0])
+    for turn in range(8):
+        bound.apply(arrival([1.0], client=turn % 4))
+        for _ in range(4):
+            out = bound.apply(arrival([100.0], client=9))
+    assert bound.reference(np.zeros(1, np.float32)) == pytest.approx(1.0)
+    assert len(bound.norms) == 5 and max(bound.norms) == pytest.approx(3.0)
+    counts = {0: 3, 1: 3, 2: 3, 3: 2, 9: 31}  # the window before client 9's last update (plus the fill's three)
+    expected_ratio = counts[9] / np.median(list(counts.values()))
+    assert bound.rate_ratio(9) == pytest.approx((counts[9] + 1) / np.median([3, 3, 3, 2, 32]))
+    assert float(np.abs(out.delta).max()) == pytest.approx(3.0 / expected_ratio, rel=1e-5)
+    assert bound.rate_limited > 0
 
 
 # ------------------------------------------------------------------------------ robust buffered aggregation

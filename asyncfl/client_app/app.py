@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from asyncfl import protocol
-from asyncfl.client_app.drills import apply_fault, fault_of
+from asyncfl.client_app.drills import apply_fault, fault_of, reported_examples
 from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration, worker_record
 from asyncfl.client_app.extras import node_ids as _node_ids
 from asyncfl.client_app.gossip import gossip_event
@@ -91,8 +91,8 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict(
         {
             "arrays": arrays,
-            "metrics": MetricRecord({protocol.NUM_EXAMPLES: len(data.y_train), protocol.TRAIN_LOSS: loss,
-                                     protocol.TRAIN_SECONDS: train_seconds}),
+            "metrics": MetricRecord({protocol.NUM_EXAMPLES: reported_examples(fault, len(data.y_train)),
+                                     protocol.TRAIN_LOSS: loss, protocol.TRAIN_SECONDS: train_seconds}),
             **worker_record(),
         }
     )

@@ -13,7 +13,11 @@ Poisoned updates (finite, well formed: what an update bound or a robust rule mus
 * ``noise``: ``trained + N(0, 10^2)`` per entry (a faulty node returning garbage);
 * ``sign-flip``: ``received - Delta`` (the sign-flipping attack);
 * ``scale``: ``received + 10 * Delta`` (a boosted update, as in model replacement:
-  Bagdasaryan et al., 2020, "How to backdoor federated learning").
+  Bagdasaryan et al., 2020, "How to backdoor federated learning");
+* ``replace``: ``received - 3 * received`` (an update of ``-3 x``: under FedAsync's mixing weight 1
+  it replaces the model by ``-2 x``; sent first, before any honest norm is known);
+* ``forged-count``: ``sign-flip``'s arrays with ``num-examples`` reported as 10^9 (an example-weighted
+  rule such as FedAvg gives it the whole step).
 
 The noise is drawn from the job's seed, so a drill under a seed repeats exactly.
 """
@@ -27,7 +31,9 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 BROKEN = ("nan", "wrong-shape", "error")
-ATTACKS = ("noise", "sign-flip", "scale")
+ATTACKS = ("noise", "sign-flip", "scale", "replace", "forged-count")
+#: The example count the ``forged-count`` drill reports.
+FORGED_COUNT = 10**9
 FAULTS = BROKEN + ATTACKS
 NOISE_SD = 10.0
 SCALE = 10.0
@@ -71,6 +77,8 @@ def apply_fault(fault: str, trained: ArrayRecord, received: ArrayRecord, seed: i
         state[first] = state[first].clone().float().fill_(float("nan")) if fault == "nan" \
             else state[first].flatten()[:-1]
         return ArrayRecord(state)
+    if fault == "forged-count":
+        fault = "sign-flip"
     sent = received.to_torch_state_dict()
     if list(sent) != list(state):  # a server that sent a plain list of arrays: match by position
         sent = OrderedDict(zip(state, sent.values()))
@@ -83,7 +91,14 @@ def apply_fault(fault: str, trained: ArrayRecord, received: ArrayRecord, seed: i
         if fault == "noise":
             noise = torch.from_numpy(rng.normal(0.0, NOISE_SD, tuple(tensor.shape)).astype(np.float32))
             out[name] = tensor + noise.to(tensor.dtype)
+        elif fault == "replace":
+            out[name] = -2 * sent[name].to(tensor.dtype)
         else:
             delta = tensor - sent[name].to(tensor.dtype)
             out[name] = sent[name].to(tensor.dtype) + (-delta if fault == "sign-flip" else SCALE * delta)
     return ArrayRecord(out)
+
+
+def reported_examples(fault: str, honest: int) -> int:
+    """The example count a node with ``fault`` reports (its honest count, or the ``forged-count`` drill's)."""
+    return FORGED_COUNT if fault == "forged-count" else honest

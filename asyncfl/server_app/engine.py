@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from asyncfl import protocol
 from asyncfl.callbacks import Callback, VersionInfo
@@ -30,6 +30,7 @@ from asyncfl.options import EngineConfig
 from asyncfl.server_app import journal
 from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.count_bound import ExampleCountCeiling
 from asyncfl.server_app.dispatch import Dispatcher
 from asyncfl.server_app.eligible import Slots
 from asyncfl.server_app.engine_state import EngineState
@@ -119,13 +120,16 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
-        statistics = codec.statistic_entries()  # BatchNorm statistics: bounded on their own scale
-        groups = [codec.trained_entries()] + ([statistics] if statistics is not None else [])
+        # BatchNorm statistics and integer counters: each bounded on its own scale
+        groups = [codec.trained_entries()] + [g for g in (codec.statistic_entries(), codec.integer_entries())
+                                              if g is not None]
         self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action, groups) \
             if config.update_norm_bound else None
+        self.count_ceiling: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (run)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
+        self._owners_told = 0
         self.scoring = Scoring(config.evaluate_every_time, config.evaluate_every, evaluate_fn, self.stats, recorder,
                                federated_eval, on_row=self._tell_evaluation if self.callbacks else None)
         self._pacer = PollPacer()
@@ -166,6 +170,9 @@ class AsyncEngine:
         """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
         if not len(self.roster):
             self.dispatcher.discover_clients()
+        self._tell_owners()
+        if self.config.update_norm_bound:
+            self.count_ceiling = ExampleCountCeiling(self.config.update_norm_bound, self.roster.sizes)
         self.strategy.trained_entries = self.codec.trained_entries()
         self.strategy.on_start(len(self.roster), concurrency=self.config.concurrency)
         if self._resume is not None:
@@ -209,6 +216,13 @@ class AsyncEngine:
             self._top_up()
         if not self.state.in_flight:
             raise NothingToDispatch("no job could be dispatched: no idle client online")
+
+    def _tell_owners(self) -> None:
+        """A strategy that keys state by who owns the data (the DP ledger) learns each new client's owner."""
+        bind = getattr(self.strategy, "bind_owners", None)
+        if bind is not None and len(self.roster.owners) != self._owners_told:
+            bind(dict(self.roster.owners))
+            self._owners_told = len(self.roster.owners)
 
     def _check_not_all_failing(self) -> None:
         """Abort when every one of many consecutive jobs failed: a broken ClientApp, not bad luck."""
@@ -266,6 +280,7 @@ class AsyncEngine:
             if self.federated_eval is not None:
                 self.federated_eval.poll()
             self.dispatcher.refresh_nodes()
+            self._tell_owners()
             picked = self.clock.pick(self.state.in_flight, self.state.inbox, self.roster.online, self.state.now,
                                      self.config.job_timeout)
             if picked is not None:
@@ -287,8 +302,8 @@ class AsyncEngine:
             base = job.sent_model if job.sent_model is not None else self.versions.model(job.version)
             outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                  self.config.job_timeout)
-            if self.update_bound is not None and isinstance(outcome, Arrival):
-                outcome = self.update_bound.apply(outcome)
+            if isinstance(outcome, Arrival):
+                outcome = self._bounded(outcome)
             arrival = self._count(job, reply, outcome)
             if self._journaling:
                 journal.record_event(self.checkpoints, job, arrival, state)
@@ -303,6 +318,13 @@ class AsyncEngine:
                 self.checkpoints.record({"kind": "round-end"})
             self.end_round()
         self.stats.server_seconds += time.perf_counter() - started
+
+    def _bounded(self, arrival: Arrival) -> Arrival | RejectedReply:
+        """Step 3b: the participant's bounds (``docs/security.md``): its example count capped, its update's norm
+        bounded per client (:mod:`~asyncfl.server_app.count_bound`, :mod:`~asyncfl.server_app.update_bound`)."""
+        if self.count_ceiling is not None:
+            arrival = self.count_ceiling.apply(arrival)
+        return self.update_bound.apply(arrival) if self.update_bound is not None else arrival
 
     def _count(self, job: Job, reply: Message | None, outcome: Arrival | RejectedReply) -> Arrival | None:
         """Step 4: count the outcome (a rejection by reason; an arrival's transport and train metrics)."""
@@ -324,8 +346,9 @@ class AsyncEngine:
         if train_seconds is not None:  # the wall clock learns how long jobs queue (dispatch-hold, cap-in-flight)
             self.clock.observe_train_seconds(job, train_seconds, len(state.in_flight) + 1,
                                              str(worker[protocol.PROCESS]) if protocol.PROCESS in worker else None)
-        if self.train_metrics is not None and metrics is not None:
-            self.train_metrics.add(RecordDict({"metrics": metrics}))
+        if self.train_metrics is not None and metrics is not None:  # weighted by the count as checked and capped
+            self.train_metrics.add(RecordDict({"metrics": MetricRecord({**metrics,
+                                                                        self.keys.weight: outcome.num_examples})}))
         return outcome
 
     def accept(self, arrival: Arrival) -> None:

@@ -217,6 +217,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
         if engine.update_bound is not None:
             out.update(engine.update_bound.summary())
+        if engine.count_ceiling is not None:
+            out.update(engine.count_ceiling.summary())
         if checkpoints is not None:
             out.update(checkpoints.summary())
         if resumed_from is not None:

@@ -42,6 +42,9 @@ class Roster:
         self.nodes: list[int] = []  # client index -> node id
         self.sizes: list[int] = []  # client index -> reported training-set size (median when unreported)
         self.index_of: dict[int, int] = {}  # node id -> client index
+        # client index -> who owns its data ("partition-id:<p>" as the node reported it): what stays when a node
+        # leaves and joins again under a new node id and index (the DP ledger is keyed by it)
+        self.owners: dict[int, str] = {}
         self.no_data: set[int] = set()  # clients that reported an empty training set: they get no jobs
         self.online: set[int] = set()
         self.unidentified = 0  # nodes that reported no partition-id
@@ -58,7 +61,7 @@ class Roster:
 
     def start(self, nodes: list[int], deadline_s: float) -> None:
         """The first clients: identify ``nodes`` (waiting up to ``deadline_s``) and mark them online."""
-        self.nodes, self.sizes, self._size_of = [], [], {}
+        self.nodes, self.sizes, self._size_of, self.owners = [], [], {}, {}
         self.add(nodes, deadline_s)
         self.online, self._checked = set(nodes), time.monotonic()
 
@@ -83,6 +86,7 @@ class Roster:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
         self.nodes += found.ordered(nodes)
         self.index_of = {node: i for i, node in enumerate(self.nodes)}
+        self.owners.update({self.index_of[node]: f"partition-id:{pid}" for node, pid in found.partition_of.items()})
         self._size_of.update(found.size_of)
         self._labels_of.update(found.labels_of)
         # nodes that do not report their sample count count as median-sized for size-tied delays

@@ -1,27 +1,38 @@
-"""A bound on each arriving update's norm, relative to the recent updates: no single reply moves the model far.
+"""A bound on each arriving update's norm, per participant: no single node moves the model far, however fast it is.
 
 The update of an arrival is ``Delta = weights - base``, taken apart in groups bounded each on its
-own: the trained entries, and the BatchNorm running statistics (computed from client data too,
-on another scale; integer counters are left out). Each group's L2 norm is compared with a
-reference: the median norm
-of the last ``window`` updates that arrived (every arrival's raw norm enters the window, so
-the median stays an honest one while fewer than half of the recent updates are faulty); while
-fewer than ``MIN_HISTORY`` norms are known, the norm of the model the update was trained from
-(an honest local program moves a model by a fraction of its own norm; noise or a scaled update
-from a faulty node moves it by many times that; an all-zero initial model gives no reference, and
-its first updates pass unbounded). A zero median (honest updates that no longer move the model)
-bounds every update at zero. An update whose norm exceeds ``multiple`` times the reference is
+own: the trained entries, the BatchNorm running statistics (computed from client data too, on
+another scale) and the integer entries (counters such as ``num_batches_tracked``). Each group's
+L2 norm is compared with a reference, the median of the *participants'* latest norms:
 
-* ``"clip"`` (default): that group scaled back to ``multiple x reference`` along its own
-  direction, and aggregated; or
+* **One entry per client.** The window holds each of the last ``window`` distinct clients'
+  latest norm, as bounded: a fast node, however many updates it sends, fills one entry of it,
+  and a clipped update enters at its bound, so the median moves only when more than half of the
+  recent participants move it.
+* **A bound per participant, not per update.** A client that sent ``r`` times as many of the last
+  ``rate_window`` accepted updates as the median participant (``r > 1``) has its bound divided by
+  ``r``: its movement of the model per unit of time stays within ``multiple`` x an honest
+  client's, however fast it replies (asynchrony gives a fast node more updates; a node that
+  skips training is easily several times faster).
+* **A bound from the first arrival.** While fewer than ``MIN_HISTORY`` clients are known, the
+  reference is ``warmup_fraction`` x the norm of the model the update was trained from (an honest
+  local program moves a model by a fraction of its own norm; an attacker's first update of
+  ``-3 x0`` would otherwise replace the model). An all-zero model gives no reference: its first
+  updates pass unbounded (``docs/security.md``).
+
+A zero median (honest updates that no longer move the model) bounds every update at zero. An
+update whose norm exceeds its bound is
+
+* ``"clip"`` (default): that group scaled back to the bound along its own direction, and
+  aggregated; or
 * ``"reject"``: rejected with the reason ``update-norm`` (counted, never aggregated).
 
 This is norm bounding as studied against model poisoning by Sun et al. (2019), "Can you really
 backdoor federated learning?", with the adaptive median reference of centred-clipping methods
-(Karimireddy et al., 2021, "Learning from history for Byzantine robust optimization") instead of
-a fixed threshold, so the same ``multiple`` suits any model, learning rate and local program.
-It bounds a faulty update's influence; it does not detect one that stays within the bound
-(``docs/security.md``).
+(Karimireddy et al., 2021, "Learning from history for Byzantine robust optimization") taken over
+participants rather than updates, so the same ``multiple`` suits any model, learning rate, local
+program and speed. It bounds a faulty update's influence; it does not detect one that stays within
+the bound, and it does not stop one party that runs many nodes (``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -36,8 +47,10 @@ from asyncfl.server_app.replies import RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
 ACTIONS = ("clip", "reject")
-#: Norms needed before the running median is the reference (before: the base model's norm).
+#: Distinct clients needed before the median of their norms is the reference (before: a fraction of the model's).
 MIN_HISTORY = 3
+#: The reference before MIN_HISTORY clients are known, as a share of the base model's norm.
+WARMUP_FRACTION = 0.1
 
 
 def l2_norm(vector: np.ndarray) -> float:
@@ -50,7 +63,7 @@ def l2_norm(vector: np.ndarray) -> float:
 
 
 class UpdateNormBound:
-    """Clips (or rejects) an arrival whose update norm exceeds ``multiple`` x the reference.
+    """Clips (or rejects) an arrival whose update norm exceeds its client's bound (module docstring).
 
     Parameters
     ----------
@@ -59,69 +72,100 @@ class UpdateNormBound:
     action : {"clip", "reject"}
         What happens to an update beyond the bound.
     groups : sequence of (numpy.ndarray of bool or None)
-        The entries bounded together, each group against its own history (the codec's trained entries and
-        BatchNorm statistics); ``None`` in it: every entry. Default: one group of every entry.
+        The entries bounded together, each group against its own history (the codec's trained entries,
+        BatchNorm statistics and integer entries); ``None`` in it: every entry. Default: one group of every entry.
     window : int
-        How many recent norms the median is taken over: short enough to follow honest norms when they grow
-        (updates grow several-fold as a model leaves its initial plateau; a median over 64 lagged that
-        growth and clipped a tenth of the honest updates there), long enough that a minority of faulty
-        nodes cannot make half of it.
+        How many distinct clients' latest norms the median is taken over: short enough to follow honest norms
+        when they grow (updates grow several-fold as a model leaves its initial plateau), long enough that a
+        minority of faulty nodes cannot make half of it.
+    rate_window : int
+        How many recent accepted updates a client's rate is counted over.
     """
 
-    state_attributes = ("group_norms", "clipped", "rejected", "largest_ratio")
+    state_attributes = ("latest", "recent_clients", "clipped", "rejected", "largest_ratio", "rate_limited")
 
-    def __init__(self, multiple: float, action: str = "clip", groups=(None,), window: int = 16) -> None:
+    def __init__(self, multiple: float, action: str = "clip", groups=(None,), window: int = 16,
+                 rate_window: int = 256) -> None:
         if action not in ACTIONS:
             raise ValueError(f"update-norm action {action!r} is not valid; choose one of: {', '.join(ACTIONS)}")
         self.multiple = float(multiple)
         self.action = action
         self.groups = list(groups)
-        self.group_norms: list[deque[float]] = [deque(maxlen=window) for _ in self.groups]
+        self.window = window
+        self.latest: list[dict[int, float]] = [{} for _ in self.groups]  # client -> latest bounded norm, oldest first
+        self.recent_clients: deque[int] = deque(maxlen=rate_window)
         self.clipped = 0  # updates with at least one group clipped
         self.rejected = 0
+        self.rate_limited = 0  # bounded updates whose bound was lowered because their client sent more than its share
         self.largest_ratio = 0.0  # the largest norm / reference seen: how close honest updates came to the bound
 
     @property
-    def norms(self) -> deque:
-        """The first group's recent norms (the trained entries')."""
-        return self.group_norms[0]
+    def norms(self) -> list[float]:
+        """The first group's (the trained entries') latest norm of each recent client."""
+        return list(self.latest[0].values())
 
     def reference(self, base: np.ndarray, group: int = 0) -> float:
-        """The norm a group's update is compared with: the median of its recent ones, or the base model's own."""
-        norms = self.group_norms[group]
-        if len(norms) >= MIN_HISTORY:
-            return float(np.median(norms))
-        return self._norm(base, self.groups[group])
+        """The norm a group's update is compared with: the median of the recent clients' latest norms, or, while
+        fewer than ``MIN_HISTORY`` clients are known, ``WARMUP_FRACTION`` x the base model's own."""
+        latest = self.latest[group]
+        if len(latest) >= MIN_HISTORY:
+            return float(np.median(list(latest.values())))
+        return WARMUP_FRACTION * self._norm(base, self.groups[group])
+
+    def rate_ratio(self, client: int) -> float:
+        """How many times the median recent client's count of the last ``rate_window`` updates ``client`` sent
+        (1 at least: a client at or below the median rate keeps the full bound)."""
+        counts: dict[int, int] = {}
+        for seen in self.recent_clients:
+            counts[seen] = counts.get(seen, 0) + 1
+        if client not in counts:
+            return 1.0
+        return max(1.0, counts[client] / float(np.median(list(counts.values()))))
 
     def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
         """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection."""
-        delta = arrival.delta
+        delta, client = arrival.delta, arrival.client_index
+        rate = self.rate_ratio(client)
         scales = []
         for g, mask in enumerate(self.groups):
             norm = self._norm(delta, mask)
-            known = len(self.group_norms[g]) >= MIN_HISTORY
+            known = len(self.latest[g]) >= MIN_HISTORY
             reference = self.reference(arrival.base, g)
-            self.group_norms[g].append(norm)
             if reference <= 0 and not known:  # an all-zero model and no history yet: nothing to judge by
+                self._remember(g, client, norm)
                 continue
-            bound = self.multiple * reference  # a zero median (updates that no longer move) bounds at zero
+            ceiling = self.multiple * reference  # a zero median (updates that no longer move) bounds at zero
+            self._remember(g, client, min(norm, ceiling))
             if reference > 0:
                 self.largest_ratio = max(self.largest_ratio, norm / reference)
+            bound = ceiling / rate
             if norm > bound:
                 scales.append((mask, bound / norm, norm, reference))
+        self.recent_clients.append(client)
         if not scales:
             return arrival
+        self.rate_limited += rate > 1
         if self.action == "reject":
             self.rejected += 1
             _, _, norm, reference = scales[0]
             return RejectedReply("update-norm", f"update norm {norm:.4g} exceeds {self.multiple:g} x the reference "
-                                                f"{reference:.4g} (the recent updates' median norm)")
+                                                f"{reference:.4g} (the recent clients' median norm)"
+                                                + (f" / {rate:.3g} (the client's share of recent updates)"
+                                                   if rate > 1 else ""))
         self.clipped += 1
         weights = arrival.weights.copy()
-        for mask, scale, _, _ in scales:
+        for mask, scale, *_ in scales:
             entries = slice(None) if mask is None else mask
             weights[entries] = arrival.base[entries] + np.float32(scale) * delta[entries]
         return replace(arrival, weights=weights)
+
+    def _remember(self, group: int, client: int, norm: float) -> None:
+        """``client``'s latest norm in ``group``, the newest entry; the oldest client leaves beyond ``window``."""
+        latest = self.latest[group]
+        latest.pop(client, None)
+        latest[client] = norm
+        if len(latest) > self.window:
+            del latest[next(iter(latest))]
 
     @staticmethod
     def _norm(vector: np.ndarray, mask: np.ndarray | None) -> float:
@@ -129,8 +173,10 @@ class UpdateNormBound:
 
     def summary(self) -> dict:
         """The bound's figures for ``summary.json``."""
+        norms = self.norms
         return {"update-norm-bound": self.multiple, "update-norm-action": self.action,
                 "update-norm-clipped": self.clipped, "update-norm-rejected": self.rejected,
+                "update-norm-rate-limited": self.rate_limited,
                 "update-norm-largest-ratio": round(self.largest_ratio, 4),
-                "update-norm-median": round(float(np.median(self.norms)), 6) if self.norms else None,
+                "update-norm-median": round(float(np.median(norms)), 6) if norms else None,
                 "update-norm-groups": len(self.groups)}

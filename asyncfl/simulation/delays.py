@@ -157,6 +157,26 @@ class DelaySampler:
         return sum(comp.sample(getattr(profile, name), rng) for name, comp in self.model.components())
 
 
+class FasterClients:
+    """A delay sampler whose ``speeds`` clients finish each job ``speed`` times sooner than drawn (attack drills: a
+    node faster than its profile, e.g. one that skips training); ``first_at_once`` clients' first job takes no time
+    (its reply is the run's first arrival). Every other call goes to the wrapped sampler."""
+
+    def __init__(self, inner, speeds: dict[int, float], first_at_once: frozenset[int] = frozenset()) -> None:
+        self.inner, self.speeds, self.first_at_once = inner, dict(speeds), first_at_once
+        self._started: set[int] = set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def job_duration(self, client: int) -> float:
+        duration = self.inner.job_duration(client)
+        if client in self.first_at_once and client not in self._started:
+            self._started.add(client)
+            return 1e-9
+        return duration / self.speeds.get(client, 1.0)
+
+
 def parse_tiers(text: str) -> tuple[tuple[float, float], ...]:
     """Parse ``"0.25:1.0,0.5:1.3,0.25:1.6"`` (probability:mean pairs) or a single mean ``"0.1"``."""
     text = text.strip()

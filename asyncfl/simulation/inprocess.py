@@ -80,7 +80,7 @@ class InProcessGrid:
     def _poisoned(self, request: Message, reply: Message, message_id: str) -> Message:
         """``reply`` as a node making the drill's attack returns it (seeded by the job's seed, else the message)."""
         from asyncfl import protocol
-        from asyncfl.client_app.drills import apply_fault
+        from asyncfl.client_app.drills import apply_fault, reported_examples
 
         config = request.content.config_records.get("config", {})
         seed = int(config.get(protocol.JOB_SEED, int(message_id[1:])))
@@ -90,6 +90,9 @@ class InProcessGrid:
         except Exception as exc:  # noqa: BLE001 - the "error" drill, as the ClientApp raising would be
             return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=request)
         content = RecordDict({**reply.content, "arrays": arrays})
+        metrics = protocol.reply_metrics(content)
+        if metrics is not None and protocol.NUM_EXAMPLES in metrics:
+            metrics[protocol.NUM_EXAMPLES] = reported_examples(self.drill[0], int(metrics[protocol.NUM_EXAMPLES]))
         return Message(content, reply_to=request)
 
     def pull_messages(self, message_ids) -> list[Message]:

@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import logging
@@ -156,7 +157,7 @@ def build_strategy(name: str, app, optimizer: str, lr: float, seed: int, nodes: 
 
     if cls_name == "DP":
         inner = asyncfl.FedBuff(fraction_evaluate=0.0, **STRATEGIES["fedbuff-b4"][1])
-        return asyncfl.DifferentialPrivacyServerSideFixedClipping(inner, seed=seed, **keywords)
+        return asyncfl.DifferentialPrivacyServerSideFixedClipping(inner, insecure_noise_seed=seed, **keywords)
     cls = getattr(asyncfl, cls_name)
     if cls_name == "FedEcho":
         keywords = {"model_fn": app.model_fn, "distill_inputs": app.server_set(nodes)[0], "seed": seed, **keywords}
@@ -219,7 +220,7 @@ def run_cell(cell: dict) -> dict:
     else:
         from asyncfl.errors import ClientAppsFailing
 
-        with tempfile.TemporaryDirectory() as folder:  # metrics.csv gives each evaluation's virtual time
+        with tempfile.TemporaryDirectory() as folder, attacker_pace(cell):  # metrics.csv: each evaluation's time
             try:
                 summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
                                          output_dir=folder, run_name="run",
@@ -240,10 +241,32 @@ def run_cell(cell: dict) -> dict:
     # the measured pace's last reading and bound, where a strategy measures its clients (server_lr=0, pace="measured")
     row.update({key: summary[key] for key in ("pace-response", "pace-bound", "update-norm-clipped",
                                                "update-norm-rejected", "update-norm-largest-ratio",
+                                               "update-norm-rate-limited", "num-examples-capped",
                                                "update-norm-median", "dp-epsilon", "dp-delta", "dp-releases",
                                                "dp-most-participations", "distill-move-ratio", "teacher-accuracy-on-u",
                                                "global-accuracy-on-u") if key in summary})
     return row
+
+
+@contextlib.contextmanager
+def attacker_pace(cell: dict):
+    """The drill's attackers (client indices 0 .. attackers-1) finish each job ``speed`` times sooner than their
+    drawn durations, and under the ``replace`` drill their first job at once (their reply arrives first)."""
+    import asyncfl.server_app.engine as engine
+    from asyncfl.simulation.delays import FasterClients
+
+    attackers = range(cell.get("attackers", 0))
+    speed, first = cell.get("speed", 1.0), frozenset(attackers) if cell.get("attack") == "replace" else frozenset()
+    if speed == 1.0 and not first:
+        yield
+        return
+    original = engine.delay_sampler
+    engine.delay_sampler = lambda model, seed: FasterClients(original(model, seed), dict.fromkeys(attackers, speed),
+                                                             first)
+    try:
+        yield
+    finally:
+        engine.delay_sampler = original
 
 
 def run_cells(run: Callable[[dict], dict], todo: list[dict], path: Path, workers: int) -> Iterator[dict]:
@@ -332,8 +355,10 @@ def main() -> None:
     parser.add_argument("--delays", default=DELAYS, help=f"the virtual clock's delay preset (default {DELAYS}); "
                         "with another one the table is time to FedAvg's final accuracy")
     parser.add_argument("--attack", default="", help="attack drill: partitions 0 .. attackers-1 poison their "
-                        "train replies (noise, sign-flip, scale: asyncfl/client_app/drills.py); use its own --out")
+                        "train replies (noise, sign-flip, scale, replace, forged-count: asyncfl/client_app/drills.py); use its own --out")
     parser.add_argument("--attackers", type=int, default=0, help="how many nodes make the --attack")
+    parser.add_argument("--attacker-speed", type=float, default=1.0, help="the --attack's nodes finish each job "
+                        "this many times sooner than drawn (asynchronous strategies; a synchronous round waits anyway)")
     parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
     args = parser.parse_args()
     for name in args.strategies:
@@ -341,6 +366,8 @@ def main() -> None:
     cells_path = args.out / "cells.jsonl"
     done = done_cells(cells_path)
     drill = {"attack": args.attack, "attackers": args.attackers} if args.attack else {}
+    if args.attacker_speed != 1.0:
+        drill["speed"] = args.attacker_speed
     todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays, **drill} for seed in args.seeds
             for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The issue-56 drills: one attacker of eight on two apps (the quickstart CNN, SGD-momentum 0.05, 40 rounds; the
+# BatchNorm CNN, 15 rounds), seeds 1-3, through benchmarks/dropin/run.py's in-process Grid and virtual clock.
+# Each attack has its own folder (run.py keys a cell by setting, strategy and seed). Usage: bash run_all.sh SETTING
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SETTING=${1:-sgdm-0.05}
+ALL="fedbuff fedasync flower-fedavg flower-fedmedian flower-fedtrimmedavg"
+ASYNC="fedbuff fedasync"
+RUN=".venv/bin/python benchmarks/dropin/run.py --settings $SETTING --workers ${WORKERS:-2}"
+OUT=benchmarks/adversaries
+$RUN --strategies $ALL --out $OUT/clean
+$RUN --strategies $ALL --attack noise --attackers 1 --out $OUT/noise-x1
+$RUN --strategies $ALL --attack forged-count --attackers 1 --out $OUT/forged-count
+$RUN --strategies $ALL --attack replace --attackers 1 --out $OUT/replace
+$RUN --strategies $ASYNC --attack noise --attackers 1 --attacker-speed 3 --out $OUT/noise-x3
+$RUN --strategies $ASYNC --attack noise --attackers 1 --attacker-speed 10 --out $OUT/noise-x10
