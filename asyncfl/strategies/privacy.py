@@ -9,31 +9,124 @@ Sec. 5) it clips each arriving update ``Delta = weights - base`` to L2 norm ``C`
 clipping), lets the strategy take it in, and adds ``N(0, (sigma C c)^2)`` to every entry of each
 new model, ``c`` being the largest coefficient any one update has in that step (FedBuff's
 ``server_lr / B``: noise ``sigma C`` on the buffer's sum, as DP-FedBuff adds it; FedAsync's mixing
-weight). The privacy spent is accounted per client, every participation counted
+weight). The privacy spent is accounted per data owner, every participation counted
 (:mod:`asyncfl.strategies.accounting`), and reported in ``summary.json`` as the run goes.
+
+Where the noise comes from. The guarantee holds only while nobody can predict the noise. By
+default every release's noise is drawn from the operating system's CSPRNG (``os.urandom``:
+``getrandom(2)`` on Linux), 53 random bits per uniform, turned into normals by the Box-Muller
+transform (Box and Muller, 1958): no seed, no generator state, nothing in the run folder or the
+checkpoints from which it could be regenerated; a resumed run keeps drawing fresh entropy. What is
+cryptographically strong: the unpredictability of every bit the noise is made of. What is not: the
+floating-point Gaussian itself (it is cut off at 8.57 sigma, the most ``sqrt(-2 ln 2^-53)`` reaches,
+and rounded to float32 when added), the textbook approximation Flower's and most DP libraries make
+(Mironov, 2012, "On significance of the least significant bits for differential privacy", attacks
+such rounding for the Laplace mechanism). numpy's own generators (PCG64) are not used for private
+noise: they are not CSPRNGs, and a model coordinate whose step is known (a frozen or unused weight)
+shows its noise exactly, from which a PCG64 state can in principle be recovered (Bouillaguet et al.,
+2020, "Practical seed-recovery for the PCG pseudo-random number generator"). Reproducible noise is
+asked for by name, ``insecure_noise_seed``; ``summary.json`` then says ``"dp-noise": "reproducible
+(insecure-noise-seed): not private"``, the seed and the generator's state are saved, and a warning
+is logged.
 
 Flower's wrapper does not apply here: it works through ``aggregate_train`` over a round of
 replies (and ``num_sampled_clients`` of them), which an asynchronous strategy never calls.
 The engine's adaptive norm bound is off under this wrapper (its threshold, the median of other
 clients' norms, would make each step depend on data the noise does not cover); the fixed clip
-``C`` bounds every update instead.
+``C`` bounds every update instead. Federated evaluation is off unless asked for on the wrapper
+(``fraction_evaluate``): its replies are computed from client data and not accounted for.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from asyncfl.server_app.update_bound import l2_norm
+from asyncfl.state import StateError, capture, restore
 from asyncfl.strategies.accounting import ClientPrivacyLedger
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.settings import ConfigError, StrategyConfig, knob
 
 log = logging.getLogger("asyncfl.privacy")
+
+REMOVED_SEED = ("seed= was removed: DP noise now comes from the operating system's entropy; for reproducible noise, "
+                "which is NOT private, pass insecure_noise_seed= (run-config dp.insecure-noise-seed)")
+
+#: Noise entries drawn per call for the OS's entropy (bounds a large model's transient memory at ~64 MiB).
+_CHUNK = 1 << 20
+
+
+def _uniform_from_os(count: int) -> np.ndarray:
+    """``count`` uniforms in ``(0, 1]``, 53 random bits each, from the operating system's CSPRNG."""
+    words = np.frombuffer(os.urandom(8 * count), dtype=np.uint64)
+    return ((words >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0 ** -53
+
+
+def os_entropy_normal(size: int) -> np.ndarray:
+    """``size`` standard normals (float64) from ``os.urandom``, by the Box-Muller transform."""
+    half = (size + 1) // 2
+    uniform = _uniform_from_os(2 * half)
+    radius = np.sqrt(-2.0 * np.log(uniform[:half]))
+    angle = (2.0 * np.pi) * uniform[half:]
+    return np.concatenate((radius * np.cos(angle), radius * np.sin(angle)))[:size]
+
+
+class EntropyNoise:
+    """Private noise (the default): drawn from the operating system's entropy, with no state to save or replay."""
+
+    reproducible = False
+    label = "os-entropy"
+
+    def normal(self, sd: float, size: int) -> np.ndarray:
+        """``size`` float32 draws of ``N(0, sd^2)``."""
+        out = np.empty(size, np.float32)
+        for start in range(0, size, _CHUNK):
+            stop = min(size, start + _CHUNK)
+            out[start:stop] = sd * os_entropy_normal(stop - start)
+        return out
+
+    def summary(self) -> dict:
+        return {"dp-noise": self.label}
+
+
+class SeededNoise:
+    """Reproducible noise from ``insecure_noise_seed``: whoever knows the seed (it is in the summary and the
+    checkpoints, with the generator's state) regenerates every release's noise and subtracts it, so a run with
+    it is not differentially private. For tests and studies that must repeat exactly."""
+
+    reproducible = True
+    label = "reproducible (insecure-noise-seed): not private"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.generator = np.random.default_rng([seed, 17])
+
+    def normal(self, sd: float, size: int) -> np.ndarray:
+        """``size`` float32 draws of ``N(0, sd^2)`` from the seeded generator."""
+        return self.generator.normal(0.0, sd, size).astype(np.float32)
+
+    def summary(self) -> dict:
+        return {"dp-noise": self.label, "dp-insecure-noise-seed": self.seed}
+
+
+def _refuse_removed(keywords: dict) -> None:
+    """Refuse the keyword ``seed`` (pointing to its successor) and any other unknown one."""
+    if "seed" in keywords:
+        raise ConfigError(REMOVED_SEED)
+    if keywords:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(keywords))}")
+
+
+def _provisional(client: int) -> str:
+    """The ledger key of a client whose owner the engine did not name (a node that rejoins gets a new one)."""
+    return f"client-index:{client}"
 
 
 @dataclass(frozen=True)
@@ -48,8 +141,10 @@ class DifferentialPrivacyConfig(StrategyConfig):
         ``C``: every update's L2 norm is clipped to this.
     target_delta : float
         The ``delta`` epsilon is reported at.
-    seed : int
-        Seeds the noise (the same seed, the same run).
+    insecure_noise_seed : int or None
+        None (the default): the noise comes from the operating system's entropy. An integer seeds it, so that
+        the same seed repeats the run, and makes the run NOT private: anyone who has the seed (it is saved in
+        the summary and the checkpoints) regenerates the noise.
     """
 
     label: ClassVar[str] = "DifferentialPrivacyServerSideFixedClipping"
@@ -58,7 +153,16 @@ class DifferentialPrivacyConfig(StrategyConfig):
     noise_multiplier: float = knob(1.0, minimum=0)
     clipping_norm: float = knob(1.0, minimum=0)
     target_delta: float = knob(1e-5, minimum=0)
-    seed: int = knob(0)
+    insecure_noise_seed: int | None = knob(None)
+
+    def check(self) -> None:
+        seed = self.insecure_noise_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            self.fail("insecure_noise_seed", "must be None (noise from the OS's entropy) or an integer >= 0")
+
+    def check_run_config(self, run_config: Mapping[str, Any]) -> None:
+        if f"{self.prefix}.seed" in run_config:
+            raise ConfigError(REMOVED_SEED)
 
 
 class DifferentialPrivacyServerSideFixedClipping(Strategy):
@@ -70,46 +174,45 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         The asyncfl strategy to make private: its step must be a weighted sum of the updates with
         coefficients that do not depend on their content (FedBuff with a fixed ``server_lr`` or
         ``pace="stable"``, FedAsync).
-    noise_multiplier, clipping_norm, target_delta, seed
+    noise_multiplier, clipping_norm, target_delta, insecure_noise_seed
         :class:`DifferentialPrivacyConfig`.
+    fraction_evaluate : float, optional
+        Federated evaluation under DP: off (0) unless given here, whatever ``strategy`` was built with; its
+        replies (loss, accuracy, example counts) are computed from client data and not covered by the
+        accounting, which a warning says when it is on.
     """
 
     config_class = DifferentialPrivacyConfig
-    state_attributes = ("ledger", "_rng", "_pending", "_last_epsilon")
+    state_attributes = ("ledger", "_pending", "_last_epsilon")
 
     def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0, *,
-                 target_delta: float = 1e-5, seed: int = 0) -> None:
+                 target_delta: float = 1e-5, insecure_noise_seed: int | None = None,
+                 fraction_evaluate: float | None = None, **removed: Any) -> None:
+        _refuse_removed(removed)
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be an asyncfl strategy (FedBuff, FedAsync, ...), got "
                             f"{type(strategy).__name__}; Flower's own strategies take Flower's DP wrappers")
         self.config = DifferentialPrivacyConfig(noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
-                                                target_delta=target_delta, seed=seed)
+                                                target_delta=target_delta, insecure_noise_seed=insecure_noise_seed)
         if clipping_norm <= 0:
             raise ConfigError(f"clipping_norm={clipping_norm} must be > 0 (every update is clipped to it)")
         if not 0 < target_delta < 1:
             raise ConfigError(f"target_delta={target_delta} must be in (0, 1)")
-        if type(strategy).update_coefficient is Strategy.update_coefficient:
-            raise ConfigError(f"{type(strategy).__name__}'s server step is not a weighted sum of updates with "
-                              "public coefficients, so no noise scale bounds one client's effect on it; wrap "
-                              "FedBuff or FedAsync")
-        if getattr(getattr(strategy, "config", None), "aggregation", "mean") != "mean":
-            raise ConfigError(f"{type(strategy).__name__}(aggregation={strategy.config.aggregation!r}) combines the "
-                              "buffer by order statistics, not a weighted sum: no noise scale is calibrated to it; "
-                              "use aggregation='mean' (the fixed clip already bounds every update)")
-        if getattr(getattr(strategy, "config", None), "pace", None) == "measured" and not strategy.config.server_lr:
-            raise ConfigError(f"{type(strategy).__name__}(pace='measured') sets its step from the clients' measured "
-                              "updates, which the noise does not cover: give it a fixed server_lr, or "
-                              "pace='stable' (set from the concurrency alone)")
+        _check_wrappable(strategy)
         self.strategy = strategy
+        self._asked_fraction_evaluate = fraction_evaluate
+        self._flower = replace(strategy.flower, fraction_evaluate=fraction_evaluate or 0.0)
         self.ledger = ClientPrivacyLedger(noise_multiplier, target_delta)
-        self._rng = np.random.default_rng([seed, 17])
+        self.noise = EntropyNoise() if insecure_noise_seed is None else SeededNoise(insecure_noise_seed)
+        self._owners: dict[int, str] = {}  # client index -> owner (bind_owners); unbound: _provisional(index)
         self._pending: list[tuple[int, float]] = []  # (client, coefficient) of the updates in the coming step
         self._last_epsilon = 0.0
 
     # the wrapped strategy's identity and Flower options
     @property
     def flower(self):
-        return self.strategy.flower
+        """The wrapped strategy's Flower options, federated evaluation off unless ``fraction_evaluate`` was given."""
+        return self._flower
 
     @property
     def name(self) -> str:
@@ -129,9 +232,42 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         super().on_start(num_clients, concurrency)
         self.strategy.trained_entries = getattr(self, "trained_entries", None)
         self.strategy.on_start(num_clients, concurrency=concurrency)
+        self._warn_what_is_not_private()
+
+    def _warn_what_is_not_private(self) -> None:
+        if self.noise.reproducible:
+            log.warning("differential privacy: the noise is reproducible from insecure_noise_seed=%d (saved in "
+                        "summary.json and the checkpoints): whoever has the seed regenerates and subtracts it, so "
+                        "this run is NOT private", self.noise.seed)
+        if self.flower.fraction_evaluate > 0:
+            log.warning("federated evaluation on %g of the nodes under differential privacy: its replies (loss, "
+                        "accuracy, example counts) are computed from client data and NOT covered by the accounting",
+                        self.flower.fraction_evaluate)
+        elif self._asked_fraction_evaluate is None and self.strategy.flower.fraction_evaluate > 0:
+            log.info("federated evaluation is off under differential privacy (its replies are not covered by the "
+                     "accounting); pass fraction_evaluate= to %s to run it anyway", type(self).__name__)
 
     def dispatch_model(self, client: int, current: np.ndarray) -> np.ndarray | None:
         return self.strategy.dispatch_model(client, current)
+
+    # ------------------------------------------------------------ who owns the data
+    def bind_owners(self, owners: Mapping[int, str]) -> None:
+        """Key the ledger by who owns each client's data: ``{client index: owner}``.
+
+        The engine's client index is not an owner: a node that leaves and joins again is a new node
+        (without SuperNode auth, a new key and node id) and gets a new index. An owner is what stays:
+        the node's registered SuperNode public key under SuperNode auth, else the ``partition-id`` it
+        reports (e.g. ``"partition-id:3"``). Until an index is bound its charges are kept under
+        ``client-index:<i>``; binding it moves them to the owner. Several indices may share an owner
+        (one charge per release, their coefficients summed).
+        """
+        for client, owner in owners.items():
+            self._owners[int(client)] = str(owner)
+            self.ledger.merge(_provisional(int(client)), str(owner))
+
+    def owner_of(self, client: int) -> str:
+        """The ledger key of ``client`` (its bound owner, else ``client-index:<client>``)."""
+        return self._owners.get(client) or _provisional(client)
 
     # ---------------------------------------------------------------- the mechanism
     def clip(self, arrival: Arrival) -> Arrival:
@@ -153,10 +289,11 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         largest = max(c for _, c in self._pending)
         if largest > 0:
             sd = self.config.noise_multiplier * self.config.clipping_norm * largest
-            new = new + self._rng.normal(0.0, sd, new.shape).astype(np.float32)
-            shares: dict[int, float] = {}
+            new = new + self.noise.normal(sd, new.size).reshape(new.shape)
+            shares: dict[str, float] = {}
             for client, c in self._pending:
-                shares[client] = shares.get(client, 0.0) + c / largest
+                owner = self.owner_of(client)
+                shares[owner] = shares.get(owner, 0.0) + c / largest
             self.ledger.compose(shares)
         self._pending = []
         self._report()
@@ -165,33 +302,44 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
     def _report(self) -> None:
         epsilon = self.ledger.epsilon()
         if math.floor(epsilon) > math.floor(self._last_epsilon) or self.ledger.releases == 1:
-            log.info("privacy spent: epsilon=%.4f at delta=%g after %d releases (the most any client spent)",
+            log.info("privacy spent: epsilon=%.4f at delta=%g after %d releases (the most any owner spent)",
                      epsilon, self.config.target_delta, self.ledger.releases)
         self._last_epsilon = epsilon
 
     def privacy_spent(self) -> dict:
-        """``epsilon`` (the most any client spent) at ``target_delta``, and the releases so far."""
+        """``epsilon`` (the most any owner spent) at ``target_delta``, the releases so far, where the noise comes
+        from, which accountant converted it and what the ledger is keyed by."""
+        keys = sorted({owner.split(":", 1)[0] for owner in self.ledger.rho}) or ["client-index"]
         return {"dp-epsilon": round(self.ledger.epsilon(), 6), "dp-delta": self.config.target_delta,
                 "dp-releases": self.ledger.releases, "dp-noise-multiplier": self.config.noise_multiplier,
                 "dp-clipping-norm": self.config.clipping_norm,
-                "dp-most-participations": round(self.ledger.worst_rho, 6)}
+                "dp-most-participations": round(self.ledger.worst_rho, 6), **self.noise.summary(),
+                "dp-accountant": self.ledger.accountant, "dp-ledger-key": ", ".join(keys)}
 
     def summary(self) -> dict:
         return {**(self.strategy.summary() or {}), **self.privacy_spent()}
 
     # ------------------------------------------------------------------- its state
     def state_dict(self) -> dict:
+        """The ledger and the wrapped strategy's state; the noise generator's only when it is the insecure seeded
+        one (private noise has no state: a resumed run draws fresh entropy)."""
         own = super().state_dict()
         own["wrapped"] = self.strategy.state_dict()
+        if self.noise.reproducible:
+            own["noise"] = capture(self.noise.generator, "noise")
         return own
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.strategy.load_state_dict(state["wrapped"])
+        if self.noise.reproducible:
+            self.noise.generator = restore(self.noise.generator, state["noise"], "noise")
 
     def check_state(self, state: dict) -> None:
         super().check_state(state)
         self.strategy.check_state(state["wrapped"])
+        if self.noise.reproducible and "noise" not in state:
+            raise StateError("the checkpoint's DP state has no noise generator to continue insecure_noise_seed from")
 
     def start(self, *args: Any, **kwargs: Any):
         """Flower's ``start`` (:meth:`Strategy.start`), with the engine's adaptive norm bound off: the fixed clip
@@ -209,6 +357,23 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
             self.strategy.__dict__["_starting"] = False
 
 
+def _check_wrappable(strategy: Strategy) -> None:
+    """Refuse a strategy whose step is not a weighted sum of the updates with public coefficients."""
+    name = type(strategy).__name__
+    config = getattr(strategy, "config", None)
+    if type(strategy).update_coefficient is Strategy.update_coefficient:
+        raise ConfigError(f"{name}'s server step is not a weighted sum of updates with public coefficients, so no "
+                          "noise scale bounds one client's effect on it; wrap FedBuff or FedAsync")
+    if getattr(config, "aggregation", "mean") != "mean":
+        raise ConfigError(f"{name}(aggregation={config.aggregation!r}) combines the buffer by order statistics, not "
+                          "a weighted sum: no noise scale is calibrated to it; use aggregation='mean' (the fixed "
+                          "clip already bounds every update)")
+    if getattr(config, "pace", None) == "measured" and not config.server_lr:
+        raise ConfigError(f"{name}(pace='measured') sets its step from the clients' measured updates, which the "
+                          "noise does not cover: give it a fixed server_lr, or pace='stable' (set from the "
+                          "concurrency alone)")
+
+
 class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFixedClipping):
     """Central DP with the clipping done by the clients (Flower's ``fixedclipping_mod`` on the ClientApp).
 
@@ -216,14 +381,17 @@ class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFi
     reads; the mod clips the client's update to it before the reply leaves the node. The server then
     noises each step as :class:`DifferentialPrivacyServerSideFixedClipping` does, and checks every
     arriving update: one beyond ``clipping_norm`` (a ClientApp without the mod) is clipped here all
-    the same and counted (``dp-clipped-by-server``), so the guarantee does not rest on the clients.
+    the same and counted (``dp-clipped-by-server``, itself not noised: it says how many updates
+    exceeded the clip, which the accounting does not cover), so the guarantee does not rest on the clients.
     """
 
     TOLERANCE = 1e-4  # float32 rounding of a norm computed on the client
 
     def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0, *,
-                 target_delta: float = 1e-5, seed: int = 0) -> None:
-        super().__init__(strategy, noise_multiplier, clipping_norm, target_delta=target_delta, seed=seed)
+                 target_delta: float = 1e-5, insecure_noise_seed: int | None = None,
+                 fraction_evaluate: float | None = None, **removed: Any) -> None:
+        super().__init__(strategy, noise_multiplier, clipping_norm, target_delta=target_delta,
+                         insecure_noise_seed=insecure_noise_seed, fraction_evaluate=fraction_evaluate, **removed)
         self.clipped_by_server = 0
 
     state_attributes = DifferentialPrivacyServerSideFixedClipping.state_attributes + ("clipped_by_server",)
