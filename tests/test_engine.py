@@ -748,3 +748,29 @@ def test_wall_clock_caps_jobs_in_flight_at_the_workers_parallelism_and_keeps_the
         assert max(late) <= 5 and 2 <= engine.stats.in_flight_cap_min <= 5
     else:
         assert min(late) >= 7 and engine.stats.capped_checks == 0
+
+
+def test_every_run_end_says_why_in_summary_json(tmp_path):
+    """A run that reaches its budget and one whose nodes all fail both leave summary.json with the stop reason."""
+    import json
+
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    from asyncfl import FedBuff
+
+    def honest(node, message):
+        w = message.content.array_records["arrays"]["w"].numpy()
+        return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(0.1))}))
+
+    def broken(node, message):
+        return Message(Error(code=1, reason="RuntimeError: broken"), reply_to=message)
+
+    common = dict(num_rounds=0, train_config=ConfigRecord({}), clock="virtual", delays="uniform-speed",
+                  max_arrivals=6, concurrency=2, output_dir=str(tmp_path))
+    initial = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
+    result = FedBuff(fraction_evaluate=0.0).start(FakeGrid(3, honest), initial, run_name="done", **common)
+    assert result.summary["stop-reason"] == "max-arrivals 6 reached"
+    with pytest.raises(ClientAppsFailing):
+        FedBuff(fraction_evaluate=0.0).start(FakeGrid(3, broken), initial, run_name="failing", **common)
+    summary = json.loads((tmp_path / "failing" / "summary.json").read_text())
+    assert summary["stop-reason"].startswith("all nodes failing: ClientAppsFailing: the last 20 jobs all failed")

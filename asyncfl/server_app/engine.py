@@ -130,6 +130,8 @@ class AsyncEngine:
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
         self._owners_told = 0
+        #: Why the run ended ("running" until it does), for summary.json and the closing line (launch).
+        self.stop_reason = "not started"
         self.scoring = Scoring(config.evaluate_every_time, config.evaluate_every, evaluate_fn, self.stats, recorder,
                                federated_eval, on_row=self._tell_evaluation if self.callbacks else None)
         self._pacer = PollPacer()
@@ -182,6 +184,7 @@ class AsyncEngine:
             if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
                 self.scoring.score(0.0, self._model_state())
         state = self.state
+        self.stop_reason = "running"
         while not self._should_stop():
             if self.checkpoints is not None and self.checkpoints.due(self.versions.version):
                 self._checkpoint()
@@ -193,6 +196,7 @@ class AsyncEngine:
             if self.config.max_time and job.finish > self.config.max_time:
                 state.now = self.config.max_time
                 self.score_until(state.now)
+                self.stop_reason = f"max-time {self.config.max_time:g} reached"
                 break
             self.score_until(job.finish)
             state.now = max(state.now, job.finish)  # server time (server-time-scale) may have moved it ahead
@@ -243,8 +247,11 @@ class AsyncEngine:
 
     def _should_stop(self) -> bool:
         max_arrivals, max_rounds = self.config.max_arrivals, self.config.max_rounds
-        return ((bool(max_arrivals) and self.stats.arrivals >= max_arrivals)
-                or (bool(max_rounds) and self.round >= max_rounds))
+        if max_arrivals and self.stats.arrivals >= max_arrivals:
+            self.stop_reason = f"max-arrivals {max_arrivals} reached"
+        elif max_rounds and self.round >= max_rounds:
+            self.stop_reason = f"num-rounds {max_rounds} reached"
+        return self.stop_reason != "running"
 
     @property
     def round(self) -> int:

@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Result
 
 from asyncfl.callbacks import Callback
 from asyncfl.options import EngineConfig, RunOptions
-from asyncfl.errors import CheckpointError, NoNodesConnected
+from asyncfl.errors import CheckpointError, ClientAppsFailing, NoNodesConnected, NothingToDispatch
 from asyncfl.server_app import checkpoint
 from asyncfl.server_app.client_metrics import TrainMetrics, rounds_from_state, rounds_state
 from asyncfl.server_app.codec import ModelCodec
@@ -223,12 +223,17 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
             out.update(checkpoints.summary())
         if resumed_from is not None:
             out["resumed-from"] = str(resumed_from)
+        out["stop-reason"] = engine.stop_reason
         return out
 
     if recorder is not None:
         recorder.summary_source = summary
     try:
         engine.run()
+    except BaseException as exc:  # the reason goes into summary.json; the exception goes on to the caller
+        engine.stop_reason = stop_reason_of(exc)
+        flwr_log(logging.ERROR, "%s stopped: %s", name, engine.stop_reason)
+        raise
     finally:
         if recorder is not None:
             recorder.write_summary(summary())
@@ -250,15 +255,26 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     if s.get("in-flight-cap-mean") is not None:
         held += (f", jobs in flight capped at {s['in-flight-cap-mean']:.1f} (mean; least {s['in-flight-cap-min']}) "
                  f"of concurrency {config.concurrency} (cap-in-flight)")
-    flwr_log(logging.INFO, "%s finished in %.1fs: %d rounds%s, %d arrivals, %d server versions, %d rejected, "
-             "mean staleness %.2f%s", name, s["wall-seconds"], s["rounds"], per_round, s["arrivals"],
-             s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
+    flwr_log(logging.INFO, "%s finished in %.1fs (%s): %d rounds%s, %d arrivals, %d server versions, %d rejected, "
+             "mean staleness %.2f%s", name, s["wall-seconds"], s["stop-reason"], s["rounds"], per_round,
+             s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
     if server_eval is not None and recorder is not None and len(engine.stats.evaluations) > len(server_eval.by_round):
         flwr_log(logging.INFO, "%d server-side evaluations, the last of each round below; every one: %s",
                  len(engine.stats.evaluations), recorder.folder / "metrics.csv")
     for line in str(result).splitlines():  # Flower's closing report, keyed by round
         flwr_log(logging.INFO, "\t%s", line)
     return result
+
+
+def stop_reason_of(exc: BaseException) -> str:
+    """What ended a run that raised, in a line: interrupted, every node failing, no node to send to, or the error."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C or a signal)"
+    if isinstance(exc, SystemExit):
+        return f"exited ({exc.code})"
+    kind = {ClientAppsFailing: "all nodes failing", NothingToDispatch: "no node to dispatch to"}.get(type(exc),
+                                                                                                  "error")
+    return f"{kind}: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _run_folder(options: RunOptions, name: str, resumed_from: Path | None) -> Path | None:
