@@ -38,3 +38,15 @@ def test_without_the_bound_a_fast_attacker_takes_fedasync_away_and_a_forged_coun
         bounded, summary = drill(monkeypatch, "digits", FedAvg(fraction_evaluate=0.0), "forged-count")
     assert fast < 0.0  # further from the target than the start
     assert forged < 0.5 < bounded and summary["num-examples-capped"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_a_node_ten_times_faster_gets_no_more_than_its_share_of_jobs_when_every_node_has_one_out(monkeypatch, name):
+    """Every node keeps a job in flight (concurrency = nodes, as in a deployment): the fast node's share of the
+    updates follows its speed unless it is held back while over 3 x the median client's share."""
+    clean, _ = drill(monkeypatch, "digits", STRATEGIES[name](), concurrency=8)
+    quality, summary = drill(monkeypatch, "digits", STRATEGIES[name](), "noise", 10.0, concurrency=8)
+    attacker_updates = summary["update-norm-clipped"]  # each of its noisy updates is clipped, honest ones rarely
+    assert summary["over-share-held-back"] > 0
+    assert attacker_updates < 0.35 * summary["arrivals"]  # 10/17 of the updates if it were not held back
+    assert quality >= clean - TOLERANCE["digits"]

@@ -16,11 +16,19 @@ def record(w, steps=3) -> ArrayRecord:
 RECEIVED, TRAINED = record([1.0, 2.0], steps=3), record([1.5, 1.0], steps=7)
 
 
-@pytest.mark.parametrize("fault, expected", [("sign-flip", [0.5, 3.0]), ("scale", [6.0, -8.0])])
+@pytest.mark.parametrize("fault, expected", [("sign-flip", [0.5, 3.0]), ("scale", [6.0, -8.0]),
+                                             ("flip-scale", [-4.0, 12.0]), ("forged-count", [0.5, 3.0]),
+                                             ("replace", [-2.0, -4.0])])
 def test_sign_flip_and_scale_move_the_received_model_by_minus_and_ten_times_the_update(fault, expected):
     out = apply_fault(fault, TRAINED, RECEIVED, seed=1)
     assert out["w"].numpy().tolist() == pytest.approx(expected)
     assert out["steps"].numpy().tolist() == [7]  # integer buffers are returned as trained
+
+
+def test_forged_count_reports_a_billion_examples_and_other_faults_the_honest_count():
+    from asyncfl.client_app.drills import FORGED_COUNT, reported_examples
+    assert reported_examples("forged-count", 12) == FORGED_COUNT == 10**9
+    assert reported_examples("flip-scale", 12) == reported_examples("", 12) == 12
 
 
 def test_noise_is_drawn_from_the_jobs_seed_at_sd_ten():

@@ -14,6 +14,8 @@ Poisoned updates (finite, well formed: what an update bound or a robust rule mus
 * ``sign-flip``: ``received - Delta`` (the sign-flipping attack);
 * ``scale``: ``received + 10 * Delta`` (a boosted update, as in model replacement:
   Bagdasaryan et al., 2020, "How to backdoor federated learning");
+* ``flip-scale``: ``received - 10 * Delta`` (a boosted sign flip: against learning, at ten times an
+  honest norm; the attack an update bound must hold against when the attacker is fast);
 * ``replace``: ``received - 3 * received`` (an update of ``-3 x``: under FedAsync's mixing weight 1
   it replaces the model by ``-2 x``; sent first, before any honest norm is known);
 * ``forged-count``: ``sign-flip``'s arrays with ``num-examples`` reported as 10^9 (an example-weighted
@@ -31,7 +33,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 BROKEN = ("nan", "wrong-shape", "error")
-ATTACKS = ("noise", "sign-flip", "scale", "replace", "forged-count")
+ATTACKS = ("noise", "sign-flip", "scale", "flip-scale", "replace", "forged-count")
 #: The example count the ``forged-count`` drill reports.
 FORGED_COUNT = 10**9
 FAULTS = BROKEN + ATTACKS
@@ -95,7 +97,8 @@ def apply_fault(fault: str, trained: ArrayRecord, received: ArrayRecord, seed: i
             out[name] = -2 * sent[name].to(tensor.dtype)
         else:
             delta = tensor - sent[name].to(tensor.dtype)
-            out[name] = sent[name].to(tensor.dtype) + (-delta if fault == "sign-flip" else SCALE * delta)
+            factor = {"sign-flip": -1.0, "scale": SCALE, "flip-scale": -SCALE}[fault]
+            out[name] = sent[name].to(tensor.dtype) + factor * delta
     return ArrayRecord(out)
 
 

@@ -74,7 +74,8 @@ class Slots:
     :class:`EligibleClients` so a draw costs O(log clients).
 
     A client is eligible when it has a free slot (or, ``pipelined``, always: the GI paper's late clients train
-    while a late job is out), has training data, and, where nodes come and go (``tracked``), is online.
+    while a late job is out), has training data, where nodes come and go (``tracked``) is online, and has not
+    sent more than its share of the recent updates while other jobs are out (``over_share``).
     """
 
     def __init__(self, roster, jobs_per_client: int, pipelined: bool, tracked: bool) -> None:
@@ -83,7 +84,14 @@ class Slots:
         self.pipelined = pipelined
         self.tracked = tracked
         self.busy: Counter[int] = Counter()  # client -> jobs in flight
+        self.in_flight = 0
         self.eligible = EligibleClients()
+        #: ``over_share(client)``: the client sent more than its share of recent updates (the update bound's rate
+        #: window); it then gets no new job while another job is out, so a fast node cannot take the run's
+        #: updates (and their versions) away from the others. ``None``: every idle client may get one.
+        self.over_share = None
+        self.held_back: set[int] = set()  # clients over their share, waiting for it to fall
+        self.held_back_checks = 0  # dispatch checks that found a client over its share
 
     def __len__(self) -> int:
         return len(self.eligible)
@@ -92,8 +100,20 @@ class Slots:
         """Re-evaluate whether each of ``clients`` may get a new job."""
         roster = self.roster
         for i in clients:
-            self.eligible.set(i, (self.pipelined or self.busy[i] < self.jobs_per_client) and i not in roster.no_data
-                              and (not self.tracked or roster.nodes[i] in roster.online))
+            may = ((self.pipelined or self.busy[i] < self.jobs_per_client) and i not in roster.no_data
+                   and (not self.tracked or roster.nodes[i] in roster.online))
+            if may and self.over_share is not None and self.in_flight > self.busy[i] and self.over_share(i):
+                self.held_back.add(i)
+                self.held_back_checks += 1
+                may = False
+            else:
+                self.held_back.discard(i)
+            self.eligible.set(i, may)
+
+    def recheck_held_back(self) -> None:
+        """After an arrival the shares moved: a held-back client whose share fell may get jobs again."""
+        if self.held_back:
+            self.update(list(self.held_back))
 
     def update_all(self) -> None:
         """Take in every client of the roster (it may have grown) and re-evaluate each."""
@@ -113,11 +133,13 @@ class Slots:
     def take(self, client: int) -> None:
         """A job to ``client`` is in flight."""
         self.busy[client] += 1
+        self.in_flight += 1
         self.update((client,))
 
     def free(self, client: int) -> None:
         """A job of ``client`` is done (accepted, rejected or lost)."""
         self.busy[client] -= 1
+        self.in_flight -= 1
         self.update((client,))
 
     def draw(self, rng, want: int) -> list[int]:

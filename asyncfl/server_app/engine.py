@@ -127,6 +127,8 @@ class AsyncEngine:
             if config.update_norm_bound else None
         self.count_ceiling: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (run)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
+        if self.update_bound is not None and not strategy.synchronous:  # per participant: its share of jobs too
+            self.dispatcher.slots.over_share = self.update_bound.over_share
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
         self._owners_told = 0
@@ -311,6 +313,7 @@ class AsyncEngine:
                                  self.config.job_timeout)
             if isinstance(outcome, Arrival):
                 outcome = self._bounded(outcome)
+                self.slots.recheck_held_back()
             arrival = self._count(job, reply, outcome)
             if self._journaling:
                 journal.record_event(self.checkpoints, job, arrival, state)

@@ -217,6 +217,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
         if engine.update_bound is not None:
             out.update(engine.update_bound.summary())
+            out["over-share-held-back"] = engine.slots.held_back_checks
         if engine.count_ceiling is not None:
             out.update(engine.count_ceiling.summary())
         if checkpoints is not None:

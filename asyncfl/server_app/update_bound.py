@@ -38,6 +38,7 @@ the bound, and it does not stop one party that runs many nodes (``docs/security.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import replace
 
@@ -94,6 +95,7 @@ class UpdateNormBound:
         self.window = window
         self.latest: list[dict[int, float]] = [{} for _ in self.groups]  # client -> latest bounded norm, oldest first
         self.recent_clients: deque[int] = deque(maxlen=rate_window)
+        self._counts: dict[int, int] = {}  # client -> its updates in recent_clients
         self.clipped = 0  # updates with at least one group clipped
         self.rejected = 0
         self.rate_limited = 0  # bounded updates whose bound was lowered because their client sent more than its share
@@ -109,18 +111,41 @@ class UpdateNormBound:
         fewer than ``MIN_HISTORY`` clients are known, ``WARMUP_FRACTION`` x the base model's own."""
         latest = self.latest[group]
         if len(latest) >= MIN_HISTORY:
-            return float(np.median(list(latest.values())))
+            return float(statistics.median(latest.values()))
         return WARMUP_FRACTION * self._norm(base, self.groups[group])
 
     def rate_ratio(self, client: int) -> float:
         """How many times the median recent client's count of the last ``rate_window`` updates ``client`` sent
         (1 at least: a client at or below the median rate keeps the full bound)."""
-        counts: dict[int, int] = {}
-        for seen in self.recent_clients:
-            counts[seen] = counts.get(seen, 0) + 1
-        if client not in counts:
+        if self.recent_clients and not self._counts:
+            self._recount()
+        own = self._counts.get(client, 0)
+        if not own:
             return 1.0
-        return max(1.0, counts[client] / float(np.median(list(counts.values()))))
+        return max(1.0, own / statistics.median(self._counts.values()))
+
+    def over_share(self, client: int) -> bool:
+        """``client`` sent more than ``multiple`` x the median client's count of the recent updates: the engine
+        gives it no new job while others are out, so its share of the run's updates stays near an honest one's."""
+        return self.rate_ratio(client) > self.multiple
+
+    def _count(self, client: int) -> None:
+        """``client`` sent the newest update; the oldest leaves the rate window."""
+        if self.recent_clients and not self._counts:
+            self._recount()
+        if len(self.recent_clients) == self.recent_clients.maxlen:
+            oldest = self.recent_clients[0]
+            self._counts[oldest] -= 1
+            if not self._counts[oldest]:
+                del self._counts[oldest]
+        self.recent_clients.append(client)
+        self._counts[client] = self._counts.get(client, 0) + 1
+
+    def _recount(self) -> None:
+        """The rate window's counts from ``recent_clients`` (after a checkpoint restored it: counts are not saved)."""
+        self._counts = {}
+        for client in self.recent_clients:
+            self._counts[client] = self._counts.get(client, 0) + 1
 
     def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
         """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection."""
@@ -141,7 +166,7 @@ class UpdateNormBound:
             bound = ceiling / rate
             if norm > bound:
                 scales.append((mask, bound / norm, norm, reference))
-        self.recent_clients.append(client)
+        self._count(client)
         if not scales:
             return arrival
         self.rate_limited += rate > 1

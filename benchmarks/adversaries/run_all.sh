@@ -15,3 +15,6 @@ $RUN --strategies $ALL --attack forged-count --attackers 1 --out $OUT/forged-cou
 $RUN --strategies $ALL --attack replace --attackers 1 --out $OUT/replace
 $RUN --strategies $ASYNC --attack noise --attackers 1 --attacker-speed 3 --out $OUT/noise-x3
 $RUN --strategies $ASYNC --attack noise --attackers 1 --attacker-speed 10 --out $OUT/noise-x10
+$RUN --strategies $ALL --attack flip-scale --attackers 1 --out $OUT/flip-scale-x1
+$RUN --strategies $ASYNC --attack flip-scale --attackers 1 --attacker-speed 3 --out $OUT/flip-scale-x3
+$RUN --strategies $ASYNC --attack flip-scale --attackers 1 --attacker-speed 10 --out $OUT/flip-scale-x10
