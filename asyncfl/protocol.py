@@ -50,8 +50,8 @@ TRAIN_SECONDS = "train-seconds"
 def train_seconds(metrics) -> float | None:
     """A reply's ``train-seconds`` when its metrics hold a finite number >= 0 there, else ``None``."""
     value = metrics.get(TRAIN_SECONDS) if metrics is not None else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
-        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1e9:
+        return None  # also an int beyond float's range, which float() would not take
     return float(value)
 
 

@@ -161,3 +161,24 @@ def test_mutated_replies_never_end_a_run_and_each_is_counted_by_its_reason(make)
         assert count - abandoned <= rejected[reason] <= count, reason
     assert all(np.isfinite(result.arrays[k].numpy()).all() for k in initial)
     assert result.arrays["steps"].numpy().dtype == np.int64 and abs(int(result.arrays["steps"].numpy()[0])) < 2**24
+
+
+def test_one_nodes_evaluation_reply_cannot_set_the_federated_metric():
+    """A node claiming 2**62 evaluation examples (or NaN) with accuracy 0.999, where honest nodes report 0.5."""
+    def client(node: int, message: Message) -> Message:
+        if message.metadata.message_type == "evaluate":
+            count = {101: 2**62, 102: float("nan")}.get(node, 10)
+            accuracy = 0.999 if node in (101, 102) else 0.5
+            return Message(RecordDict({"metrics": MetricRecord({"num-examples": count, "accuracy": accuracy})}),
+                           reply_to=message)
+        record = message.content.array_records["arrays"]
+        return Message(RecordDict({"arrays": _arrays(record["w"].numpy(), record["steps"].numpy() + 1),
+                                   "metrics": _metrics()}), reply_to=message)
+
+    initial = _initial()
+    result = FedBuff(fraction_evaluate=1.0).start(
+        FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=2,
+        train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=5)
+    accuracies = [m["accuracy"] for m in result.evaluate_metrics_clientapp.values()]
+    assert accuracies and all(a < 0.6 for a in accuracies)  # 101 weighs 3 x the median count (30 of 90 + 30)
+    assert result.summary["evaluate-rejected-by-reason"]["bad-num-examples"] >= len(accuracies)  # 102: each time

@@ -205,3 +205,24 @@ def test_a_median_buffer_survives_a_noisy_node_without_the_bound():
     distance, _ = _distance_after(FedBuff(buffer_size=4, aggregation="median", fraction_evaluate=0.0), {101},
                                   update_norm_bound=0.0, dispatch_hold=0.0)  # the rule alone, on the schedule as drawn
     assert distance < 0.25 * float(np.linalg.norm(TARGET - 0.1))
+
+
+def test_a_fast_client_arriving_first_cannot_compound_warm_up_steps():
+    """Before three clients are known the reference stays a tenth of the first model's norm, and a client's k-th
+    update then gets 1/(k+1) of the bound: ten steps of x100 move x0 = (3, 4) by 0.3 x (1 + 1/2 + ... + 1/10)."""
+    bound = UpdateNormBound(3.0)
+    w = np.array([3.0, 4.0], np.float32)
+    for _ in range(10):
+        w = bound.apply(arrival(99.0 * w, base=w, client=7)).weights
+    harmonic = sum(1.0 / k for k in range(1, 11))
+    assert float(np.linalg.norm(w)) == pytest.approx(5.0 + 1.5 * harmonic, rel=1e-4)
+
+
+def test_a_float_counter_outside_every_named_group_is_bounded_too():
+    from collections import OrderedDict
+
+    from asyncfl.server_app.codec import ModelCodec
+    codec = ModelCodec.from_state(OrderedDict(w=np.zeros(2, np.float32),
+                                              **{"bn.num_batches_tracked": np.zeros((), np.float32)}))
+    groups = codec.bound_groups()
+    assert [g.tolist() for g in groups] == [[True, True, False], [False, False, True]]

@@ -94,6 +94,17 @@ class ModelCodec:
                                for size, dtype in zip(self.sizes, self.dtypes)])
         return mask if mask.any() else None
 
+    def bound_groups(self) -> list[np.ndarray | None]:
+        """The entries the update-norm bound measures together, each group against its own history: the trained
+        entries (``None``: every entry is one), then, where the model has them, the BatchNorm running statistics,
+        the integer entries, and any other entry (e.g. a counter stored as float) so that no entry goes unbounded."""
+        trained = self.trained_entries()
+        if trained is None:
+            return [None]
+        groups = [trained] + [g for g in (self.statistic_entries(), self.integer_entries()) if g is not None]
+        rest = ~np.logical_or.reduce(groups)
+        return groups + ([rest] if rest.any() else [])
+
     def clamp_variances(self, flat: np.ndarray) -> tuple[np.ndarray, int]:
         """``flat`` with BatchNorm ``running_var`` entries clamped to >= 0, and how many were negative.
 

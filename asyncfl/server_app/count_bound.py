@@ -39,6 +39,7 @@ class ExampleCountCeiling:
 
     def __init__(self, multiple: float, registered_sizes=(), window: int = 64) -> None:
         self.multiple = float(multiple)
+        self.clients = max(1, len(registered_sizes))
         positive = [s for s in registered_sizes if s > 0]
         self.prior = float(np.median(positive)) if positive else 0.0
         self.window = window
@@ -47,7 +48,7 @@ class ExampleCountCeiling:
 
     def ceiling(self) -> float:
         """The largest count a reply may carry now (``inf`` while nothing is known)."""
-        if len(self.latest) >= MIN_HISTORY:
+        if len(self.latest) >= min(MIN_HISTORY, self.clients):
             return self.multiple * float(np.median(list(self.latest.values())))
         return self.multiple * self.prior if self.prior > 0 else float("inf")
 

@@ -120,9 +120,7 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
-        # BatchNorm statistics and integer counters: each bounded on its own scale
-        groups = [codec.trained_entries()] + [g for g in (codec.statistic_entries(), codec.integer_entries())
-                                              if g is not None]
+        groups = codec.bound_groups()  # trained entries, BatchNorm statistics, counters: each on its own scale
         self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action, groups) \
             if config.update_norm_bound else None
         self.count_ceiling: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (run)
@@ -177,6 +175,7 @@ class AsyncEngine:
         self._tell_owners()
         if self.config.update_norm_bound:
             self.count_ceiling = ExampleCountCeiling(self.config.update_norm_bound, self.roster.sizes)
+            self.update_bound.set_clients(len(self.roster))
         self.strategy.trained_entries = self.codec.trained_entries()
         self.strategy.on_start(len(self.roster), concurrency=self.config.concurrency)
         if self._resume is not None:
@@ -231,9 +230,13 @@ class AsyncEngine:
             self._owners_told = len(self.roster.owners)
 
     def _check_not_all_failing(self) -> None:
-        """Abort when every one of many consecutive jobs failed: a broken ClientApp, not bad luck."""
+        """Abort when every one of many consecutive jobs failed and every job still out went to a client that
+        failed in that streak: a broken ClientApp (or every node unreachable), not bad luck, and not one fast
+        node that sends junk while the others' jobs are out."""
         limit = 5 * self.config.concurrency + 10
-        if self.state.failures_in_a_row >= limit:
+        state = self.state
+        if state.failures_in_a_row >= limit and all(job.client in state.failing_clients
+                                                     for job in state.in_flight.values()):
             rejected = dict(self.stats.rejected)
             hint = (f"; most of them ran out of time (no reply, or Flower dropped a reply older than its message's "
                     f"TTL = job-timeout = {self.config.job_timeout:g} s): if the ClientApps are slow rather than "
@@ -332,6 +335,8 @@ class AsyncEngine:
     def _bounded(self, arrival: Arrival) -> Arrival | RejectedReply:
         """Step 3b: the participant's bounds (``docs/security.md``): its example count capped, its update's norm
         bounded per client (:mod:`~asyncfl.server_app.count_bound`, :mod:`~asyncfl.server_app.update_bound`)."""
+        if not np.isfinite(arrival.delta).all():  # finite weights whose difference from the base overflows float32
+            return RejectedReply("non-finite", "the update (weights - base) overflows float32")
         if self.count_ceiling is not None:
             arrival = self.count_ceiling.apply(arrival)
         return self.update_bound.apply(arrival) if self.update_bound is not None else arrival
@@ -344,8 +349,10 @@ class AsyncEngine:
             self.stats.reject(outcome.reason)
             state.expired_jobs += outcome.expired
             state.failures_in_a_row += 1
+            state.failing_clients.add(job.client)
             return None
         state.failures_in_a_row = 0
+        state.failing_clients.clear()
         content = reply.content
         metrics = self.keys.metrics_of(content)
         worker = content.config_records.get(protocol.WORKER_RECORD) or {}

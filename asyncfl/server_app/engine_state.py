@@ -47,6 +47,9 @@ class EngineState:
     seq: int = 0  # dispatch number of the next job
     held_since: float = -1.0  # the clock when free slots began waiting for the next version (dispatch-hold); -1: none
     failures_in_a_row: int = 0  # jobs that failed since the last accepted update
+    # clients whose jobs failed since the last accepted update: the run stops only once every job out is theirs
+    # (not saved: a resumed run starts a new streak)
+    failing_clients: set = field(default_factory=set)
     expired_jobs: int = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
     rounds_closed: int = 0  # rounds whose end was handled (train metrics, round-scheduled evaluation)
     # what configure_train said for a round: (round, client -> config, default)

@@ -12,6 +12,7 @@ the seed and the client order, so a seeded simulation gives the same metrics eve
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
@@ -24,12 +25,31 @@ from flwr.common.logger import log as flwr_log
 from asyncfl import protocol
 from asyncfl.state import capture, restore
 from asyncfl.server_app.client_metrics import aggregate_replies, rounds_from_state, rounds_state
+from asyncfl.server_app.replies import RejectedReply, reported_count
 from asyncfl.strategies.flower_options import FlowerOptions, configs_by_node
 
 if TYPE_CHECKING:
     from asyncfl.callbacks import Callback
 
 POLL_EVERY_S = 0.05
+
+
+#: An evaluation reply's weight is capped at this multiple of the point's median weight (one node's claim of 2**62
+#: examples would otherwise be the federated metric).
+EVALUATE_WEIGHT_MULTIPLE = 3.0
+
+
+def capped_weights(replies: list[RecordDict], weight_key: str, multiple: float) -> None:
+    """Cap each reply's ``weight_key`` at ``multiple`` x the median over ``replies`` (in place), so that no node's
+    claimed example count makes a federated metric its own."""
+    weights = [m[weight_key] for r in replies for m in r.metric_records.values() if weight_key in m]
+    if len(weights) < 3:
+        return
+    ceiling = multiple * float(statistics.median(weights))
+    for reply in replies:
+        for record in reply.metric_records.values():
+            if weight_key in record and record[weight_key] > ceiling:
+                record[weight_key] = int(ceiling)
 
 
 @dataclass
@@ -161,6 +181,13 @@ class FederatedEvaluation:
             self._count("no-metrics")
         else:
             metrics = self.options.keys.metrics_of(reply.content)
+            weight_key = self.options.weighted_by_key
+            count = reported_count(metrics, weight_key) if weight_key in metrics else None
+            if isinstance(count, RejectedReply):
+                self._count(count.reason)
+                return
+            if count is not None:
+                metrics = MetricRecord({**metrics, weight_key: count})
             self._points[round_].replies.append(RecordDict({"metrics": metrics}))
 
     def _close_finished(self, force: bool = False) -> None:
@@ -171,6 +198,7 @@ class FederatedEvaluation:
             for message_id in point.pending:  # timed out
                 self._round_of.pop(message_id, None)
             self._count("lost", len(point.pending))
+            capped_weights(point.replies, self.options.weighted_by_key, EVALUATE_WEIGHT_MULTIPLE)
             if self.strategy is not None and self.strategy.overrides("aggregate_evaluate"):
                 record = self.strategy.aggregate_evaluate(round_, [
                     Message(content, dst_node_id=0, message_type=MessageType.EVALUATE) for content in point.replies])

@@ -15,10 +15,11 @@ L2 norm is compared with a reference, the median of the *participants'* latest n
   client's, however fast it replies (asynchrony gives a fast node more updates; a node that
   skips training is easily several times faster).
 * **A bound from the first arrival.** While fewer than ``MIN_HISTORY`` clients are known, the
-  reference is ``warmup_fraction`` x the norm of the model the update was trained from (an honest
-  local program moves a model by a fraction of its own norm; an attacker's first update of
-  ``-3 x0`` would otherwise replace the model). An all-zero model gives no reference: its first
-  updates pass unbounded (``docs/security.md``).
+  reference is ``WARMUP_FRACTION`` x the norm of the first model an update was trained from (an
+  honest local program moves a model by a fraction of its own norm; an attacker's first update of
+  ``-3 x0`` would otherwise replace the model), and a client's k-th update in that phase gets
+  ``1/(k+1)`` of the bound (a fast node that arrives first cannot compound its steps). An all-zero
+  model gives no reference: its first updates pass unbounded (``docs/security.md``).
 
 A zero median (honest updates that no longer move the model) bounds every update at zero. An
 update whose norm exceeds its bound is
@@ -83,7 +84,8 @@ class UpdateNormBound:
         How many recent accepted updates a client's rate is counted over.
     """
 
-    state_attributes = ("latest", "recent_clients", "clipped", "rejected", "largest_ratio", "rate_limited")
+    state_attributes = ("latest", "recent_clients", "first_norms", "clipped", "rejected", "largest_ratio",
+                        "rate_limited")
 
     def __init__(self, multiple: float, action: str = "clip", groups=(None,), window: int = 16,
                  rate_window: int = 256) -> None:
@@ -93,7 +95,9 @@ class UpdateNormBound:
         self.action = action
         self.groups = list(groups)
         self.window = window
+        self.min_history = MIN_HISTORY  # the engine lowers it for a federation of fewer clients (set_clients)
         self.latest: list[dict[int, float]] = [{} for _ in self.groups]  # client -> latest bounded norm, oldest first
+        self.first_norms: list[float | None] = [None for _ in self.groups]  # each group's norm in the first base
         self.recent_clients: deque[int] = deque(maxlen=rate_window)
         self._counts: dict[int, int] = {}  # client -> its updates in recent_clients
         self.clipped = 0  # updates with at least one group clipped
@@ -110,9 +114,11 @@ class UpdateNormBound:
         """The norm a group's update is compared with: the median of the recent clients' latest norms, or, while
         fewer than ``MIN_HISTORY`` clients are known, ``WARMUP_FRACTION`` x the base model's own."""
         latest = self.latest[group]
-        if len(latest) >= MIN_HISTORY:
+        if len(latest) >= self.min_history:
             return float(statistics.median(latest.values()))
-        return WARMUP_FRACTION * self._norm(base, self.groups[group])
+        if self.first_norms[group] is None:  # anchored to the first model seen: warm-up steps cannot compound
+            self.first_norms[group] = self._norm(base, self.groups[group])
+        return WARMUP_FRACTION * self.first_norms[group]
 
     def rate_ratio(self, client: int) -> float:
         """How many times the median recent client's count of the last ``rate_window`` updates ``client`` sent
@@ -122,12 +128,15 @@ class UpdateNormBound:
         own = self._counts.get(client, 0)
         if not own:
             return 1.0
+        if len(self._counts) < self.min_history:  # warm-up: a client's further updates share its first's bound
+            return 1.0 + own
         return max(1.0, own / statistics.median(self._counts.values()))
 
     def over_share(self, client: int) -> bool:
         """``client`` sent more than ``multiple`` x the median client's count of the recent updates: the engine
-        gives it no new job while others are out, so its share of the run's updates stays near an honest one's."""
-        return self.rate_ratio(client) > self.multiple
+        gives it no new job while others are out, so its share of the run's updates stays near an honest one's
+        (judged once ``min_history`` clients have sent updates)."""
+        return len(self._counts) >= self.min_history and self.rate_ratio(client) > self.multiple
 
     def _count(self, client: int) -> None:
         """``client`` sent the newest update; the oldest leaves the rate window."""
@@ -140,6 +149,10 @@ class UpdateNormBound:
                 del self._counts[oldest]
         self.recent_clients.append(client)
         self._counts[client] = self._counts.get(client, 0) + 1
+
+    def set_clients(self, clients: int) -> None:
+        """The federation has ``clients`` clients: with fewer than ``MIN_HISTORY``, all of them is enough history."""
+        self.min_history = max(1, min(MIN_HISTORY, clients))
 
     def _recount(self) -> None:
         """The rate window's counts from ``recent_clients`` (after a checkpoint restored it: counts are not saved)."""
@@ -154,7 +167,7 @@ class UpdateNormBound:
         scales = []
         for g, mask in enumerate(self.groups):
             norm = self._norm(delta, mask)
-            known = len(self.latest[g]) >= MIN_HISTORY
+            known = len(self.latest[g]) >= self.min_history
             reference = self.reference(arrival.base, g)
             if reference <= 0 and not known:  # an all-zero model and no history yet: nothing to judge by
                 self._remember(g, client, norm)
