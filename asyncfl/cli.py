@@ -145,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="admit only SuperNodes whose keys were registered (a key pair each; needs --tls)")
     deploy.add_argument("--run-config", "-c", action="append", default=[],
                         help="run-config overrides as key=value (clock='wall' and an absolute output-dir are added)")
-    compose = commands.add_parser("compose", help="write a Docker Compose file for N SuperNodes")
+    compose = commands.add_parser("compose", help="write a Docker Compose file for N SuperNodes (TLS, SuperNode and "
+                                                   "SuperExec authentication unless --insecure)")
     compose.add_argument("--supernodes", type=int, default=4, help="SuperNodes, one partition each (default: 4)")
-    compose.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS (certificates/ mounted)")
+    compose.add_argument("--insecure", action="store_true",
+                         help="plain HTTP, any SuperNode admitted, no SuperExec authentication (published on "
+                              "127.0.0.1 only). Default: all three on, their keys written to certificates/ next to "
+                              "the file (mode 700, files 600; what is there is kept)")
+    compose.add_argument("--tls", action="store_true", help=argparse.SUPPRESS)  # refused: TLS is the default
     compose.add_argument("--cuda", action="store_true", help="ClientApps from the CUDA image, one GPU each")
     compose.add_argument("--out", type=Path, default=Path("docker/compose.yml"), help="output file")
     _docker_parser(commands)
@@ -191,12 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "docker":
         return _docker(parser, args)
     if args.command == "compose":
-        from asyncfl.deploy.compose import write_compose
-
-        if args.supernodes < 1:
-            parser.error(f"--supernodes must be >= 1, got {args.supernodes}")
-        print(write_compose(args.out, args.supernodes, tls=args.tls, cuda=args.cuda))
-        return 0
+        return _compose(args)
     from asyncfl.simulation.compare import compare_runs
 
     for folder in args.runs:
@@ -301,6 +301,25 @@ def _deploy(parser: argparse.ArgumentParser, args) -> int:
         return stream_to_end(deployment.submit(run_config))
 
 
+def _compose(args) -> int:
+    """``asyncfl compose``: the file and, unless ``--insecure``, its key material; a refused setting is one line
+    on stderr (exit status 2) before anything is written."""
+    from asyncfl.deploy.compose import write_compose
+    from asyncfl.errors import ConfigError
+
+    try:
+        if args.tls:
+            raise ConfigError("--tls is the default (with SuperNode and SuperExec authentication): drop it"
+                              + (", and --insecure asks for none of them" if args.insecure else ""))
+        if args.supernodes < 1:
+            raise ConfigError(f"--supernodes must be >= 1, got {args.supernodes}")
+        print(write_compose(args.out, args.supernodes, insecure=args.insecure, cuda=args.cuda))
+    except ConfigError as exc:
+        print(f"asyncfl compose: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _docker_parser(commands) -> None:
     docker = commands.add_parser("docker", help="build images and run the app in containers (one per client)")
     actions = docker.add_subparsers(dest="action", required=True)
@@ -323,9 +342,12 @@ def _docker_parser(commands) -> None:
     up.add_argument("--cpus-per-client", default="",
                     help="CPU limits of the ClientApp containers, cycled over clients, e.g. '0.25,0.5,1'")
     up.add_argument("--tls", type=Path, default=None,
-                    help="folder with ca.crt, server.pem, server.key (scripts/make-certs.sh) to serve over TLS")
-    up.add_argument("--supernode-auth", action="store_true",
-                    help="admit only SuperNodes whose keys were registered (a key pair each; needs --tls)")
+                    help="folder with your own ca.crt, server.pem, server.key (SANs: superlink, 127.0.0.1); "
+                         "default: a CA and certificate written to WORKDIR/certificates")
+    up.add_argument("--insecure", action="store_true",
+                    help="plain HTTP, any SuperNode admitted, no SuperExec authentication (still on 127.0.0.1 "
+                         "only). Default: TLS, SuperNode and SuperExec authentication")
+    up.add_argument("--supernode-auth", action="store_true", help=argparse.SUPPRESS)  # refused: the default
     up.add_argument("--name", default="asyncfl", help="deployment name (container prefix, label)")
     up.add_argument("--workdir", type=Path, default=Path(".flwr-docker"),
                     help="host folder for results (outputs/), logs and the flwr connection (default: .flwr-docker)")
@@ -341,8 +363,9 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
     import os
 
     from asyncfl.deploy import images
-    from asyncfl.deploy.containers import DockerDeployment, docker_client, remove_deployment
+    from asyncfl.deploy.containers import DockerDeployment, check_security, docker_client, remove_deployment
     from asyncfl.deploy.topology import cpu_tiers
+    from asyncfl.errors import ConfigError
 
     root = Path(__file__).resolve().parents[1]
     if args.action == "requirements":
@@ -355,8 +378,13 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
             parser.error(f"--supernodes must be >= 1, got {args.supernodes}")
         if not (args.app / "pyproject.toml").exists():
             parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
-        if args.supernode_auth and args.tls is None:
-            parser.error("--supernode-auth needs --tls DIR: Flower's SuperLink authenticates SuperNodes only over TLS")
+        try:
+            if args.supernode_auth:
+                raise ConfigError("--supernode-auth is the default (with TLS and SuperExec authentication): drop it")
+            check_security(args.insecure, args.tls)
+        except ConfigError as exc:
+            print(f"asyncfl docker up: {exc}", file=sys.stderr)
+            return 2
         try:
             tiers = cpu_tiers(args.cpus_per_client) if args.cpus_per_client else None
             run_config = list(args.run_config)
@@ -385,12 +413,14 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
             print(", ".join(f"{count} {kind}" for kind, count in removed.items()) + " removed")
             return 0
         deployment = DockerDeployment(args.supernodes, args.name, args.workdir, tls_dir=args.tls,
-                                      cpus_per_client=tiers, supernode_auth=args.supernode_auth, client=client)
+                                      cpus_per_client=tiers, insecure=args.insecure, client=client)
         deployment.__enter__()
     except (RuntimeError, ValueError, TimeoutError) as exc:
         print(f"asyncfl docker {args.action}: {exc}", file=sys.stderr)
         return 1
-    print(f"SuperLink on {deployment.address}; {args.supernodes} SuperNode containers; results in "
+    security = ("INSECURE as asked: plain HTTP, any SuperNode admitted" if args.insecure else
+                f"TLS, SuperNode and SuperExec authentication, keys in {deployment.material}")
+    print(f"SuperLink on {deployment.address} ({security}); {args.supernodes} SuperNode containers; results in "
           f"{deployment.outputs}; remove with `asyncfl docker down --name {args.name}`", flush=True)
     if args.detach:
         return 0

@@ -135,34 +135,42 @@ def test_separate_hosts_over_tls_with_supernode_auth_admit_registered_nodes_only
 
 
 def test_compose_topology_runs_as_plain_processes(tmp_path):
-    """The commands of docker/compose.yml, run as processes on loopback (no Docker engine here).
+    """The commands of docker/compose.yml, closed as generated, run as processes on loopback (no Docker here).
 
-    Service names become 127.0.0.1, each SuperNode's Runtime API port a free one,
-    and the SuperLink's database a temporary file; every other flag is the file's.
+    Service names become 127.0.0.1, each SuperNode's Runtime API port a free one, the SuperLink's
+    database a temporary file and every container's ``/app/secrets`` one key material folder written
+    as ``asyncfl compose`` writes it; the SuperNodes' keys are registered as the file's one-shot
+    service registers them. Every other flag is the file's: TLS, SuperNode and SuperExec authentication.
     """
     import yaml
 
+    from asyncfl.deploy.keys import register_keys
     from asyncfl.deploy.local import write_connection
+    from asyncfl.deploy.material import ensure_material
     from asyncfl.deploy.processes import FlowerProcess, flower_env, flower_tool, free_port, wait_for_port
 
     services = yaml.safe_load((ROOT / "docker" / "compose.yml").read_text())["services"]
     link_port = free_port()
     node_ports = {name: free_port() for name in services if name.startswith("supernode-")}
     nodes_wanted = 2
+    material = ensure_material(tmp_path / "certificates", nodes_wanted)
 
     def localise(command: list[str], own_port: int | None = None) -> list[str]:
         out = []
         for item in command:
-            item = item.replace("superlink:9093", f"127.0.0.1:{link_port}")
+            item = item.replace("superlink:9093", f"127.0.0.1:{link_port}").replace("/app/secrets/", f"{material}/")
             for name, port in node_ports.items():
                 item = item.replace(f"{name}:9094", f"127.0.0.1:{port}")
             out.append(item.replace("/app/state/superlink.db", str(tmp_path / "link.db")))
+        if "--host" in out:  # 0.0.0.0 inside a container; on this host, loopback
+            out[out.index("--host") + 1] = "127.0.0.1"
         if own_port is not None:
             out[out.index("--port") + 1] = str(own_port)
         return out
 
+    assert "--insecure" not in services["superlink"]["command"]
     home = tmp_path / "home"
-    write_connection(home, "compose", f"127.0.0.1:{link_port}")
+    write_connection(home, "compose", f"127.0.0.1:{link_port}", material / "ca.crt")
     env = flower_env(home)
     started = []
     try:
@@ -172,6 +180,8 @@ def test_compose_topology_runs_as_plain_processes(tmp_path):
         wait_for_port("127.0.0.1", link_port, link.process, 60, "superlink")
         started.append(FlowerProcess([flower_tool("flower-superexec")] + localise(services["superexec-serverapp"]["command"]),
                                      tmp_path / "sx.log", tmp_path, env).start())
+        register_keys([material / f"supernode-{i}.pub" for i in range(nodes_wanted)], f"127.0.0.1:{link_port}",
+                      material / "ca.crt", wait=60.0)
         for i in range(nodes_wanted):
             name = f"supernode-{i}"
             command = localise(services[name]["command"], node_ports[name])

@@ -5,6 +5,12 @@ images and build the SuperExec image (PyTorch + asyncfl) ``FROM flwr/superexec``
 the route where an image registry is reachable. ``asyncfl docker up`` starts the
 same services through the Docker Engine API from images built on this machine.
 ``flwr run`` is then submitted from the host to the SuperLink's published port.
+
+Closed by default: TLS, SuperNode and SuperExec authentication, with the key
+material written next to the compose file (``certificates/``) by
+:func:`write_compose`; ``insecure=True`` (``asyncfl compose --insecure``) drops
+all three. Either way the SuperLink's one port (Fleet, Control and Runtime APIs in
+Flower 1.42) is published on the host's loopback only.
 """
 
 from __future__ import annotations
@@ -14,32 +20,50 @@ from pathlib import Path
 
 import yaml
 
-from asyncfl.deploy.topology import FLOWER_VERSION, NAMED_VOLUMES, Images, Service, deployment_services
-
-READ_ONLY = ("certificates", "keys/")
+from asyncfl.deploy.material import ensure_material
+from asyncfl.deploy.topology import (
+    FLOWER_VERSION,
+    MATERIAL_SOURCE,
+    PUBLISH_HOST,
+    SUPERLINK_PORT,
+    Images,
+    Service,
+    deployment_services,
+    is_named_volume,
+)
 
 
 def _compose_source(source: str) -> str:
-    """A volume source as the compose file (in docker/) names it: results next to it, the rest at the root."""
-    if source in NAMED_VOLUMES:
-        return source
-    return "./outputs" if source == "outputs" else f"../{source}"
+    """A volume source as the compose file names it: named volumes by name, host folders next to the file."""
+    return source if is_named_volume(source) else f"./{source}"
 
 
-def _compose_service(service: Service) -> dict:
+def _depends_on(service: Service, one_shots: set[str]) -> list[str] | dict:
+    """Compose's short form, or the long one where a dependency is a helper that must have completed first."""
+    if not any(name in one_shots for name in service.depends_on):
+        return list(service.depends_on)
+    return {name: {"condition": "service_completed_successfully" if name in one_shots else "service_started"}
+            for name in service.depends_on}
+
+
+def _compose_service(service: Service, one_shots: set[str]) -> dict:
     out: dict = {}
     if service.build:
         out["build"] = copy.deepcopy(service.build)
     out["image"] = service.image
+    if service.entrypoint:  # the helpers only: Flower's images bring their own
+        out["entrypoint"] = [service.entrypoint]
+    if service.user:
+        out["user"] = service.user
     out["command"] = list(service.command)
     if service.ports:
-        out["ports"] = [f"{port}:{port}" for port in service.ports]
-    volumes = [f"{_compose_source(source)}:{target}{':ro' if source.startswith(READ_ONLY) else ''}"
+        out["ports"] = [f"{PUBLISH_HOST}:{port}:{port}" for port in service.ports]
+    volumes = [f"{_compose_source(source)}:{target}{'' if source in service.writable else ':ro'}"
                for source, target in service.volumes.items()]
     if volumes:
         out["volumes"] = volumes
     if service.depends_on:
-        out["depends_on"] = list(service.depends_on)
+        out["depends_on"] = _depends_on(service, one_shots)
     if service.cpus is not None:
         out["cpus"] = service.cpus
     if service.gpu:
@@ -48,30 +72,67 @@ def _compose_service(service: Service) -> dict:
     return out
 
 
-def compose_spec(num_supernodes: int, tls: bool = False, cuda: bool = False, flower_version: str = FLOWER_VERSION,
-                 emulate_partitions: int | None = None) -> dict:
+def compose_spec(num_supernodes: int, insecure: bool = False, cuda: bool = False,
+                 flower_version: str = FLOWER_VERSION, emulate_partitions: int | None = None) -> dict:
     """The compose document as a dict (Flower's images; see :func:`deployment_services` for the parameters)."""
     build = {"context": "..", "dockerfile": "docker/superexec.Dockerfile",
              "args": {"FLOWER_IMAGE": f"flwr/superexec:{flower_version}"}}
-    services = deployment_services(num_supernodes, Images.official(flower_version), tls=tls,
-                                   num_partitions=emulate_partitions, build=build)
+    services = deployment_services(num_supernodes, Images.official(flower_version), insecure=insecure,
+                                   num_partitions=emulate_partitions, build=build, register=not insecure)
     if cuda:
         cuda_build = {**build, "dockerfile": "docker/superexec-cuda.Dockerfile"}
         for service in services:
             if service.role == "clientapp":
                 service.image, service.build, service.gpu = "asyncfl-superexec-cuda:latest", cuda_build, True
-    return {"name": "asyncfl", "services": {s.name: _compose_service(s) for s in services},
-            "volumes": {"superlink-state": {}}}
+    one_shots = {s.name for s in services if s.one_shot}
+    volumes = sorted({source for s in services for source in s.volumes if is_named_volume(source)})
+    return {"name": "asyncfl", "services": {s.name: _compose_service(s, one_shots) for s in services},
+            "volumes": {name: {} for name in volumes}}
 
 
-def write_compose(path: Path, num_supernodes: int, **options) -> Path:
-    """Write :func:`compose_spec` as YAML to ``path``, with a header saying how it was made."""
-    spec = compose_spec(num_supernodes, **options)
-    flags = " ".join(f"--{k.replace('_', '-')}" for k, v in options.items() if v is True)
-    header = (f"# Generated by `asyncfl compose --supernodes {num_supernodes} {flags}`; do not edit by hand.\n"
-              "# Build and start: docker compose -f <this file> up --build -d\n"
-              "# Then submit from the host: flwr run . <connection to localhost:9093> --stream\n")
+def _header(num_supernodes: int, insecure: bool, cuda: bool) -> str:
+    flags = "".join(f" --{name}" for name, on in (("insecure", insecure), ("cuda", cuda)) if on)
+    submit = f"# Then submit from this host: flwr run . <connection to {PUBLISH_HOST}:{SUPERLINK_PORT}"
+    lines = [f"# Generated by `asyncfl compose --supernodes {num_supernodes}{flags}`; do not edit by hand.",
+             "# Build and start: docker compose -f <this file> up --build -d"]
+    if insecure:
+        lines += ["# INSECURE, as asked: plain HTTP, any SuperNode admitted, no SuperExec authentication.",
+                  f"{submit}, insecure = true> --stream"]
+    else:
+        lines += [f"# TLS, SuperNode and SuperExec authentication; key material in ./{MATERIAL_SOURCE}/ (mode 700,",
+                  "# written by the command above if missing).",
+                  f"{submit}, root-certificates = <this folder>/{MATERIAL_SOURCE}/ca.crt> --stream"]
+    lines.append(f"# The SuperLink's port serves Flower's Control API too: it is published on {PUBLISH_HOST} only.")
+    return "\n".join(lines) + "\n"
+
+
+def write_compose(path: Path, num_supernodes: int, insecure: bool = False, cuda: bool = False,
+                  **options) -> Path:
+    """Write :func:`compose_spec` as YAML to ``path``, with a header saying how it was made; unless ``insecure``,
+    write the key material it reads to ``certificates/`` next to it (what is there already is kept).
+
+    Raises
+    ------
+    ConfigError
+        For an incomplete key material folder, before anything is written.
+    """
+    spec = compose_spec(num_supernodes, insecure=insecure, cuda=cuda, **options)
+    if not insecure:
+        ensure_material(path.parent / MATERIAL_SOURCE, num_supernodes)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Deep copies: no YAML anchors/aliases, every service reads on its own.
-    path.write_text(header + yaml.safe_dump(copy.deepcopy(spec), sort_keys=False))
+    text = yaml.dump(copy.deepcopy(spec), Dumper=_Dumper, sort_keys=False)
+    path.write_text(_header(num_supernodes, insecure, cuda) + text)
     return path
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes a multi-line string (the helper's shell script) as a literal block, line by line."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)

@@ -9,6 +9,12 @@ only the SuperLink's port is published, on the host's loopback, where ``flwr
 run`` submits the app. Everything carries the label ``asyncfl.deployment=<name>``,
 by which :func:`remove_deployment` (``asyncfl docker down``) finds it.
 
+Closed unless ``insecure``: TLS (certificates of the user's, or written here),
+SuperNode authentication (each key registered from the host before its
+SuperNode starts) and SuperExec authentication; the key material stays in
+``<workdir>/certificates`` (mode 700, files 600, the host user's) and reaches
+each container through a volume of its own (:mod:`asyncfl.deploy.topology`).
+
 Why the Docker SDK and not ``docker-compose``: the Compose v2 plugin is not
 installable here and Compose 1.29 ignores per-service CPU limits outside swarm
 mode without ``--compatibility``; the SDK gives the CPU limits, ``kill``/``start``
@@ -20,27 +26,30 @@ from __future__ import annotations
 
 import http.client
 import os
-import shutil
 import ssl
 import subprocess
 import time
 from pathlib import Path
 
 from asyncfl.deploy.images import FLOWER_IMAGE, SUPEREXEC_IMAGE
-from asyncfl.deploy.keys import register_node_key, write_node_keys
+from asyncfl.deploy.keys import private_folder, register_node_key, write_private
 from asyncfl.deploy.local import write_connection
+from asyncfl.deploy.material import TLS_FILES, ensure_material
 from asyncfl.deploy.processes import flower_env, flower_tool, free_port
 from asyncfl.deploy.topology import (
-    NAMED_VOLUMES,
+    APP_UID,
+    MATERIAL_SOURCE,
     OUTPUT_DIR,
+    PUBLISH_HOST,
     SUPERLINK_PORT,
     Images,
     Service,
     deployment_services,
+    is_named_volume,
 )
+from asyncfl.errors import ConfigError
 
 LABEL = "asyncfl.deployment"
-APP_UID = 49999  # the images' `app` user (as in Flower's images)
 CONNECTION = "asyncfl-docker"
 
 
@@ -80,13 +89,32 @@ def remove_deployment(client, name: str | None = None) -> dict[str, int]:
     return removed
 
 
-def _own_for_app_user(path: Path, mode: int) -> None:
-    """Let the containers' user read (and, for folders, write) ``path``."""
+def _results_folder_for_app_user(path: Path) -> None:
+    """Let the containers' user write the results folder (it holds no key: keys go through volumes)."""
     if os.geteuid() == 0:
         os.chown(path, APP_UID, APP_UID)
-        path.chmod(mode)
-    else:  # a user of the docker group: make it reachable without owning it
-        path.chmod(mode | (0o777 if path.is_dir() else 0o444))
+        path.chmod(0o755)
+    else:  # a user of the docker group cannot give it away: let everyone write it
+        path.chmod(0o777)
+
+
+def check_security(insecure: bool, tls_dir: Path | None) -> None:
+    """Refuse, before anything starts, security settings that contradict each other or are incomplete.
+
+    Raises
+    ------
+    ConfigError
+        For certificates given with ``insecure`` (they would be ignored) or a ``tls_dir`` without
+        ``ca.crt``, ``server.pem`` and ``server.key``.
+    """
+    if tls_dir is None:
+        return
+    if insecure:
+        raise ConfigError(f"--tls {tls_dir} with --insecure: an insecure deployment serves no TLS; drop one of them")
+    missing = [name for name in TLS_FILES if not (tls_dir / name).is_file()]
+    if missing:
+        raise ConfigError(f"--tls {tls_dir}: missing {', '.join(missing)} (leave --tls out to have a CA and "
+                          "certificate written for this deployment)")
 
 
 class DockerDeployment:
@@ -108,33 +136,37 @@ class DockerDeployment:
     images : Images, optional
         Default: the images ``asyncfl docker build`` makes.
     tls_dir : Path, optional
-        Folder with ``ca.crt``, ``server.pem``, ``server.key`` (``scripts/make-certs.sh``): the
-        SuperLink serves over TLS; SuperNodes, the ServerApp SuperExec and ``flwr`` verify it.
+        Folder with ``ca.crt``, ``server.pem``, ``server.key`` to serve TLS with (their SANs must
+        include ``superlink`` and ``127.0.0.1``); default: a CA and certificate written for this
+        deployment. SuperNodes, the ServerApp SuperExec and ``flwr`` verify it with ``ca.crt``.
     cpus_per_client : list of float, optional
         CPU limit of each ClientApp container, cycled over the clients.
-    supernode_auth : bool
-        The SuperLink admits only registered SuperNodes (needs ``tls_dir``): each SuperNode gets a
-        key pair under ``workdir/keys``, registered with ``flwr supernode register`` before it starts.
     num_partitions : int, optional
         ``num-partitions`` (default ``num_supernodes``).
+    insecure : bool
+        Plain HTTP, any SuperNode admitted, no SuperExec authentication (Flower's ``--insecure``), still
+        published on the host's loopback only. Default: TLS, SuperNode authentication (each SuperNode's
+        key pair registered with ``flwr supernode register`` before it starts) and SuperExec authentication.
+
+    Raises
+    ------
+    ConfigError
+        For ``tls_dir`` with ``insecure`` (it would be ignored) or a ``tls_dir`` without the three files.
     """
 
     def __init__(self, num_supernodes: int, name: str = "asyncfl", workdir: Path = Path(".flwr-docker"),
                  images: Images | None = None, tls_dir: Path | None = None,
                  cpus_per_client: list[float] | None = None, num_partitions: int | None = None,
-                 supernode_auth: bool = False, tmpfs_size: str = "2g", client=None) -> None:
+                 insecure: bool = False, tmpfs_size: str = "2g", client=None) -> None:
+        check_security(insecure, tls_dir)
         self.name = name
         self.workdir = workdir.resolve()
         self.images = images or Images.local(FLOWER_IMAGE, SUPEREXEC_IMAGE)
         self.tls_dir = tls_dir
-        if tls_dir is not None:
-            missing = [f for f in ("ca.crt", "server.pem", "server.key") if not (tls_dir / f).exists()]
-            if missing:
-                raise ValueError(f"{tls_dir}: missing {', '.join(missing)}; create them with scripts/make-certs.sh")
-        self.services = deployment_services(num_supernodes, self.images, tls=tls_dir is not None,
+        self.insecure = insecure
+        self.services = deployment_services(num_supernodes, self.images, insecure=insecure,
                                             num_partitions=num_partitions, cpus_per_client=cpus_per_client,
-                                            entrypoints=True, supernode_auth=supernode_auth)
-        self.supernode_auth = supernode_auth
+                                            entrypoints=True)
         self.tmpfs_size = tmpfs_size
         self.client = client
         self.port = 0
@@ -153,8 +185,13 @@ class DockerDeployment:
         return self.workdir / "outputs"
 
     @property
+    def material(self) -> Path:
+        """Host folder with the key material (mode 700; empty for an insecure deployment)."""
+        return self.workdir / MATERIAL_SOURCE
+
+    @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{PUBLISH_HOST}:{self.port}"
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name)
@@ -175,58 +212,71 @@ class DockerDeployment:
     def _start(self) -> None:
         labels = {LABEL: self.name}
         self.outputs.mkdir(parents=True, exist_ok=True)
-        _own_for_app_user(self.outputs, 0o755)
+        _results_folder_for_app_user(self.outputs)
         self.client.networks.create(self.network, driver="bridge", labels=labels)
-        for volume in NAMED_VOLUMES:
+        for volume in sorted({v for s in self.services for v in s.volumes if is_named_volume(v)}):
             self.client.volumes.create(f"{self.name}-{volume}", labels=labels)
-        ca_cert = self._stage_certificates() if self.tls_dir else None
+        if not self.insecure:
+            self._write_material()
         self.port = free_port()
-        write_connection(self.workdir / "flwr-home", CONNECTION, self.address, ca_cert)
+        write_connection(self.workdir / "flwr-home", CONNECTION, self.address,
+                         None if self.insecure else self.material / "ca.crt")
         for service in self.services:
-            if service.role == "supernode" and self.supernode_auth:
+            if service.role == "supernode" and not self.insecure:
                 self._register_key(service.name)
-            self._run(service)
+            if service.one_shot:
+                self._run_to_completion(service, 120.0)
+            else:
+                self._run(service)
             if service.role == "superlink":
                 self._wait_for_superlink(90.0)
 
-    def _register_key(self, node: str) -> None:
-        """A fresh key pair for ``node``, its public half registered with the SuperLink, its private half
-        readable by the containers' user."""
-        keys = write_node_keys(self.workdir / "keys", node)
-        register_node_key(flower_tool("flwr"), keys.public_key, CONNECTION, flower_env(self.workdir / "flwr-home"))
-        _own_for_app_user(keys.private_key, 0o400)
+    def _write_material(self) -> None:
+        """The key material in :attr:`material`: the user's certificates copied there if given, the rest
+        written if missing (mode 600; the folder 700)."""
+        if self.tls_dir is not None:
+            private_folder(self.material)
+            for name in TLS_FILES:
+                write_private(self.material / name, (self.tls_dir / name).read_bytes())
+        ensure_material(self.material, sum(s.role == "supernode" for s in self.services))
 
-    def _stage_certificates(self) -> Path:
-        """Copies of the certificates the containers' user can read (the key is root's 0600 on the host)."""
-        staged = self.workdir / "certificates"
-        staged.mkdir(parents=True, exist_ok=True)
-        for name in ("ca.crt", "server.pem", "server.key"):
-            shutil.copy2(self.tls_dir / name, staged / name)
-            _own_for_app_user(staged / name, 0o400)
-        _own_for_app_user(staged, 0o755)
-        return staged / "ca.crt"
+    def _register_key(self, node: str) -> None:
+        """Register ``node``'s public key with the SuperLink (before that SuperNode starts)."""
+        register_node_key(flower_tool("flwr"), self.material / f"{node}.pub", CONNECTION,
+                          flower_env(self.workdir / "flwr-home"))
 
     def _binds(self, service: Service) -> dict:
         binds = {}
         for source, target in service.volumes.items():
-            host = f"{self.name}-{source}" if source in NAMED_VOLUMES else str(self.workdir / source)
-            binds[host] = {"bind": target, "mode": "rw" if source in ("outputs", *NAMED_VOLUMES) else "ro"}
+            host = f"{self.name}-{source}" if is_named_volume(source) else str(self.workdir / source)
+            binds[host] = {"bind": target, "mode": "rw" if source in service.writable else "ro"}
         return binds
 
-    def _run(self, service: Service) -> None:
+    def _create(self, service: Service) -> str:
         api = self.client.api
         host_config = api.create_host_config(
             binds=self._binds(service), read_only=True, tmpfs={"/tmp": f"size={self.tmpfs_size}"},
             nano_cpus=int(service.cpus * 1e9) if service.cpus else None,
-            port_bindings={SUPERLINK_PORT: ("127.0.0.1", self.port)} if service.ports else None,
+            port_bindings={SUPERLINK_PORT: (PUBLISH_HOST, self.port)} if service.ports else None,
         )
         networking = api.create_networking_config({self.network: api.create_endpoint_config(aliases=[service.name])})
         labels = {LABEL: self.name, "asyncfl.service": service.name, "asyncfl.role": service.role}
         container = api.create_container(
             service.image, command=service.command, entrypoint=[service.entrypoint] if service.entrypoint else None,
-            name=self.container_name(service.name), hostname=service.name, labels=labels,
+            name=self.container_name(service.name), hostname=service.name, labels=labels, user=service.user,
             ports=list(service.ports) or None, host_config=host_config, networking_config=networking)
-        api.start(container["Id"])
+        return container["Id"]
+
+    def _run(self, service: Service) -> None:
+        self.client.api.start(self._create(service))
+
+    def _run_to_completion(self, service: Service, seconds: float) -> None:
+        """Start a helper and wait for it to exit; raise with its log unless it exited with 0."""
+        container = self._create(service)
+        self.client.api.start(container)
+        status = self.client.api.wait(container, timeout=seconds)["StatusCode"]
+        if status != 0:
+            raise RuntimeError(f"{service.name} exited with {status}:\n" + self.logs(service.name)[-3000:])
 
     def _wait_for_superlink(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -242,10 +292,10 @@ class DockerDeployment:
     def _superlink_answers(self) -> bool:
         """Whether the SuperLink answers HTTP on the published port. (A bare TCP connect is not enough:
         Docker's port proxy accepts connections before the server in the container listens.)"""
-        if self.tls_dir is None:
-            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2.0)
+        if self.insecure:
+            connection = http.client.HTTPConnection(PUBLISH_HOST, self.port, timeout=2.0)
         else:
-            connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=2.0,
+            connection = http.client.HTTPSConnection(PUBLISH_HOST, self.port, timeout=2.0,
                                                      context=ssl._create_unverified_context())
         try:
             connection.request("GET", "/")
