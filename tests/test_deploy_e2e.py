@@ -145,7 +145,7 @@ def test_compose_topology_runs_as_plain_processes(tmp_path):
     import yaml
 
     from asyncfl.deploy.keys import register_keys
-    from asyncfl.deploy.local import write_connection
+    from asyncfl.deploy.processes import write_connection
     from asyncfl.deploy.material import ensure_material
     from asyncfl.deploy.processes import FlowerProcess, flower_env, flower_tool, free_port, wait_for_port
 

@@ -164,7 +164,7 @@ def test_once_honest_updates_stop_moving_the_model_any_update_is_bounded_at_zero
 
 def test_a_fast_client_fills_one_entry_of_the_window_and_its_bound_shrinks_with_its_share():
     """Clients 0-3 send norm 1 once each in turn; client 9 sends norm 100 after each of them (4x their rate). Its
-    entries replace each other (one of five clients), so the median stays 1; its bound is 3 / its share ratio."""
+    entries replace each other (one of five clients), so the median stays 1; its bound is 3 / its share ratio^2."""
     bound = UpdateNormBound(3.0)
     fill(bound, [1.0, 1.0, 1.0])
     for turn in range(8):
@@ -176,7 +176,7 @@ def test_a_fast_client_fills_one_entry_of_the_window_and_its_bound_shrinks_with_
     counts = {0: 3, 1: 3, 2: 3, 3: 2, 9: 31}  # the window before client 9's last update (plus the fill's three)
     expected_ratio = counts[9] / np.median(list(counts.values()))
     assert bound.rate_ratio(9) == pytest.approx((counts[9] + 1) / np.median([3, 3, 3, 2, 32]))
-    assert float(np.abs(out.delta).max()) == pytest.approx(3.0 / expected_ratio, rel=1e-5)
+    assert float(np.abs(out.delta).max()) == pytest.approx(3.0 / expected_ratio**2, rel=1e-5)
     assert bound.rate_limited > 0
 
 
@@ -209,13 +209,13 @@ def test_a_median_buffer_survives_a_noisy_node_without_the_bound():
 
 def test_a_fast_client_arriving_first_cannot_compound_warm_up_steps():
     """Before three clients are known the reference stays a tenth of the first model's norm, and a client's k-th
-    update then gets 1/(k+1) of the bound: ten steps of x100 move x0 = (3, 4) by 0.3 x (1 + 1/2 + ... + 1/10)."""
+    update then gets 1/k^2 of the bound: ten steps of x100 move x0 = (3, 4) by 1.5 x (1 + 1/4 + ... + 1/100)."""
     bound = UpdateNormBound(3.0)
     w = np.array([3.0, 4.0], np.float32)
     for _ in range(10):
         w = bound.apply(arrival(99.0 * w, base=w, client=7)).weights
-    harmonic = sum(1.0 / k for k in range(1, 11))
-    assert float(np.linalg.norm(w)) == pytest.approx(5.0 + 1.5 * harmonic, rel=1e-4)
+    squares = sum(1.0 / k**2 for k in range(1, 11))
+    assert float(np.linalg.norm(w)) == pytest.approx(5.0 + 1.5 * squares, rel=1e-4)
 
 
 def test_a_float_counter_outside_every_named_group_is_bounded_too():

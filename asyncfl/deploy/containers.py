@@ -33,7 +33,7 @@ from pathlib import Path
 
 from asyncfl.deploy.images import FLOWER_IMAGE, SUPEREXEC_IMAGE
 from asyncfl.deploy.keys import private_folder, register_node_key, write_private
-from asyncfl.deploy.local import write_connection
+from asyncfl.deploy.processes import write_connection
 from asyncfl.deploy.material import TLS_FILES, ensure_material
 from asyncfl.deploy.processes import flower_env, flower_tool, free_port
 from asyncfl.deploy.topology import (

@@ -110,8 +110,7 @@ def register_keys(public_keys: list[Path], superlink: str, root_certificates: Pa
     RuntimeError
         With Flower's output, when a key is still refused after ``wait`` seconds.
     """
-    from asyncfl.deploy.local import write_connection
-    from asyncfl.deploy.processes import flower_env, flower_tool
+    from asyncfl.deploy.processes import flower_env, flower_tool, write_connection
 
     home = Path(tempfile.mkdtemp(prefix="asyncfl-register-"))
     write_connection(home, "deployment", superlink, root_certificates)

@@ -28,18 +28,10 @@ from asyncfl.deploy.processes import (
     superlink_command,
     supernode_command,
     wait_for_port,
+    write_connection,
 )
 
 CONNECTION = "asyncfl-deploy"
-
-
-def write_connection(flwr_home: Path, name: str, address: str, ca_cert: Path | None = None) -> None:
-    """Write ``$FLWR_HOME/config.toml`` with one SuperLink connection (insecure unless ``ca_cert``)."""
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    security = "insecure = true\n" if ca_cert is None else f'root-certificates = "{ca_cert.resolve()}"\n'
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
-    )
 
 
 class LocalDeployment:

@@ -192,3 +192,12 @@ def supernode_command(superlink: str, partition_id: int, num_partitions: int, cl
     if auth_private_key is not None:
         command += ["--auth-supernode-private-key", str(auth_private_key)]
     return command
+
+
+def write_connection(flwr_home: Path, name: str, address: str, ca_cert: Path | None = None) -> None:
+    """Write ``$FLWR_HOME/config.toml`` with one SuperLink connection (insecure unless ``ca_cert``)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    security = "insecure = true\n" if ca_cert is None else f'root-certificates = "{ca_cert.resolve()}"\n'
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
+    )

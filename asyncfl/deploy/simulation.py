@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncfl.deploy.local import write_connection
+from asyncfl.deploy.processes import write_connection
 from asyncfl.deploy.processes import FlowerProcess, flower_env, flower_tool, free_port, superlink_command, wait_for_port
 
 CONNECTION = "asyncfl-local"

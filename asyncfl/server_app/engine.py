@@ -30,17 +30,16 @@ from asyncfl.options import EngineConfig
 from asyncfl.server_app import journal
 from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import ModelCodec
-from asyncfl.server_app.count_bound import ExampleCountCeiling
 from asyncfl.server_app.dispatch import Dispatcher
 from asyncfl.server_app.eligible import Slots
 from asyncfl.server_app.engine_state import EngineState
 from asyncfl.server_app.jobs import EngineStats, FederatedEvaluator, GridLike, Job, Recorder, TrainMetricsSink
 from asyncfl.server_app.pacing import PollPacer
+from asyncfl.server_app.participants import ParticipantBounds
 from asyncfl.server_app.replies import RejectedReply, read_reply
 from asyncfl.server_app.resume import resume_from, snapshot
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
-from asyncfl.server_app.update_bound import UpdateNormBound
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
@@ -120,13 +119,9 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
         self._puller = self.clock.puller(grid, config.concurrency)
-        groups = codec.bound_groups()  # trained entries, BatchNorm statistics, counters: each on its own scale
-        self.update_bound = UpdateNormBound(config.update_norm_bound, config.update_norm_action, groups) \
-            if config.update_norm_bound else None
-        self.count_ceiling: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (run)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
-        if self.update_bound is not None and not strategy.synchronous:  # per participant: its share of jobs too
-            self.dispatcher.slots.over_share = self.update_bound.over_share
+        self.bounds = ParticipantBounds(config.update_norm_bound, config.update_norm_action, codec.bound_groups(),
+                                        self.dispatcher.slots, not strategy.synchronous)
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
         self._owners_told = 0
@@ -173,9 +168,7 @@ class AsyncEngine:
         if not len(self.roster):
             self.dispatcher.discover_clients()
         self._tell_owners()
-        if self.config.update_norm_bound:
-            self.count_ceiling = ExampleCountCeiling(self.config.update_norm_bound, self.roster.sizes)
-            self.update_bound.set_clients(len(self.roster))
+        self.bounds.start(list(self.roster.sizes))
         self.strategy.trained_entries = self.codec.trained_entries()
         self.strategy.on_start(len(self.roster), concurrency=self.config.concurrency)
         if self._resume is not None:
@@ -315,7 +308,7 @@ class AsyncEngine:
             outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                  self.config.job_timeout)
             if isinstance(outcome, Arrival):
-                outcome = self._bounded(outcome)
+                outcome = self.bounds.apply(outcome)  # step 3b: the participant's bounds
                 self.slots.recheck_held_back()
             arrival = self._count(job, reply, outcome)
             if self._journaling:
@@ -331,15 +324,6 @@ class AsyncEngine:
                 self.checkpoints.record({"kind": "round-end"})
             self.end_round()
         self.stats.server_seconds += time.perf_counter() - started
-
-    def _bounded(self, arrival: Arrival) -> Arrival | RejectedReply:
-        """Step 3b: the participant's bounds (``docs/security.md``): its example count capped, its update's norm
-        bounded per client (:mod:`~asyncfl.server_app.count_bound`, :mod:`~asyncfl.server_app.update_bound`)."""
-        if not np.isfinite(arrival.delta).all():  # finite weights whose difference from the base overflows float32
-            return RejectedReply("non-finite", "the update (weights - base) overflows float32")
-        if self.count_ceiling is not None:
-            arrival = self.count_ceiling.apply(arrival)
-        return self.update_bound.apply(arrival) if self.update_bound is not None else arrival
 
     def _count(self, job: Job, reply: Message | None, outcome: Arrival | RejectedReply) -> Arrival | None:
         """Step 4: count the outcome (a rejection by reason; an arrival's transport and train metrics)."""

@@ -215,11 +215,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         out["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         if federated is not None and federated.rejected:
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
-        if engine.update_bound is not None:
-            out.update(engine.update_bound.summary())
-            out["over-share-held-back"] = engine.slots.held_back_checks
-        if engine.count_ceiling is not None:
-            out.update(engine.count_ceiling.summary())
+        out.update(engine.bounds.summary())
         if checkpoints is not None:
             out.update(checkpoints.summary())
         if resumed_from is not None:

@@ -39,7 +39,7 @@ def stateful_parts(engine: AsyncEngine) -> dict[str, object]:
     state_attributes); the recorder last, so that it cuts its files back only once all else fitted."""
     parts = {"delays": engine.delays, "scoring": engine.scoring, "train_metrics": engine.train_metrics,
              "federated_eval": engine.federated_eval, "evaluate_fn": engine.evaluate_fn,
-             "update_bound": engine.update_bound, "count_ceiling": engine.count_ceiling, "recorder": engine.recorder}
+             "update_bound": engine.bounds.norm, "count_ceiling": engine.bounds.count, "recorder": engine.recorder}
     return {name: part for name, part in parts.items()
             if part is not None and (hasattr(part, "state_dict") or hasattr(type(part), "state_attributes"))}
 

@@ -11,14 +11,16 @@ L2 norm is compared with a reference, the median of the *participants'* latest n
   recent participants move it.
 * **A bound per participant, not per update.** A client that sent ``r`` times as many of the last
   ``rate_window`` accepted updates as the median participant (``r > 1``) has its bound divided by
-  ``r``: its movement of the model per unit of time stays within ``multiple`` x an honest
-  client's, however fast it replies (asynchrony gives a fast node more updates; a node that
-  skips training is easily several times faster).
+  ``r^2``: its movement of the model per unit of time is at most ``multiple / r`` x an honest
+  client's, less the faster it replies (asynchrony gives a fast node more updates, and fresher
+  ones, which a strategy weighting by staleness trusts more; a node that skips training is easily
+  several times faster). The window is 16 updates per client (256 at least), so that an honest
+  client's count is a steady estimate of its rate.
 * **A bound from the first arrival.** While fewer than ``MIN_HISTORY`` clients are known, the
   reference is ``WARMUP_FRACTION`` x the norm of the first model an update was trained from (an
   honest local program moves a model by a fraction of its own norm; an attacker's first update of
   ``-3 x0`` would otherwise replace the model), and a client's k-th update in that phase gets
-  ``1/(k+1)`` of the bound (a fast node that arrives first cannot compound its steps). An all-zero
+  ``1/k^2`` of the bound (a fast node that arrives first cannot compound its steps). An all-zero
   model gives no reference: its first updates pass unbounded (``docs/security.md``).
 
 A zero median (honest updates that no longer move the model) bounds every update at zero. An
@@ -51,6 +53,8 @@ from asyncfl.strategies.arrival import Arrival
 ACTIONS = ("clip", "reject")
 #: Distinct clients needed before the median of their norms is the reference (before: a fraction of the model's).
 MIN_HISTORY = 3
+#: The rate window's length per client of the federation (set_clients).
+RATE_PER_CLIENT = 16
 #: The reference before MIN_HISTORY clients are known, as a share of the base model's norm.
 WARMUP_FRACTION = 0.1
 
@@ -151,8 +155,12 @@ class UpdateNormBound:
         self._counts[client] = self._counts.get(client, 0) + 1
 
     def set_clients(self, clients: int) -> None:
-        """The federation has ``clients`` clients: with fewer than ``MIN_HISTORY``, all of them is enough history."""
+        """The federation has ``clients`` clients: with fewer than ``MIN_HISTORY``, all of them is enough history;
+        the rate window holds ``RATE_PER_CLIENT`` updates per client (its initial length at least)."""
         self.min_history = max(1, min(MIN_HISTORY, clients))
+        length = max(self.recent_clients.maxlen, RATE_PER_CLIENT * clients)
+        if length != self.recent_clients.maxlen:
+            self.recent_clients = deque(self.recent_clients, maxlen=length)
 
     def _recount(self) -> None:
         """The rate window's counts from ``recent_clients`` (after a checkpoint restored it: counts are not saved)."""
@@ -176,7 +184,7 @@ class UpdateNormBound:
             self._remember(g, client, min(norm, ceiling))
             if reference > 0:
                 self.largest_ratio = max(self.largest_ratio, norm / reference)
-            bound = ceiling / rate
+            bound = ceiling / rate**2  # r x the updates, each at 1/r^2: 1/r of the movement per unit of time
             if norm > bound:
                 scales.append((mask, bound / norm, norm, reference))
         self._count(client)

@@ -34,7 +34,7 @@ from flwr.app import ConfigRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg  # noqa: E402
 from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg  # noqa: E402
 
-import asyncfl.server_app.engine as engine_module  # noqa: E402
+import asyncfl.server_app.participants as participants_module  # noqa: E402
 from asyncfl import FedAsync, FedAvg, FedBuff  # noqa: E402
 from asyncfl.simulation.inprocess import InProcessGrid  # noqa: E402
 from tests.adversaries import APPS, NODES, drill  # noqa: E402
@@ -97,6 +97,9 @@ class TimedBound:
                 TimedBound.calls += 1
 
         bound.apply = timed
+        if not hasattr(bound, "over_share"):  # the bound before issue 56 held no node back
+            bound.over_share = lambda client: False
+            bound.set_clients = lambda clients: None
         return bound
 
 
@@ -108,10 +111,10 @@ def run_asyncfl(app: str, name: str, variant: str, attack: str, speed: float, se
     TimedBound.seconds, TimedBound.calls = 0.0, 0
     try:
         if variant == "before":
-            patch.setattr(engine_module, "UpdateNormBound", TimedBound(old_bound))
-            patch.setattr(engine_module, "ExampleCountCeiling", lambda *a, **k: _NoCeiling())
+            patch.setattr(participants_module, "UpdateNormBound", TimedBound(old_bound))
+            patch.setattr(participants_module, "ExampleCountCeiling", lambda *a, **k: _NoCeiling())
         elif variant == "now":
-            patch.setattr(engine_module, "UpdateNormBound", TimedBound(engine_module.UpdateNormBound))
+            patch.setattr(participants_module, "UpdateNormBound", TimedBound(participants_module.UpdateNormBound))
         quality, summary = drill(patch, app, make[name](), attack, speed, seed=seed, arrivals=ARRIVALS, **options)
     finally:
         patch.close()

@@ -1,0 +1,64 @@
+"""Step 3b of the reply path: the bounds each participant's arrival passes before a strategy sees it.
+
+A node may be faulty or hostile (``docs/security.md``): an arrival whose update overflows float32 is
+rejected, its example count is capped (:mod:`~asyncfl.server_app.count_bound`), its update's norm is
+bounded per participant (:mod:`~asyncfl.server_app.update_bound`), and a node over its share of the
+recent updates gets no new job while others are out (the dispatcher's slots ask :meth:`over_share`).
+All of it is on with ``update-norm-bound`` (default 3) and off at 0, except the overflow check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncfl.server_app.count_bound import ExampleCountCeiling
+from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.update_bound import UpdateNormBound
+from asyncfl.strategies.arrival import Arrival
+
+
+class ParticipantBounds:
+    """The engine's per-participant bounds (module docstring).
+
+    Parameters
+    ----------
+    multiple : float
+        ``update-norm-bound``: the bounds' multiple of the median participant (0: no bound, no ceiling).
+    action : {"clip", "reject"}
+        What happens to an update beyond its norm bound.
+    groups : list of (numpy.ndarray of bool or None)
+        The entries bounded together (:meth:`~asyncfl.server_app.codec.ModelCodec.bound_groups`).
+    slots : Slots
+        The dispatcher's slots; told to hold back a node over its share (asynchronous strategies).
+    asynchronous : bool
+        Whether the strategy is asynchronous (a synchronous round gives every node one job anyway).
+    """
+
+    def __init__(self, multiple: float, action: str, groups, slots, asynchronous: bool) -> None:
+        self.multiple = multiple
+        self.norm = UpdateNormBound(multiple, action, groups) if multiple else None
+        self.count: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (start)
+        self.slots = slots
+        if self.norm is not None and asynchronous:
+            slots.over_share = self.norm.over_share
+
+    def start(self, sizes: list[int]) -> None:
+        """The clients are known, with the sizes they reported (one per client)."""
+        if self.norm is not None:
+            self.count = ExampleCountCeiling(self.multiple, sizes)
+            self.norm.set_clients(len(sizes))
+
+    def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
+        """``arrival`` as a strategy may take it (its count capped, its update bounded), or its rejection."""
+        if not np.isfinite(arrival.delta).all():  # finite weights whose difference from the base overflows float32
+            return RejectedReply("non-finite", "the update (weights - base) overflows float32")
+        if self.count is not None:
+            arrival = self.count.apply(arrival)
+        return self.norm.apply(arrival) if self.norm is not None else arrival
+
+    def summary(self) -> dict:
+        """The bounds' figures for ``summary.json`` (none when the bound is off)."""
+        if self.norm is None:
+            return {}
+        out = {**self.norm.summary(), "over-share-held-back": self.slots.held_back_checks}
+        return {**out, **(self.count.summary() if self.count is not None else {})}
