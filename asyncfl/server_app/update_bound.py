@@ -104,6 +104,8 @@ class UpdateNormBound:
         self.first_norms: list[float | None] = [None for _ in self.groups]  # each group's norm in the first base
         self.recent_clients: deque[int] = deque(maxlen=rate_window)
         self._counts: dict[int, int] = {}  # client -> its updates in recent_clients
+        self._clients_with: dict[int, int] = {}  # count -> how many clients have it (the median's histogram)
+        self._median: float | None = None  # the median count, until the window changes
         self.clipped = 0  # updates with at least one group clipped
         self.rejected = 0
         self.rate_limited = 0  # bounded updates whose bound was lowered because their client sent more than its share
@@ -134,7 +136,25 @@ class UpdateNormBound:
             return 1.0
         if len(self._counts) < self.min_history:  # warm-up: a client's further updates share its first's bound
             return 1.0 + own
-        return max(1.0, own / statistics.median(self._counts.values()))
+        return max(1.0, own / self._median_count())
+
+    def _median_count(self) -> float:
+        """The median of the recent clients' counts, from how many clients have each count (asked at every
+        dispatch check: a walk over the few distinct counts, not a sort of every client's)."""
+        if self._median is None:
+            n = len(self._counts)
+            lower, upper = (n - 1) // 2, n // 2  # the middle positions in the sorted counts (equal when n is odd)
+            at_lower = at_upper = None
+            seen = 0
+            for count in sorted(self._clients_with):
+                seen += self._clients_with[count]
+                if at_lower is None and seen > lower:
+                    at_lower = count
+                if seen > upper:
+                    at_upper = count
+                    break
+            self._median = (at_lower + at_upper) / 2.0
+        return self._median
 
     def over_share(self, client: int) -> bool:
         """``client`` sent more than ``multiple`` x the median client's count of the recent updates: the engine
@@ -147,12 +167,24 @@ class UpdateNormBound:
         if self.recent_clients and not self._counts:
             self._recount()
         if len(self.recent_clients) == self.recent_clients.maxlen:
-            oldest = self.recent_clients[0]
-            self._counts[oldest] -= 1
-            if not self._counts[oldest]:
-                del self._counts[oldest]
+            self._add(self.recent_clients[0], -1)
         self.recent_clients.append(client)
-        self._counts[client] = self._counts.get(client, 0) + 1
+        self._add(client, 1)
+
+    def _add(self, client: int, step: int) -> None:
+        """``client``'s count in the rate window moves by ``step``, and the number of clients with each count."""
+        before = self._counts.get(client, 0)
+        after = before + step
+        for count, change in ((before, -1), (after, 1)):
+            if count:
+                self._clients_with[count] = self._clients_with.get(count, 0) + change
+                if not self._clients_with[count]:
+                    del self._clients_with[count]
+        if after:
+            self._counts[client] = after
+        else:
+            del self._counts[client]
+        self._median = None
 
     def set_clients(self, clients: int) -> None:
         """The federation has ``clients`` clients: with fewer than ``MIN_HISTORY``, all of them is enough history;
@@ -164,9 +196,9 @@ class UpdateNormBound:
 
     def _recount(self) -> None:
         """The rate window's counts from ``recent_clients`` (after a checkpoint restored it: counts are not saved)."""
-        self._counts = {}
+        self._counts, self._clients_with = {}, {}
         for client in self.recent_clients:
-            self._counts[client] = self._counts.get(client, 0) + 1
+            self._add(client, 1)
 
     def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
         """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection."""
@@ -196,7 +228,7 @@ class UpdateNormBound:
             _, _, norm, reference = scales[0]
             return RejectedReply("update-norm", f"update norm {norm:.4g} exceeds {self.multiple:g} x the reference "
                                                 f"{reference:.4g} (the recent clients' median norm)"
-                                                + (f" / {rate:.3g} (the client's share of recent updates)"
+                                                + (f" / {rate:.3g}^2 (the client's share of recent updates)"
                                                    if rate > 1 else ""))
         self.clipped += 1
         weights = arrival.weights.copy()
