@@ -1,7 +1,11 @@
-"""The examples run for real through `flwr run` on a private simulation SuperLink (slow: marked e2e)."""
+"""The examples run for real through `flwr run` (slow: marked e2e): the quickstart as a Flower user runs it, with
+Flower's own managed local SuperLink, the others through `asyncfl run`'s private simulation SuperLink."""
 
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,10 +33,58 @@ def run_example(name: str, tmp_path: Path, overrides: str, supernodes: int = 6) 
     return app, output
 
 
-def test_quickstart_pytorch_with_one_import_changed_learns(tmp_path):
+FLOWER_LOCAL_SUPERLINK_PORT = 39093  # the port Flower's managed local SuperLink serves on (flwr.cli.constant)
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """PIDs of the processes whose environment has ``name=value`` (what a test started, however detached)."""
+    wanted, found = f"{name}={value}".encode(), []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def flower_local_superlink_run(app: Path, flwr_home: Path, overrides: str, supernodes: int) -> str:
+    """``flwr run . --stream`` in ``app`` as the examples' README says, Flower's managed local SuperLink in
+    ``flwr_home``; stops that SuperLink and everything it started (Flower leaves it running by design)."""
+    flwr_home.mkdir()
+    (flwr_home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+                                           f'options.num-supernodes = {supernodes}\n')
+    env = dict(os.environ, FLWR_HOME=str(flwr_home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    try:
+        done = subprocess.run(["flwr", "run", ".", "--stream", "--run-config", overrides], cwd=app, env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"flwr run did not finish in 300 s:\n{(exc.stdout or '')[-3000:]}")
+    finally:
+        for pid in processes_with_env("FLWR_HOME", str(flwr_home)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    return output
+
+
+def test_quickstart_pytorch_with_one_import_changed_learns_through_flowers_own_flwr_run(tmp_path):
+    # Arrange: the example as a Flower user has it, run the way Flower's docs run an app: `flwr run .`, which
+    # starts Flower's managed local SuperLink; asyncfl is installed in this environment, not on a package index,
+    # so Flower's runtime installation of the app's dependencies is switched off by Flower's own variable
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", FLOWER_LOCAL_SUPERLINK_PORT)) == 0:
+            pytest.skip("a Flower local SuperLink already runs on this machine (flwr run would use it)")
+    app = tmp_path / "quickstart-pytorch"
+    shutil.copytree(ROOT / "examples" / "quickstart-pytorch", app,
+                    ignore=shutil.ignore_patterns(".flwr", "final_model.pt"))
     # Execute: Flower's quickstart shape (own CNN, own ClientApp with SGD momentum 0.9 at the example's lr 0.1,
     # own evaluate_fn) with FedBuff swapped in, 16 rounds on 6 nodes, Ray's real arrival order (wall clock)
-    app, output = run_example("quickstart-pytorch", tmp_path, "num-server-rounds=16 fraction-evaluate=0.5")
+    output = flower_local_superlink_run(app, tmp_path / "flwr-home", "num-server-rounds=16 fraction-evaluate=0.5", 6)
     # Assert: the final model is written by the user's own code, in the user's own layout
     state = torch.load(app / "final_model.pt")
     assert list(state) == ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
