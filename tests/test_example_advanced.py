@@ -80,3 +80,26 @@ def test_the_advanced_example_runs_asynchronously_with_its_schedule_files_and_pe
     # every node that trained keeps its own head between jobs
     heads = [ctx.state.array_records.get(client_app.PERSONAL_HEAD) for ctx in grid._contexts.values()]
     assert all(h is not None and set(h) == {"weight", "bias"} for h in heads)
+
+
+def test_without_its_data_the_advanced_example_fails_first_and_writes_nothing(tmp_path, monkeypatch, example_modules):
+    client_app, server_app = example_modules
+    import tomllib
+
+    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    config.update({"data-dir": str(tmp_path / "no-data")})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no Fashion-MNIST t10k files in .*apt-get install dataset-fashion-mnist"):
+        server_app.main(RecordingGrid(client_app.app, 2, config),
+                        Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    assert list(tmp_path.iterdir()) == []  # no empty dated outputs/ folder
+
+
+@pytest.mark.parametrize("example", ["quickstart-pytorch", "advanced-pytorch", "fedecho-custom-model"])
+def test_flwr_run_leaves_the_examples_pyproject_as_it_is(example):
+    # Flower >= 1.42 keeps federations in $FLWR_HOME/config.toml and, on the first flwr run, migrates a
+    # [tool.flwr.federations] table away by rewriting the app's tracked pyproject.toml
+    import tomllib
+
+    project = tomllib.loads((EXAMPLE.parent / example / "pyproject.toml").read_text())
+    assert "federations" not in project["tool"]["flwr"]

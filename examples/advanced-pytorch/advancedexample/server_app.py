@@ -88,9 +88,9 @@ def _save_dir(configured: str) -> Path:
 def main(grid: Grid, context: Context) -> None:
     """Train asynchronously with the schedule, the best-model files and results.json."""
     cfg = context.run_config
+    testloader = load_centralized_dataset(cfg["data-dir"])  # first: without the data, fail before writing anything
     folder = _save_dir(cfg["save-dir"])
     (folder / "run_config.json").write_text(json.dumps(dict(cfg), indent=1))
-    testloader = load_centralized_dataset(cfg["data-dir"])
 
     def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = Net()
