@@ -77,8 +77,10 @@ class RunOptions(Knobs):
         the latest replies that report ``train-seconds``; :func:`asyncfl.report_train_seconds`), never more
         than ``concurrency``. Where ClientApps share a few workers (a simulation on a small machine), jobs
         beyond those wait in a queue and grow stale there for no gain in throughput. ``concurrency`` still
-        sets the strategy (FedBuff's buffer, the pace). Without ``train-seconds`` replies, on the virtual
-        clock and in synchronous rounds it does nothing. ``cap-in-flight``.
+        sets the strategy (FedBuff's buffer, the pace). A stock ClientApp reports nothing: inside Flower's
+        simulation runtime its Ray actors are counted instead and the cap is that count + 1; in a deployment
+        without ``train-seconds`` replies, on the virtual clock and in synchronous rounds it does nothing.
+        ``cap-in-flight``.
     server_time_scale : float
         Virtual clock: charge server compute at this many units per second (0 = free, the papers'
         convention). ``server-time-scale``.
@@ -109,7 +111,8 @@ class RunOptions(Knobs):
     checkpoint_dir : str, optional
         Where checkpoints go; None (or ""): ``<run folder>/checkpoints``. ``checkpoint-dir``.
     checkpoint_keep : int
-        How many of the newest checkpoints to keep. ``checkpoint-keep``.
+        How many of the newest checkpoints to keep (default 1: each is written whole under a temporary name
+        and renamed, so the newest is complete; the older ones only cost disk). ``checkpoint-keep``.
     update_norm_bound : float
         Bound each arriving update's norm at this multiple of the recent updates' median norm (the model's
         own norm before three updates are known): no single reply moves the model far, so one faulty node
@@ -151,7 +154,7 @@ class RunOptions(Knobs):
     run_name: str = knob("")
     checkpoint_every: int = knob(0, minimum=0)
     checkpoint_dir: str | None = knob(None)
-    checkpoint_keep: int = knob(2, minimum=1)
+    checkpoint_keep: int = knob(1, minimum=1)
     resume_from: str | None = knob(None)
     update_norm_bound: float = knob(3.0, minimum=0)
     update_norm_action: str = knob("clip", choices=UPDATE_NORM_ACTIONS)
@@ -187,18 +190,19 @@ class RunOptions(Knobs):
         object.__setattr__(self, "target_accuracy", parse_targets(self.target_accuracy))  # a list becomes a tuple
         _whole("concurrency", self.concurrency, minimum=1, optional=True)  # the other integers are typed fields
         if self.identify_nodes is not None and not isinstance(self.identify_nodes, bool):
-            raise ConfigError(f"identify_nodes={self.identify_nodes!r} must be True, False or None (run-config "
-                              "identify-nodes)")
+            raise ConfigError(f"identify-nodes (identify_nodes) = {self.identify_nodes!r} must be true or false "
+                              "(or None in start(): the clock decides)")
         for target in self.target_accuracy:
             if not 0.0 < target <= 1.0:
                 raise ConfigError(f"target-accuracy values must be in (0, 1], got {target}")
         if self.evaluate_every < 1 and self.evaluate_every_time <= 0:
-            raise ConfigError(f"evaluate_every={self.evaluate_every} must be >= 1 (rounds between evaluations), or "
-                              "set evaluate_every_time > 0 (clock units; run-config eval-every)")
+            raise ConfigError(f"eval-every (evaluate_every_time) = {self.evaluate_every_time:g} and evaluate-every "
+                              f"(evaluate_every) = {self.evaluate_every} leave the run without evaluation: set "
+                              "eval-every > 0 (clock units between evaluations) or evaluate-every >= 1 (rounds)")
         resolve_delays(self.clock, self.delays)
         if self.emulate_delay_scale > 0 and (self.clock != "wall" or self.delays is None):
-            raise ConfigError(f"emulate_delay_scale={self.emulate_delay_scale} (emulate-delay-scale) needs "
-                              "clock='wall' and a delays= model to draw durations from")
+            raise ConfigError(f"emulate-delay-scale (emulate_delay_scale) = {self.emulate_delay_scale:g} needs "
+                              "clock='wall' and a delay model to draw durations from (delay-model; delays=)")
         if self.pipeline_late_clients and self.round_deadline <= 0:
             raise ConfigError("pipeline-late-clients (pipeline_late_clients) lets clients whose job missed the round "
                               "deadline train again; it needs round-deadline > 0 (semi-asynchronous rounds)")
@@ -216,16 +220,18 @@ class RunOptions(Knobs):
                               "server-time-scale (server_time_scale) = 0 with it, or turn overlap off to charge server "
                               "time to the virtual clock")
         if self.checkpoint_every and not (self.checkpoint_dir or self.output_dir or self.resume_from):
-            raise ConfigError(f"checkpoint_every={self.checkpoint_every} (checkpoint-every) needs a place to write: "
-                              "set checkpoint_dir, or output_dir (checkpoints go to <run folder>/checkpoints)")
+            raise ConfigError(f"checkpoint-every (checkpoint_every) = {self.checkpoint_every} needs a place to "
+                              "write, and output-dir (output_dir) and checkpoint-dir (checkpoint_dir) are empty: set "
+                              "output-dir (checkpoints go to <run folder>/checkpoints), checkpoint-dir, or "
+                              "checkpoint-every = 0 for none")
         if self.update_norm_bound == 0 and self.update_norm_action != "clip":
-            raise ConfigError(f"update_norm_action={self.update_norm_action!r} (update-norm-action) would be ignored: "
-                              "update_norm_bound=0 turns the bound off; set a bound > 1 (default 3) or leave the "
-                              "action out")
+            raise ConfigError(f"update-norm-action (update_norm_action) = {self.update_norm_action!r} would be "
+                              "ignored: update-norm-bound (update_norm_bound) = 0 turns the bound off; set a bound "
+                              "> 1 (default 3) or leave the action out")
         if 0 < self.update_norm_bound <= 1:
-            raise ConfigError(f"update_norm_bound={self.update_norm_bound} (update-norm-bound) would bound honest "
-                              "updates at or below the typical one; use a multiple > 1 of the recent median norm "
-                              "(default 3), or 0 to turn the bound off")
+            raise ConfigError(f"update-norm-bound (update_norm_bound) = {self.update_norm_bound:g} would bound "
+                              "honest updates at or below the typical one; use a multiple > 1 of the recent median "
+                              "norm (default 3), or 0 to turn the bound off")
         if self.jobs_per_client > 1 and self.cap_in_flight:
             raise ConfigError(f"jobs-per-client (jobs_per_client) = {self.jobs_per_client} queues each client's next "
                               "job on purpose, and cap-in-flight (cap_in_flight, on by default) keeps jobs out of "
@@ -243,14 +249,22 @@ class RunOptions(Knobs):
                               f"version, and {name} cannot say when that comes; it works with FedBuff and FedAsync: "
                               "use one of them or set dispatch-hold = 0")
 
-    def check_run(self, num_rounds: int, timeout: float) -> None:
-        """The options together with Flower's ``num_rounds`` and ``timeout``: the run must be able to stop."""
+    def check_run(self, num_rounds: int, timeout: float, has_rounds: bool = True) -> None:
+        """The options together with Flower's ``num_rounds`` and ``timeout``: the run must be able to stop.
+
+        ``has_rounds=False``: the run has no rounds (the built-in app stops by ``max-arrivals`` or
+        ``max-virtual-time`` only), and a refusal names those keys alone.
+        """
         _whole("num_rounds", num_rounds, minimum=0, key=None)
         if timeout <= 0:
             raise ConfigError(f"timeout={timeout} must be > 0 (seconds a job may take; run-config job-timeout)")
-        if not (num_rounds or self.max_arrivals or self.max_time):
-            raise ConfigError("the run never stops: set num_rounds > 0, max_arrivals > 0 (run-config max-arrivals) "
-                              "or max_time > 0 (run-config max-virtual-time)")
+        if num_rounds or self.max_arrivals or self.max_time:
+            return
+        stops = "set max-arrivals > 0 or max-virtual-time > 0 (both are 0)"
+        if has_rounds:  # a Flower app's own ServerApp, whose rounds come from its own run-config
+            stops = ("num_rounds, max_arrivals and max_time are all 0: set one > 0 (Flower's examples pass run-config "
+                     "num-server-rounds as num_rounds)")
+        raise ConfigError(f"the run never stops: {stops}")
 
     # ------------------------------------------------------------- resolution
     def engine_config(self, *, num_rounds: int, timeout: float, concurrency: int, round_arrivals: int,

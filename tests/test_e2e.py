@@ -124,15 +124,20 @@ def test_fedbuff_run_writes_its_results_and_models(tmp_path):
     assert [float(r["time"]) for r in rows] == sorted(float(r["time"]) for r in rows)
 
 
-def test_stock_flower_clientapp_works_with_our_engine_and_its_synchronous_fedavg(tmp_path):
-    # Flower's own ClientApp under the built-in app's synchronous preset (one e2e run serves both checks).
+def test_stock_flower_clientapp_works_with_our_engine_and_its_jobs_wait_in_no_queue(tmp_path):
+    # Flower's own ClientApp (no train-seconds, no identity answer) under FedBuff on the wall clock, as a Flower
+    # app's start() runs it: 4 jobs wanted on 4 nodes, Flower's simulation runs one ClientApp per CPU
     app = interop_app(tmp_path, "asyncfl.server_app.app:app", "stock_client:app")
-    asyncfl_run(app, f"{SMALL} strategy='fedavg' max-arrivals=12 output-dir='{tmp_path}' run-name='stock'", 4)
+    small = SMALL.replace("concurrency=3", "concurrency=4")
+    asyncfl_run(app, f"{small} clock='wall' max-arrivals=12 output-dir='{tmp_path}' run-name='stock'", 4)
     summary = json.loads((tmp_path / "stock" / "summary.json").read_text())
     assert summary["arrivals"] == 12 and summary["rejected-updates"] == 0
-    assert summary["rounds"] == 4 and summary["server-versions"] == 4  # 3 jobs a round, all of them fresh
-    assert summary["staleness-max"] == 0
-    assert summary["best-accuracy"] > 0.3
+    assert summary["best-accuracy"] > 0.2  # 12 updates of 10 steps (chance 0.1; 0.29-0.30 in three runs)
+    # cap-in-flight with nothing reported: Flower's ClientApp actors counted (as many as Ray has CPUs here,
+    # --cpus-per-client 1), one job more than them in flight, so none ages in Flower's queue
+    actors = os.cpu_count() or 1
+    if actors + 1 < 4:
+        assert summary["in-flight-cap-min"] == actors + 1, summary
 
 
 def test_our_clientapp_works_under_flowers_builtin_fedavg(tmp_path):

@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
 from asyncfl import protocol
 from asyncfl.server_app.puller import ThreadedPuller
+from asyncfl.server_app.simulation_workers import flower_simulation_workers
 
 #: Wall clock: how many of the latest jobs' durations estimate a job's (median): the due time of one in flight.
 RECENT_DURATIONS = 32
@@ -153,7 +154,10 @@ class WallClock:
         self.recent_start_waits: deque[float] = deque(maxlen=RECENT_DURATIONS)
         self.recent_in_flight: deque[int] = deque(maxlen=RECENT_DURATIONS)
         self.recent_processes: deque[str] = deque(maxlen=PROCESS_WINDOW)  # which process trained each reply
-        self._cap: tuple[int, int] | None = None  # (concurrency, cap) since the last reply: asked at every dispatch
+        self._cap: tuple[tuple, int] | None = None  # ((concurrency, workers), cap): asked at every dispatch
+        # Flower's simulation runtime: its ClientApp actors, counted (cap-in-flight for a ClientApp that reports
+        # no train-seconds); None elsewhere
+        self.simulation_workers: Callable[[], int | None] | None = None
 
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
@@ -218,17 +222,20 @@ class WallClock:
         return float(np.mean(self.recent_in_flight)) * (compute + min(waits)) / round_trip
 
     def in_flight_cap(self, concurrency):
-        if self._cap is None or self._cap[0] != concurrency:  # the figures change only with a reply
-            self._cap = (concurrency, self._measured_cap(concurrency))
+        workers = self.simulation_workers() if self.simulation_workers is not None else None
+        if self._cap is None or self._cap[0] != (concurrency, workers):  # the figures change only with a reply
+            self._cap = ((concurrency, workers), self._measured_cap(concurrency, workers))
         return self._cap[1]
 
-    def _measured_cap(self, concurrency: int) -> int:
+    def _measured_cap(self, concurrency: int, workers: int | None) -> int:
         # Only where replies show fewer training processes than jobs in flight do jobs queue for a worker (Flower's
         # simulation runs many nodes on a few Ray actors). A deployment's node trains one job at a time, and a wait
         # there is transport or a SuperNode's idle poll: waiting for the next job would idle the node.
         processes = len(set(self.recent_processes))
+        if not processes:  # a stock ClientApp reports no process: in Flower's simulation its actors are counted
+            return concurrency if workers is None else max(1, min(concurrency, workers + 1))
         running = self.parallelism()
-        if running is None or not processes or processes >= concurrency:
+        if running is None or processes >= concurrency:
             return concurrency
         # one job more than the workers run, so a worker that frees finds the next job there; below the workers no
         # job queues, so the estimate, and with it the cap, grows back by one per window of replies
@@ -244,6 +251,8 @@ class WallClock:
         self.started = time.monotonic() - clock  # wall time goes on from the checkpoint's, never back
 
     def puller(self, grid, concurrency: int) -> ThreadedPuller:
+        # the grid is known from here on: inside Flower's simulation runtime its ClientApp actors can be counted
+        self.simulation_workers = flower_simulation_workers(grid)
         # message by message in threads, so one reply whose upload died with its SuperNode cannot stall every
         # other reply (see asyncfl.server_app.puller)
         return ThreadedPuller(grid, workers=max(8, concurrency))
