@@ -2,12 +2,18 @@
 
 ``asyncfl run`` is a thin wrapper over ``flwr run`` on a simulation SuperLink of its
 own (:mod:`asyncfl.deploy.simulation` starts and stops it; this module parses the
-command line).
+command line). Its ``-c`` arguments, TOML files and ``key=value`` pairs alike, later
+ones winning, are merged and checked by :mod:`asyncfl.run_config_args` (``--resume``'s by
+:mod:`asyncfl.resume_args`), and ``flwr run`` gets the one fused set (Flower itself takes a
+file or pairs, not both). Outside a Flower app folder it runs the built-in app that comes
+with the package (:mod:`asyncfl.deploy.builtin_app`).
 
 ``asyncfl deploy`` runs the same app as a real deployment on this machine: a
 SuperLink and N SuperNode processes over Flower's transport, the engine on the
 wall clock (:mod:`asyncfl.deploy.local`). ``asyncfl docker`` does the same with
 a container per server and per client (:mod:`asyncfl.deploy.containers`).
+
+A refusal is one line on stderr (exit status 2), said before anything starts or is written.
 """
 
 from __future__ import annotations
@@ -18,24 +24,23 @@ import sys
 import time
 from pathlib import Path
 
+from asyncfl.deploy.builtin_app import builtin_app_folder, is_builtin_app
 from asyncfl.deploy.processes import TlsFiles
 from asyncfl.deploy.simulation import run_app, stream_to_end
+from asyncfl.resume_args import DEFAULT_SUPERNODES, RESUMABLE_KEYS, resume_run_config, write_resume_run_config
+from asyncfl.run_config_args import (check_node_count, check_run_config, flwr_run_config, merge_run_config,
+                                     run_config_sources)
 
-def resolve_run_config(run_config: list[str]) -> list[str]:
-    """Make TOML file arguments absolute (``flwr run`` is started from the app folder)."""
-    return [str(Path(item).resolve()) if item.endswith(".toml") and Path(item).exists() else item for item in run_config]
+#: The built-in app's keys most runs set, listed by ``asyncfl run --help``.
+COMMON_KEYS = ("strategy", "concurrency", "max-arrivals", "max-virtual-time", "dataset", "model", "lr", "seed",
+               "clock", "delay-model", "output-dir", "run-name")
 
 
-BUILTIN_SERVERAPP = "asyncfl.server_app.app:app"
+class _Parser(argparse.ArgumentParser):
+    """argparse with its refusals in one line, ``asyncfl run: error: ...`` (no usage block)."""
 
-
-def is_builtin_app(app_dir: Path) -> bool:
-    """Whether ``app_dir`` runs asyncfl's own ServerApp (other Flower apps bring their own run-config)."""
-    import tomllib
-
-    with open(app_dir / "pyproject.toml", "rb") as handle:
-        components = tomllib.load(handle).get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
-    return components.get("serverapp") == BUILTIN_SERVERAPP
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _interrupt(*_) -> None:
@@ -63,79 +68,62 @@ def interrupted_message(app_dir: Path, fused: dict, started: float) -> str:
     return (f"{stopped}; newest checkpoint {newest.name}: go on with asyncfl run --resume {folder}")
 
 
-def unknown_key_message(key: str, known: dict) -> str:
-    """One line for a run-config key the app does not have, with the nearest keys it does."""
-    import difflib
+# ---------------------------------------------------------------- the parser
+def _run_epilog() -> str:
+    import textwrap
 
-    near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(repr(k) for k in near)}?" if near else \
-        "every key is listed under [tool.flwr.app.config] in the app's pyproject.toml"
-    return f"unknown key {key!r}: {hint}"
-
-
-def check_node_count(fused: dict, num_supernodes: int) -> None:
-    """Refuse a simulation whose nodes cannot fill the built-in app's concurrency (each node runs
-    ``jobs-per-client`` jobs at once): it would wait ``wait-for-nodes`` for nodes that never come, then run
-    fewer jobs in flight than asked for."""
+    from asyncfl.decentralized.settings import GOSSIP_METHODS
     from asyncfl.strategies.registry import STRATEGY_CLASSES
 
-    if str(fused.get("strategy")) not in STRATEGY_CLASSES:  # the gossip methods run every peer, no concurrency
-        return
-    concurrency, per_node = int(fused["concurrency"]), int(fused.get("jobs-per-client", 1))
-    if num_supernodes * per_node < concurrency:
-        fits = num_supernodes * per_node
-        raise ValueError(f"--num-supernodes {num_supernodes} cannot fill concurrency={concurrency} ({per_node} job "
-                         f"per node at once): pass --num-supernodes >= {-(-concurrency // per_node)} or "
-                         f"-c concurrency={fits}")
+    def paragraph(text: str) -> str:
+        return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+
+    return "\n".join([
+        "strategies of the built-in app (-c \"strategy='NAME'\"):",
+        paragraph("  server: " + ", ".join(STRATEGY_CLASSES)),
+        paragraph("  decentralized (gossip): " + ", ".join(GOSSIP_METHODS)),
+        paragraph("run-config keys: every key and its default is under [tool.flwr.app.config] in the app folder's "
+                  "pyproject.toml (docs/methods.md describes each strategy's knobs); most runs set "
+                  + ", ".join(COMMON_KEYS) + "."),
+        paragraph("-c takes key=value pairs as flwr run does (strings quoted: -c \"strategy='fedasync'\") or TOML "
+                  "files such as conf/mnist5k-k50-fedbuff.toml, mixed and repeated; a later one wins."),
+        "examples:",
+        "  asyncfl run -c \"strategy='fedasync' max-arrivals=600\"",
+        "  asyncfl run --num-supernodes 200 -c conf/fedrevive-table1.toml -c \"strategy='fedbuff'\"",
+        "  asyncfl run --resume outputs/RUN -c max-arrivals=600",
+    ])
 
 
-def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int | None = None) -> dict:
-    """Validate the fused run-config here, before a SuperLink or Ray starts.
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    Flower itself rejects unknown keys of any app; the values are checked only for
-    asyncfl's built-in app, whose keys this module knows: a ``key=value`` that another
-    strategy than the run's would ignore is refused too.
-
-    Returns the fused run-config. Raises ``ValueError`` (unknown key, bad TOML) or
-    :class:`asyncfl.config.ConfigError` (invalid value), naming what is valid.
-    """
-    from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config, parse_config_args
-
-    overrides = parse_config_args(run_config) if run_config else {}
-    known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
-    for key in overrides:
-        if key not in known:
-            raise ValueError(unknown_key_message(key, known))
-
-    from asyncfl.config import parse_run_config, refuse_other_strategies_settings
-
-    fused = get_fused_config_from_dir(app_dir, overrides)
-    if is_builtin_app(app_dir):
-        parse_run_config(fused)
-        typed = [item for item in run_config if not item.endswith(".toml")]
-        refuse_other_strategies_settings(parse_config_args(typed) if typed else {}, str(fused["strategy"]))
-        if num_supernodes is not None:
-            check_node_count(fused, num_supernodes)
-    return fused
+    try:
+        return f"asyncfl {version('asyncfl')} (flwr {version('flwr')})"
+    except PackageNotFoundError:
+        return "asyncfl (not installed as a package)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``asyncfl`` console script."""
-    parser = argparse.ArgumentParser(prog="asyncfl", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="asyncfl", description="Asynchronous federated learning on Flower: run a Flower app "
+                     "through a local SuperLink (simulation, processes or containers), compare runs.")
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the Flower app as a local Ray simulation (default: FedBuff on mnist5k)")
-    run.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
+    run = commands.add_parser("run", help="run the Flower app as a local Ray simulation (default: FedBuff on mnist5k)",
+                              epilog=_run_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--app", type=Path, default=None,
+                     help="Flower app folder (default: . where it holds a pyproject.toml, else asyncfl's built-in app)")
     run.add_argument("--num-supernodes", type=int, default=None,
-                     help="simulated clients (default: 50, or the resumed run's)")
+                     help=f"simulated clients (default: {DEFAULT_SUPERNODES}, or the resumed run's)")
     run.add_argument("--cpus-per-client", type=float, default=1, help="Ray CPUs per ClientApp (default: 1)")
     run.add_argument("--ray-address", default=None,
-                     help="attach the simulation to a running Ray cluster (HEAD:6379, as for `ray start "
-                          "--address`) instead of starting Ray on this machine")
+                     help="attach the simulation to a running Ray cluster (HEAD:6379, as for 'ray start "
+                          "--address') instead of starting Ray on this machine")
     run.add_argument("--run-config", "-c", action="append", default=[],
-                     help="run-config overrides, as for flwr run (repeatable), or a TOML file such as conf/x.toml")
+                     help="run-config: key=value pairs as for flwr run, or a TOML file; repeatable, mixed, a later "
+                          "one wins")
     run.add_argument("--resume", type=Path, default=None, metavar="RUN_FOLDER",
                      help="go on from the newest checkpoint of a built-in app run folder, with the run-config it "
-                          "was started with (-c key=value changes a stop, e.g. max-arrivals=600)")
+                          f"was started with; -c may change only {', '.join(RESUMABLE_KEYS)}")
     deploy = commands.add_parser("deploy", help="run the app on a real SuperLink + N SuperNode processes (wall clock)")
     deploy.add_argument("--app", type=Path, default=Path("."), help="Flower app folder (default: .)")
     deploy.add_argument("--supernodes", type=int, default=4, help="SuperNode processes, one partition each (default: 4)")
@@ -154,47 +142,34 @@ def main(argv: list[str] | None = None) -> int:
                               "the file (mode 700, files 600; what is there is kept)")
     compose.add_argument("--tls", action="store_true", help=argparse.SUPPRESS)  # refused: TLS is the default
     compose.add_argument("--cuda", action="store_true", help="ClientApps from the CUDA image, one GPU each")
-    compose.add_argument("--out", type=Path, default=Path("docker/compose.yml"), help="output file")
+    compose.add_argument("--out", type=Path, default=Path("docker/compose.yml"),
+                         help="output file (default: docker/compose.yml); an existing file that holds another "
+                              "deployment is kept unless --force")
+    compose.add_argument("--force", action="store_true", help="overwrite --out even where it holds another deployment")
     _docker_parser(commands)
     compare = commands.add_parser("compare", help="table and one plot of several run folders")
     compare.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.csv, summary.json)")
     compare.add_argument("--out", type=Path, default=Path("comparison.png"), help="plot file (default: comparison.png)")
     compare.add_argument("--target", type=float, default=None, help="common target accuracy for time-to-target")
-    args = parser.parse_args(argv)
-    # Ctrl-C, and SIGTERM (e.g. a test timeout), unwind so the SuperLink and its simulation are stopped; SIGINT
-    # too where a shell started this command in the background with SIGINT ignored
+    for sub in commands.choices.values():
+        sub.set_defaults(parser=sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``asyncfl`` console script."""
+    args = _parser().parse_args(argv)
+    # Ctrl-C, SIGTERM (e.g. a test timeout) and SIGHUP (the terminal closed) unwind so the SuperLink and its
+    # simulation are stopped; SIGINT too where a shell started this command in the background with SIGINT ignored
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     if args.command == "run":
-        if args.resume is not None:
-            try:
-                args.run_config, resumed_nodes = resume_run_config(args.resume, args.run_config)
-            except (OSError, ValueError) as exc:
-                parser.error(f"--resume {args.resume}: {exc}")
-            args.num_supernodes = args.num_supernodes or resumed_nodes
-        args.num_supernodes = args.num_supernodes or 50
-        if args.num_supernodes < 1:
-            parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
-        if not (args.app / "pyproject.toml").exists():
-            parser.error(f"{args.app.resolve()} has no pyproject.toml: pass the Flower app folder with --app")
-        run_config = resolve_run_config(args.run_config)
-        try:
-            fused = check_run_config(args.app, run_config, args.num_supernodes)
-        except ValueError as exc:
-            parser.error(f"invalid run-config: {exc}")
-        if args.cpus_per_client <= 0:
-            parser.error(f"--cpus-per-client must be > 0, got {args.cpus_per_client}")
-        started = time.time()
-        try:
-            return run_app(args.app, run_config, args.num_supernodes, args.cpus_per_client,
-                           ray_address=args.ray_address)
-        except KeyboardInterrupt:
-            print(interrupted_message(args.app, fused, started), file=sys.stderr)
-            return 130
+        return _run(args.parser, args)
     if args.command == "deploy":
-        return _deploy(parser, args)
+        return _deploy(args.parser, args)
     if args.command == "docker":
-        return _docker(parser, args)
+        return _docker(args.parser, args)
     if args.command == "compose":
         return _compose(args)
     from asyncfl.simulation.compare import compare_runs
@@ -202,65 +177,75 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.runs:
         missing = [name for name in ("metrics.csv", "summary.json") if not (folder / name).is_file()]
         if missing:
-            parser.error(f"compare: {folder} is not a run folder (no {' or '.join(missing)}); pass folders that "
-                         "asyncfl runs wrote, e.g. outputs/<run-name>")
+            args.parser.error(f"{folder} is not a run folder (no {' or '.join(missing)}); pass folders that "
+                              "asyncfl runs wrote, e.g. outputs/<run-name>")
     print(compare_runs(args.runs, args.out, args.target))
     return 0
 
 
-def resume_run_config(folder: Path, overrides: list[str]) -> tuple[list[str], int | None]:
-    """The run-config to resume ``folder`` with, as one TOML file (Flower takes a file or key=value pairs, not
-    both): the one the run was started with, ``overrides`` applied, ``resume-from`` and the run folder set;
-    and the number of clients the run had (its summary's ``clients``), if it says."""
-    import json
-
-    from flwr.common.config import parse_config_args
-
-    from asyncfl.server_app import checkpoint
-    from asyncfl.server_app.run_folder import RUN_CONFIG_FILE, read_run_config, write_run_config
-
-    folder = folder.expanduser().resolve()
-    if not (folder / RUN_CONFIG_FILE).exists():
-        raise ValueError(f"no {RUN_CONFIG_FILE} in {folder}: not a run folder of the built-in app (a library run "
-                         "resumes with start(..., resume_from=...))")
-    checkpoint.find(folder)  # says so now if there is none
-    if any(item.endswith(".toml") for item in overrides):
-        raise ValueError("with --resume, -c takes key=value changes only (the run's own run-config is the file)")
-    run_config = read_run_config(folder)
-    run_config.update(parse_config_args(overrides) if overrides else {})
-    run_config.update({"resume-from": str(folder), "output-dir": str(folder.parent), "run-name": folder.name})
-    check_resumable(folder, run_config)  # before anything starts or is written
-    resume_folder = folder / "resume"
-    resume_folder.mkdir(exist_ok=True)
-    write_run_config(resume_folder, run_config)
-    clients = None
-    if (folder / "summary.json").exists():
-        clients = json.loads((folder / "summary.json").read_text()).get("clients")
-    return [str(resume_folder / RUN_CONFIG_FILE)], clients
+# ---------------------------------------------------------------- asyncfl run
+def _run(parser: argparse.ArgumentParser, args) -> int:
+    """``asyncfl run``: every check first (one line each), then the SuperLink, Ray and ``flwr run``."""
+    if args.num_supernodes is not None and args.num_supernodes < 1:
+        parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
+    if args.cpus_per_client <= 0:
+        parser.error(f"--cpus-per-client must be > 0, got {args.cpus_per_client:g}")
+    builtin_elsewhere = args.app is None and not (Path.cwd() / "pyproject.toml").exists()
+    args.app = _app_folder(parser, args.app)
+    workdir = Path.cwd() if builtin_elsewhere else args.app  # where the ServerApp writes relative outputs
+    fused, run_config, num_supernodes = (_resumed if args.resume is not None else _fresh)(parser, args)
+    started = time.time()
+    try:
+        return run_app(args.app, run_config, num_supernodes, args.cpus_per_client, ray_address=args.ray_address,
+                       workdir=workdir)
+    except KeyboardInterrupt:
+        print(interrupted_message(workdir, fused, started), file=sys.stderr)
+        return 130
 
 
-def check_resumable(folder: Path, run_config: dict) -> None:
-    """Refuse, here and now, a resume the ServerApp would refuse after the SuperLink and Ray started: a run-config
-    that is not valid, or another strategy or other knobs than the newest readable checkpoint's. A damaged newest
-    checkpoint is said and the older one that reads is the one checked (the ServerApp resumes from it too).
+def _builtin_home() -> Path:
+    """Where the built-in app's folder is kept outside a clone: ``$XDG_CACHE_HOME/asyncfl`` (~/.cache/asyncfl)."""
+    import os
 
-    Raises
-    ------
-    ValueError
-        :class:`asyncfl.errors.CheckpointError` or :class:`asyncfl.config.ConfigError`, saying what differs by its
-        run-config key.
-    """
-    from asyncfl.config import parse_run_config
-    from asyncfl.server_app import checkpoint
-    from asyncfl.strategies.strategy_state import check_saved_strategy
-    from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asyncfl"
 
-    cfg = parse_run_config(run_config)
-    path, tree, skipped = checkpoint.newest_readable(folder)
-    for problem in skipped:
-        print(f"asyncfl: {problem}: resuming from the newest one that reads, {path.name}", file=sys.stderr)
-    if cfg.strategy in STRATEGY_CLASSES:
-        check_saved_strategy(tree["strategy"], strategy_class(cfg.strategy).__qualname__, cfg.strategy_config)
+
+def _app_folder(parser: argparse.ArgumentParser, asked: Path | None) -> Path:
+    """The Flower app folder to run: ``--app``; else ``.`` where it holds a pyproject.toml; else asyncfl's built-in
+    app (installed with the package), its outputs under ``.``."""
+    if asked is not None:
+        if not (asked / "pyproject.toml").exists():
+            parser.error(f"{asked.resolve()} has no pyproject.toml: pass a Flower app folder with --app, or leave "
+                         "--app out to run asyncfl's built-in app")
+        return asked
+    if (Path.cwd() / "pyproject.toml").exists():
+        return Path(".")
+    try:
+        return builtin_app_folder(_builtin_home())
+    except (OSError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+
+
+def _fresh(parser: argparse.ArgumentParser, args) -> tuple[dict, list[str], int]:
+    """A new run: the fused run-config, checked; ``flwr run``'s ``--run-config`` arguments; the node count."""
+    num_supernodes = args.num_supernodes or DEFAULT_SUPERNODES
+    try:
+        fused = check_run_config(args.app, args.run_config, num_supernodes)
+        return fused, flwr_run_config(merge_run_config(run_config_sources(args.run_config))), num_supernodes
+    except ValueError as exc:
+        parser.error(f"invalid run-config: {exc}")
+
+
+def _resumed(parser: argparse.ArgumentParser, args) -> tuple[dict, list[str], int]:
+    """A resumed run: as :func:`_fresh`, every check before ``resume/run_config.toml`` is written."""
+    if not is_builtin_app(args.app):
+        parser.error(f"--resume goes on with asyncfl's built-in app; {args.app.resolve()} runs another ServerApp")
+    try:
+        fused, num_supernodes = resume_run_config(args.resume, args.run_config, args.num_supernodes)
+        check_node_count(fused, num_supernodes)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--resume {args.resume}: {exc}")
+    return fused, write_resume_run_config(args.resume, fused), num_supernodes
 
 
 def deployment_run_config(app_dir: Path, run_config: list[str]) -> list[str]:
@@ -294,11 +279,30 @@ def _deploy(parser: argparse.ArgumentParser, args) -> int:
         check_run_config(args.app, run_config)
     except ValueError as exc:
         parser.error(f"invalid run-config: {exc}")
-    with LocalDeployment(args.app, args.supernodes, tls=tls, supernode_auth=args.supernode_auth) as deployment:
-        auth = f"; SuperNode keys registered, in {deployment.workdir / 'keys'}" if args.supernode_auth else ""
-        print(f"SuperLink on {deployment.address} (pid {deployment.superlink.pid}); "
-              f"{args.supernodes} SuperNodes; logs in {deployment.workdir}{auth}", flush=True)
-        return stream_to_end(deployment.submit(run_config))
+    try:
+        with LocalDeployment(args.app, args.supernodes, tls=tls, supernode_auth=args.supernode_auth) as deployment:
+            auth = f"; SuperNode keys registered, in {deployment.workdir / 'keys'}" if args.supernode_auth else ""
+            print(f"SuperLink on {deployment.address} (pid {deployment.superlink.pid}); "
+                  f"{args.supernodes} SuperNodes; logs in {deployment.workdir}{auth}", flush=True)
+            return stream_to_end(deployment.submit(run_config))
+    except KeyboardInterrupt:
+        print("asyncfl deploy: interrupted: stopped the SuperLink, the SuperNodes and their apps", file=sys.stderr)
+        return 130
+
+
+def holds_another_deployment(path: Path, num_supernodes: int, insecure: bool, cuda: bool) -> bool:
+    """Whether ``path`` exists and is not the compose file these options write (a file generated with the same
+    options is written again as it is: its key material next to it is kept)."""
+    import yaml
+
+    from asyncfl.deploy.compose import compose_spec
+
+    if not path.exists():
+        return False
+    try:
+        return yaml.safe_load(path.read_text()) != compose_spec(num_supernodes, insecure=insecure, cuda=cuda)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return True
 
 
 def _compose(args) -> int:
@@ -313,6 +317,9 @@ def _compose(args) -> int:
                               + (", and --insecure asks for none of them" if args.insecure else ""))
         if args.supernodes < 1:
             raise ConfigError(f"--supernodes must be >= 1, got {args.supernodes}")
+        if not args.force and holds_another_deployment(args.out, args.supernodes, args.insecure, args.cuda):
+            raise ConfigError(f"{args.out} exists and holds another deployment than this command writes: pass "
+                              "--out PATH for a new file, or --force to overwrite it")
         print(write_compose(args.out, args.supernodes, insecure=args.insecure, cuda=args.cuda))
     except ConfigError as exc:
         print(f"asyncfl compose: {exc}", file=sys.stderr)
@@ -328,7 +335,7 @@ def _docker_parser(commands) -> None:
     base.add_argument("--mirror", default=None, help="Debian archive URI (default: the host's apt source)")
     build = actions.add_parser("build", help="build the Flower and SuperExec images")
     build.add_argument("--base", default=None,
-                       help="base image with python3: asyncfl-base:bookworm (default; `asyncfl docker base`) or "
+                       help="base image with python3: asyncfl-base:bookworm (default; 'asyncfl docker base') or "
                             "python:3.11-slim where a registry is reachable")
     build.add_argument("--wheels", type=Path, action="append", default=None,
                        help="folder with a torch-*.whl to install (default: the folders in PIP_FIND_LINKS)")
@@ -354,7 +361,7 @@ def _docker_parser(commands) -> None:
     up.add_argument("--detach", action="store_true", help="start the containers and leave them running; no run")
     up.add_argument("--run-config", "-c", action="append", default=[],
                     help="run-config overrides as key=value (clock='wall' and output-dir='/app/outputs' come first)")
-    down = actions.add_parser("down", help="remove the containers, networks and volumes `docker up` started")
+    down = actions.add_parser("down", help="remove the containers, networks and volumes 'docker up' started")
     down.add_argument("--name", default=None, help="one deployment (default: every asyncfl deployment)")
     actions.add_parser("requirements", help="rewrite docker/requirements.txt from pyproject.toml")
 

@@ -215,7 +215,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     delay_preset, delays = _parse_delays(cfg)
     options = RunOptions.from_run_config(cfg, delays=delays)
     job_timeout = _positive("job-timeout", float(cfg["job-timeout"]))
-    options.check_run(0, job_timeout)  # the built-in app stops by max-arrivals or max-virtual-time
+    options.check_run(0, job_timeout, has_rounds=False)  # it stops by max-arrivals or max-virtual-time
     options.check_strategy(strategy_class(strategy) if strategy in STRATEGY_CLASSES else None, strategy)
     engine = replace(options.engine_config(num_rounds=0, timeout=job_timeout, concurrency=options.concurrency,
                                            round_arrivals=0, node_wait=options.wait_for_nodes),
@@ -233,7 +233,8 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift, options)
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two run-config values are the same setting (``20`` and ``20.0`` are)."""
     numbers = (int, float)
     if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
         return float(a) == float(b)
@@ -255,28 +256,19 @@ def foreign_settings(cfg: Mapping[str, Any], strategy: str) -> dict[str, list[st
         config_class = strategy_class(name).config_class
         for spec in fields(config_class):
             key = config_class.key_of(spec.name)
-            if key not in own and key in cfg and not _same_value(cfg[key], spec.default):
+            if key not in own and key in cfg and not same_value(cfg[key], spec.default):
                 foreign.setdefault(key, []).append(name)
     return foreign
 
 
-def refuse_other_strategies_settings(cfg: Mapping[str, Any], strategy: str) -> None:
-    """Refuse a knob of another server strategy set away from its default (:func:`foreign_settings`).
-
-    Such a setting would be ignored (``strategy='fedasync' fedbuff.buffer-size=3`` runs FedAsync
-    as if it were not there), so the experiment would not be the one asked for. ``asyncfl run``
-    applies it to the ``key=value`` overrides; a preset file (``conf/paper/*.toml``) may carry
-    the knobs of the baselines it is written to compare against.
-
-    Raises
-    ------
-    ConfigError
-        Naming the key, the strategies it belongs to and the strategy in use.
-    """
-    for key, owners in sorted(foreign_settings(cfg, strategy).items()):
-        users = " or ".join(f"'{name}'" for name in dict.fromkeys(owners))
-        raise ConfigError(f"{key}={cfg[key]!r} is a setting of strategy {users}, but this run's strategy is "
-                          f"'{strategy}', which ignores it: drop the key or set strategy='{owners[0]}'")
+def other_strategy_message(key: str, value: Any, owners: list[str], strategy: str) -> str:
+    """One line refusing ``key=value``, a knob of strategies ``owners`` (:func:`foreign_settings`), in a run of
+    ``strategy``: the run would ignore it (``strategy='fedasync' fedbuff.buffer-size=3`` runs FedAsync as if it
+    were not there), so the experiment would not be the one asked for. ``asyncfl run`` refuses it wherever it was
+    set (:func:`asyncfl.cli.refuse_ignored_settings`)."""
+    users = " or ".join(f"'{name}'" for name in dict.fromkeys(owners))
+    return (f"{key}={value!r} is a setting of strategy {users}, but this run's strategy is '{strategy}', which "
+            f"ignores it: drop the key or set strategy='{owners[0]}'")
 
 
 def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None) -> DriftConfig:

@@ -201,3 +201,35 @@ def test_a_misspelled_key_is_answered_with_the_nearest_keys():
         check_run_config(ROOT, ["max-arival=5"])
     with pytest.raises(ValueError, match="unknown key 'zzz-qqq': every key is listed"):
         check_run_config(ROOT, ["zzz-qqq=5"])
+
+
+@pytest.mark.parametrize("override, line", [
+    ("eval-every=0", "eval-every (evaluate_every_time) = 0 and evaluate-every (evaluate_every) = 0 leave the run "
+                     "without evaluation: set eval-every > 0 (clock units between evaluations) or evaluate-every >= 1 "
+                     "(rounds)"),
+    ("output-dir=''", "checkpoint-every (checkpoint_every) = 10 needs a place to write, and output-dir (output_dir) "
+                      "and checkpoint-dir (checkpoint_dir) are empty: set output-dir (checkpoints go to <run "
+                      "folder>/checkpoints), checkpoint-dir, or checkpoint-every = 0 for none"),
+    ("max-arrivals=0", "the run never stops: set max-arrivals > 0 or max-virtual-time > 0 (both are 0)"),
+])
+def test_the_built_in_apps_refusals_name_its_run_config_keys(capsys, monkeypatch, override, line):
+    # Execute: asyncfl run with one bad value (nothing may start)
+    from asyncfl import cli
+
+    monkeypatch.setattr(cli.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(cli, "run_app", lambda *args, **kwargs: pytest.fail("a SuperLink was started"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["run", "--app", str(ROOT), "-c", override])
+    # Assert: one line, leading with the key the user wrote
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"asyncfl run: error: invalid run-config: {line}\n"
+
+
+def test_a_flower_apps_run_that_never_stops_names_num_server_rounds():
+    # Where a Flower app's own ServerApp calls start(num_rounds=run_config["num-server-rounds"]) with 0
+    from asyncfl.options import RunOptions
+
+    with pytest.raises(ConfigError, match=r"never stops: num_rounds, max_arrivals and max_time are all 0: set one "
+                                          r"> 0 \(Flower's examples pass run-config num-server-rounds as num_rounds\)"):
+        RunOptions().check_run(0, 30.0)
+    RunOptions().check_run(3, 30.0)

@@ -49,3 +49,26 @@ def test_compare_refuses_a_folder_that_is_not_a_run_in_one_line(tmp_path, capsys
         main(["compare", str(tmp_path)])
     assert stop.value.code == 2
     assert "is not a run folder (no metrics.csv or summary.json)" in capsys.readouterr().err
+
+
+def test_a_wheel_carries_the_builtin_app_and_its_folder_builds_a_fab_from_the_installed_package(tmp_path):
+    # the built-in app must run wherever asyncfl is pip-installed, not only in a clone
+    import subprocess
+    import sys
+    import zipfile
+
+    from asyncfl.deploy.builtin_app import builtin_app_folder, is_builtin_app
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True)
+    wheel = zipfile.ZipFile(next((tmp_path / "wheel").glob("asyncfl-*.whl")))
+    assert wheel.read("asyncfl/builtin_app/pyproject.toml") == (ROOT / "pyproject.toml").read_bytes()
+    folder = builtin_app_folder(tmp_path / "home")
+    assert is_builtin_app(folder) and [p.name for p in folder.iterdir()] == ["pyproject.toml"]
+    text = (folder / "pyproject.toml").read_text()
+    assert "fab-include" not in text and "[tool.flwr.app.config]" in text
+    flwr = Path(sys.executable).parent / "flwr"
+    built = subprocess.run([str(flwr), "build", "--app", "."], cwd=folder, capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    fab = zipfile.ZipFile(next(folder.glob("*.fab")))
+    assert not [n for n in fab.namelist() if n.endswith(".py")]  # the ServerApp comes from the installed package

@@ -1,0 +1,54 @@
+"""The built-in app as a Flower app folder, wherever asyncfl is installed.
+
+``asyncfl run`` outside a Flower app folder runs asyncfl's own app (FedBuff on
+mnist5k by default). Flower runs an app *folder* (``pyproject.toml`` with
+``[tool.flwr.app]``); a clone has one at its root, and a wheel carries a copy of
+that file as ``asyncfl/builtin_app/pyproject.toml`` (``setup.py`` puts it there).
+The folder made from it holds that file alone: ``flwr run`` packs it into a FAB,
+and the ServerApp and ClientApp it names are imported from the installed asyncfl
+(``asyncfl run`` switches off Flower's runtime installation of dependencies).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+SERVERAPP = "asyncfl.server_app.app:app"
+PACKAGE = Path(__file__).resolve().parents[1]
+#: where a wheel carries the built-in app's pyproject.toml, and where a clone (an editable install) has it
+CANDIDATES = (PACKAGE / "builtin_app" / "pyproject.toml", PACKAGE.parent / "pyproject.toml")
+
+
+def is_builtin_app(app_dir: Path) -> bool:
+    """Whether ``app_dir`` runs asyncfl's own ServerApp (other Flower apps bring their own run-config)."""
+    try:
+        with open(app_dir / "pyproject.toml", "rb") as handle:
+            project = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    components = project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
+    return components.get("serverapp") == SERVERAPP
+
+
+def packaged_pyproject() -> Path:
+    """The built-in app's ``pyproject.toml`` this installation has (a wheel's copy first, then a clone's)."""
+    for candidate in CANDIDATES:
+        if is_builtin_app(candidate.parent):
+            return candidate
+    raise FileNotFoundError(f"this asyncfl installation has no built-in app ({' or '.join(map(str, CANDIDATES))}):"
+                            " reinstall asyncfl, or pass a Flower app folder with --app")
+
+
+def builtin_app_folder(home: Path) -> Path:
+    """Write the built-in app's folder under ``home`` (``home/builtin-app``) and return it.
+
+    The copy drops ``fab-include`` (its pattern names the package's own files, which the folder
+    does not hold: the installed package is imported instead) and is rewritten at every call,
+    so an upgraded asyncfl brings its own run-config keys and defaults.
+    """
+    folder = home / "builtin-app"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = packaged_pyproject().read_text().splitlines(keepends=True)
+    (folder / "pyproject.toml").write_text("".join(line for line in lines if not line.startswith("fab-include")))
+    return folder
