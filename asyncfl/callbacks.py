@@ -34,7 +34,9 @@ class VersionInfo:
     version : int
         The server version (one per aggregation: FedBuff one per ``buffer_size`` updates).
     round : int
-        Rounds of client work completed (Flower's ``server_round``; see ``Strategy.start``).
+        The round of client work the version was made in, from 1 as Flower's ``server_round`` (round ``r``:
+        accepted updates ``(r - 1) * cohort + 1`` to ``r * cohort``; 0 for the initial model; see
+        ``Strategy.start``).
     arrivals : int
         Accepted client updates so far.
     time : float
@@ -65,8 +67,9 @@ class Callback:
         Once per version and round: the run's last row, at the stop, is not told again for the same model."""
 
     def on_train_metrics(self, server_round: int, metrics: dict) -> None:
-        """Round ``server_round`` of client work closed: ``metrics`` are its accepted replies' train metrics,
-        aggregated as Flower's (``result.train_metrics_clientapp[server_round]``, e.g. ``train_loss``)."""
+        """Round ``server_round`` of client work closed (or the run stopped inside it: a partial round):
+        ``metrics`` are its accepted replies' train metrics, aggregated as Flower's
+        (``result.train_metrics_clientapp[server_round]``, e.g. ``train_loss``)."""
 
     def on_federated_evaluation(self, server_round: int, metrics: dict) -> None:
         """The ClientApps' evaluation of round ``server_round``'s model is in, aggregated as Flower's

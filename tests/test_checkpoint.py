@@ -211,8 +211,16 @@ def _digest(result) -> str:
     return hashlib.sha256(result.arrays["w"].numpy().tobytes() + result.arrays["steps"].numpy().tobytes()).hexdigest()
 
 
+class AggregatingFedBuff(FedBuff):
+    """FedBuff with Flower's aggregate_train overridden: its buffer's arrivals are part of its state."""
+
+    def aggregate_train(self, server_round, replies):
+        return super().aggregate_train(server_round, replies)
+
+
 RUNS = {
     "fedbuff": (lambda: FedBuff(buffer_size=3), {}),
+    "fedbuff-aggregate-train": (lambda: AggregatingFedBuff(buffer_size=3), {}),
     "fedasync-overlap": (lambda: FedAsync(), {"overlap_server_compute": True}),
     "fedavg-deadline-pipelined": (lambda: FedAvg(), {"round_deadline": 1.5, "pipeline_late_clients": True}),
     "wpred": (lambda: WPred(), {"round_deadline": 1.5}),
@@ -309,6 +317,21 @@ def test_checkpoints_are_written_atomically_and_only_the_newest_are_kept(tmp_pat
     assert np.array_equal(checkpoint.read(checkpoint.find(tmp_path))["x"], np.arange(6))
     assert not store.due(7) and store.due(8)
     assert store.summary()["checkpoints-written"] == 3
+
+
+def test_a_run_keeps_one_checkpoint_by_default_and_reports_its_size_in_megabytes(tmp_path):
+    # Prepare: a crash while writing left a partial file behind
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "checkpoint-v000001-a00000003.npz.partial").write_bytes(b"cut short")
+    # Execute: checkpoints every 2 versions, checkpoint_keep left at its default
+    result = _start(FedBuff(buffer_size=3), _grid(), tmp_path / "run", checkpoint_every=2)
+    # Assert: the newest complete checkpoint alone is kept; sizes in MB of 10^6 bytes, as file listings count
+    kept = checkpoint.listed(tmp_path / "run" / "checkpoints")
+    assert len(kept) == 1 and result.summary["checkpoints-written"] > 1
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))
+    size = kept[0].stat().st_size
+    assert result.summary["checkpoints-kept"] == 1
+    assert result.summary["checkpoint-mb"] == result.summary["checkpoints-kept-mb"] == round(size / 1e6, 3)
 
 
 # ------------------------------------------------------------------ Flower's hooks

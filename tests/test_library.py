@@ -1,5 +1,8 @@
 """The public API: Flower-style constructors and ``start()`` returning Flower's ``Result``, on a fake Grid."""
 
+import json
+import os
+import signal
 from collections import OrderedDict
 
 import numpy as np
@@ -352,3 +355,158 @@ def test_the_worked_example_strategy_in_the_docs_runs_and_its_test_passes():
     result = namespace["CappedAsync"](mixing=0.6).start(FakeGrid(4, client), initial_record(), num_rounds=2,
                                                        clock="virtual", delays=FIXED, concurrency=2, seed=1)
     assert result.summary["arrivals"] == 8 and "dropped" in result.summary
+
+
+def test_rounds_count_from_one_and_a_run_shorter_than_a_round_reports_round_one():
+    # Prepare: 4 nodes, so a round is 4 updates; the run stops after 3 accepted updates (inside round 1), scored on
+    # the clock every time unit as the built-in app does
+    grid = FakeGrid(4, client)
+    strategy = FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.5, min_evaluate_nodes=1)
+    # Execute
+    result = strategy.start(grid, initial_record(), num_rounds=0, max_arrivals=3, clock="virtual", delays=FIXED,
+                            concurrency=2, evaluate_fn=server_evaluate, evaluate_every=0, evaluate_every_time=1.0,
+                            seed=1, update_norm_bound=0.0)
+    # Assert: round 0 is the initial model's evaluation only; every point after an update is round 1, the partial
+    # round whose train metrics, server-side and federated evaluations are keyed 1
+    assert result.summary["rounds"] == 1 and result.summary["rounds-complete"] == 0
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 1]
+    assert sorted(result.train_metrics_clientapp) == [1]
+    assert sorted(result.evaluate_metrics_clientapp) == [1]
+    evaluated = [m for m in grid.pushed if m.metadata.message_type == "evaluate"]
+    assert {m.content["config"]["server-round"] for m in evaluated} == {1}
+
+
+def _interrupting_client(after: int, interrupt):
+    """``client``, but the ``after``-th train request interrupts the run (``interrupt()``) as Ctrl-C would."""
+    calls = []
+
+    def handle(node, message):
+        if message.metadata.message_type == "train":
+            calls.append(node)
+            if len(calls) == after:
+                interrupt()
+        return client(node, message)
+
+    return handle
+
+
+def _raise(exc):
+    raise exc
+
+
+@pytest.mark.parametrize("interrupt, reason", [
+    (lambda: _raise(KeyboardInterrupt()), "interrupted (Ctrl-C)"),
+    (lambda: _raise(SystemExit(0)), "interrupted (the process was told to exit"),  # Flower's ServerApp on a signal
+    (lambda: os.kill(os.getpid(), signal.SIGTERM), "interrupted (SIGTERM)"),
+])
+def test_an_interrupted_run_writes_a_summary_that_says_so(tmp_path, interrupt, reason):
+    # Prepare: the 6th train request is interrupted (Ctrl-C, Flower's exit on a signal, SIGTERM to a plain process)
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        pytest.skip("this process handles SIGTERM itself")
+    grid = FakeGrid(4, _interrupting_client(6, interrupt))
+    # Execute
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        FedBuff(buffer_size=2, fraction_evaluate=0.0).start(
+            grid, initial_record(), num_rounds=5, clock="virtual", delays=FIXED, concurrency=2,
+            evaluate_fn=server_evaluate, output_dir=str(tmp_path), run_name="run")
+    # Assert: summary.json is written, says how the run ended and that it did not finish; SIGTERM's handler is gone
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop-reason"].startswith(reason) and summary["finished"] is False
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_finished_run_says_so(tmp_path):
+    FedBuff(buffer_size=2, fraction_evaluate=0.0).start(
+        FakeGrid(4, client), initial_record(), num_rounds=1, clock="virtual", delays=FIXED, concurrency=2,
+        evaluate_fn=server_evaluate, output_dir=str(tmp_path), run_name="run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop-reason"] == "num-rounds 1 reached" and summary["finished"] is True
+
+
+class LoggedFedBuff(FedBuff):
+    """A Flower user's override that looks at each step's replies and keeps FedBuff's own step."""
+
+    def __init__(self, **keywords):
+        super().__init__(**keywords)
+        self.calls = []
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self.calls.append((server_round, [r.metadata.src_node_id for r in replies],
+                           [r.content["metrics"]["num-examples"] for r in replies]))
+        return super().aggregate_train(server_round, replies)
+
+
+class FortyTwo(FedBuff):
+    """An override that makes the model itself: every float entry 42."""
+
+    def aggregate_train(self, server_round, replies):
+        state = list(replies)[0].content["arrays"].to_torch_state_dict()
+        for tensor in state.values():
+            if tensor.is_floating_point():
+                tensor.fill_(42.0)
+        return ArrayRecord(state), None
+
+
+def _hooked_run(strategy, grid=None):
+    grid = grid or FakeGrid(4, client)
+    return strategy.start(grid, initial_record(), num_rounds=3, clock="virtual", delays=FIXED, concurrency=2,
+                          evaluate_fn=server_evaluate, seed=1, update_norm_bound=0.0)
+
+
+def test_an_aggregate_train_override_on_fedbuff_is_called_at_each_buffer_step():
+    # Prepare: FedBuff B=2 with Flower's aggregate_train overridden, and the same FedBuff without the override
+    logged = LoggedFedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.0)
+    grid = FakeGrid(4, client)
+    # Execute
+    hooked = _hooked_run(logged, grid)
+    plain = _hooked_run(FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.0))
+    # Assert: one call per buffer step with its 2 replies, from the nodes, in Flower's round numbering (4 updates
+    # a round); super() gives FedBuff's own step, so the run is the plain one's
+    assert [c[0] for c in logged.calls] == [1, 1, 2, 2, 3, 3]
+    assert all(len(nodes) == 2 and set(nodes) <= set(grid.nodes) and examples == [10, 10]
+               for _, nodes, examples in logged.calls)
+    assert hooked.summary["server-versions"] == plain.summary["server-versions"] == 6
+    for name, array in plain.arrays.to_torch_state_dict().items():
+        assert torch.allclose(hooked.arrays.to_torch_state_dict()[name], array), name
+    assert logged.aggregation_hook is None  # unbound after the run
+
+
+def test_the_arrays_an_aggregate_train_override_returns_become_the_model():
+    result = _hooked_run(FortyTwo(buffer_size=2, fraction_evaluate=0.0))
+    assert torch.allclose(result.arrays.to_torch_state_dict()["fc.weight"], torch.full((2, 2), 42.0))
+
+
+def test_an_aggregate_train_override_on_the_fedavg_preset_makes_each_round():
+    class RoundLogged(FedAvg):
+        rounds_seen = []
+
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            self.rounds_seen.append((server_round, len(replies)))
+            return super().aggregate_train(server_round, replies)
+
+    hooked = _hooked_run(RoundLogged(fraction_evaluate=0.0))
+    plain = _hooked_run(FedAvg(fraction_evaluate=0.0))
+    assert RoundLogged.rounds_seen == [(1, 2), (2, 2), (3, 2)]  # each round: its cohort of concurrency=2
+    assert torch.allclose(hooked.arrays.to_torch_state_dict()["fc.weight"],
+                          plain.arrays.to_torch_state_dict()["fc.weight"])
+
+
+def test_flower_hook_overrides_that_start_would_not_call_are_refused_before_any_message():
+    class MixedAsync(asyncfl.FedAsync):
+        def aggregate_train(self, server_round, replies):
+            return None, None
+
+    class EvaluatingFedBuff(FedBuff):
+        def configure_evaluate(self, server_round, arrays, config, grid):
+            return super().configure_evaluate(server_round, arrays, config, grid)
+
+    for strategy, says in ((MixedAsync(), "MixedAsync overrides aggregate_train, which start\\(\\) cannot call.*"
+                                          "Override on_arrival"),
+                           (EvaluatingFedBuff(fraction_evaluate=0.0), "EvaluatingFedBuff overrides configure_evaluate, "
+                                                                      "but fraction_evaluate=0")):
+        grid = FakeGrid(4, client)
+        with pytest.raises(asyncfl.ConfigError, match=says):
+            _hooked_run(strategy, grid)
+        assert grid.pushed == []

@@ -353,3 +353,39 @@ def test_client_side_clipping_sends_the_norm_flowers_mod_clips_to_and_the_server
     assert with_mod["dp-clipped-by-server"] == 0 and with_mod["dp-releases"] == 4 and with_mod["dp-epsilon"] > 0
     without = _client_side_run(with_mod=False)  # a ClientApp without the mod: the server clips every update
     assert without["dp-clipped-by-server"] == 8 and without["dp-epsilon"] == with_mod["dp-epsilon"]
+
+
+def test_flowers_dp_wrapper_arguments_are_taken_positionally_and_by_name(caplog):
+    from asyncfl import DifferentialPrivacyClientSideFixedClipping
+
+    # Prepare / Execute: Flower's call, (strategy, noise_multiplier, clipping_norm, num_sampled_clients), both ways
+    for cls in (DP, DifferentialPrivacyClientSideFixedClipping):
+        by_name = cls(FedBuff(buffer_size=5, server_lr=1.0), noise_multiplier=0.8, clipping_norm=0.5,
+                      num_sampled_clients=10)
+        by_position = cls(FedBuff(buffer_size=5, server_lr=1.0), 0.8, 0.5, 10)
+        # Assert: the same wrapper; the count is kept, and the run says in one line that it sets nothing here
+        for dp in (by_name, by_position):
+            assert (dp.config.noise_multiplier, dp.config.clipping_norm, dp.num_sampled_clients) == (0.8, 0.5, 10)
+    with caplog.at_level(logging.INFO, logger="asyncfl.privacy"):
+        by_position.on_start(10, concurrency=10)
+    said = [r.getMessage() for r in caplog.records if "num_sampled_clients" in r.getMessage()]
+    assert len(said) == 1 and "sets nothing" in said[0] and "server_lr / buffer_size = 1 / 5" in said[0]
+
+
+@pytest.mark.parametrize("keywords, says", [
+    ({"num_sampled_clients": 0}, "num_sampled_clients=0 must be a positive integer"),
+    ({"num_sampled_clients": 2.5}, "num_sampled_clients=2.5 must be a positive integer"),
+    ({"accountant": object()}, "accountant=: Flower's PrivacyAccountant"),
+])
+def test_flowers_dp_arguments_that_cannot_mean_anything_here_are_refused(keywords, says):
+    with pytest.raises(ConfigError, match=says):
+        DP(FedBuff(server_lr=1.0), noise_multiplier=1.0, clipping_norm=1.0, **keywords)
+
+
+def test_a_strategy_with_its_own_aggregate_train_is_refused_under_dp():
+    class Mine(FedBuff):
+        def aggregate_train(self, server_round, replies):
+            return super().aggregate_train(server_round, replies)
+
+    with pytest.raises(ConfigError, match="Mine overrides aggregate_train"):
+        DP(Mine(server_lr=1.0), noise_multiplier=1.0, clipping_norm=1.0)

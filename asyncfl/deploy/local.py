@@ -25,6 +25,7 @@ from asyncfl.deploy.processes import (
     flower_env,
     flower_tool,
     free_port,
+    stop_processes,
     superlink_command,
     supernode_command,
     wait_for_port,
@@ -162,8 +163,7 @@ class LocalDeployment:
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     def __exit__(self, *exc) -> None:
-        for node in self.supernodes.values():
-            if node.alive():
-                node.stop()
-        if self.superlink is not None and self.superlink.alive():
-            self.superlink.stop()
+        """Stop the SuperNodes and the SuperLink together, with all they started (a node killed before is
+        searched too: its ClientApp processes may outlive it)."""
+        started = list(self.supernodes.values()) + ([self.superlink] if self.superlink is not None else [])
+        stop_processes(started)

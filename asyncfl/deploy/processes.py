@@ -1,24 +1,43 @@
 """Flower processes we start ourselves: SuperLink and SuperNodes, stopped by PID.
 
 Every process is started in a session of its own with its output in a log
-file. Stopping sends SIGTERM to the process and to every live descendant
-(found through ``/proc``: a SuperLink starts SuperExec, ServerApp, simulation
-and Ray processes in sessions of their own), then SIGKILL to what is left.
-A process can be started inside a network namespace (``ip netns exec``) to
-emulate a separate host.
+file, and with a mark in its environment (:data:`OWNER_ENV`) that everything it
+starts inherits. Stopping sends SIGTERM to the process and to everything below
+it: its live descendants (found through ``/proc``: a SuperLink starts SuperExec,
+ServerApp, simulation and Ray processes in sessions of their own) and every
+process that carries its mark (those whose parent died first, re-parented), then
+SIGKILL, after a grace period, to what is left (Ray's agents ignore SIGTERM).
+Several processes are stopped together, within one grace period, and the signals
+that would stop this program are held back meanwhile (:func:`signals_held`), so
+a second Ctrl-C, a SIGTERM or a closed terminal (SIGHUP) cannot cut the
+teardown short. A process can be started inside a network namespace (``ip netns
+exec``) to emulate a separate host.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
+
+#: Environment variable marking a started process and everything below it (they inherit it) with its own token.
+OWNER_ENV = "ASYNCFL_PROCESS_OWNER"
+#: Seconds processes get to exit after SIGTERM before they are killed.
+STOP_GRACE_S = 10.0
+#: Seconds killed processes get to be gone before the teardown returns.
+KILL_WAIT_S = 5.0
+#: The signals that end this program (:func:`asyncfl.cli.main` turns each into ``KeyboardInterrupt``).
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,7 +86,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def signal_all(pids: list[int], sig: int) -> None:
+def signal_all(pids: Iterable[int], sig: int) -> None:
     """Send ``sig`` to every pid that still exists."""
     for pid in pids:
         try:
@@ -76,21 +95,99 @@ def signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def stop_family(process: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGTERM ``process`` and all its descendants, wait, then SIGKILL whatever is left."""
-    if process.poll() is not None and not descendants(process.pid):
-        return
-    family = descendants(process.pid)
-    signal_all(family + [process.pid], signal.SIGTERM)
+def _stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start time)`` of ``pid`` from ``/proc/<pid>/stat``; None when it is gone."""
     try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in family):
-        time.sleep(0.2)
-    signal_all([p for p in family if Path(f"/proc/{p}").exists()], signal.SIGKILL)
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie waiting for its parent to reap it has)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def marked(token: str) -> list[int]:
+    """Every process whose environment carries ``OWNER_ENV=token`` (unreadable ones, other users', are skipped)."""
+    mark = f"{OWNER_ENV}={token}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _identities(pids: Iterable[int]) -> dict[int, int]:
+    """``{pid: start time}`` of the running ``pids``: a pid that later shows another start time was reused."""
+    stats = {pid: _stat(pid) for pid in pids}
+    return {pid: stat[1] for pid, stat in stats.items() if stat is not None and stat[0] not in ("Z", "X")}
+
+
+def _still(identities: dict[int, int]) -> list[int]:
+    """The pids of ``identities`` that still run as the same process."""
+    return [pid for pid, started in identities.items() if _identities([pid]).get(pid) == started]
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold back SIGINT, SIGTERM and SIGHUP for the block (a teardown must not be cut short), then act on the
+    first one that came as its handler would have. Outside the main thread (where handlers cannot be set) the
+    block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: came.append(signum)) for sig in ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if came:
+            _act_on(came[0], previous[came[0]])
+
+
+def _act_on(signum: int, handler) -> None:
+    """Do what ``handler`` (a signal's disposition) does with ``signum``, now."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)  # the default: this program ends by that signal
+
+
+def stop_processes(processes: list["FlowerProcess"], grace: float | None = None) -> None:
+    """Stop ``processes`` and everything they started, together: SIGTERM to all, up to ``grace`` seconds
+    (default :data:`STOP_GRACE_S`) for all to exit, then SIGKILL to what is left (found again: what started
+    meanwhile is included). Signals that would end this program wait until it is done."""
+    grace = STOP_GRACE_S if grace is None else grace
+    with signals_held():
+        tracked = {}
+        for process in processes:
+            tracked.update(_identities(process.members()))
+        signal_all(tracked, signal.SIGTERM)
+        _wait_gone(tracked, processes, grace)
+        for process in processes:
+            tracked.update(_identities(process.members()))
+        signal_all(_still(tracked), signal.SIGKILL)
+        _wait_gone(tracked, processes, KILL_WAIT_S)
+        for process in processes:
+            process.reap()
+
+
+def _wait_gone(tracked: dict[int, int], processes: list["FlowerProcess"], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for every tracked process to exit, reaping our own children meanwhile (or
+    they would stay zombies)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _still(tracked):
+        for process in processes:
+            process.poll()
+        time.sleep(0.05)
 
 
 def wait_for_port(host: str, port: int, process: subprocess.Popen, timeout: float, what: str,
@@ -128,13 +225,19 @@ class TlsFiles:
 
 
 class FlowerProcess:
-    """One Flower executable run in the background with its output in ``log_path``."""
+    """One Flower executable run in the background with its output in ``log_path``.
+
+    Its environment carries :data:`OWNER_ENV` with a token of its own, so what it
+    starts can be found (and stopped) even after being re-parented.
+    """
 
     def __init__(self, command: list[str], log_path: Path, cwd: Path, env: dict[str, str],
                  netns: str | None = None) -> None:
         self.command = (["ip", "netns", "exec", netns] if netns else []) + command
-        self.log_path, self.cwd, self.env, self.netns = log_path, cwd, env, netns
+        self.token = secrets.token_hex(8)
+        self.log_path, self.cwd, self.env, self.netns = log_path, cwd, {**env, OWNER_ENV: self.token}, netns
         self.process: subprocess.Popen | None = None
+        self._log = None
 
     def start(self) -> "FlowerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,17 +254,37 @@ class FlowerProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def members(self) -> list[int]:
+        """The running process, its descendants and every process that carries its mark."""
+        if self.process is None:
+            return []
+        found = set(marked(self.token))
+        if self.process.poll() is None:  # not reaped: its pid, and so its children, are still its own
+            found |= {self.process.pid, *descendants(self.process.pid)}
+        return sorted(pid for pid in found if running(pid))
+
+    def poll(self) -> None:
+        if self.process is not None:
+            self.process.poll()
+
+    def reap(self) -> None:
+        """Wait for the process (it was killed) and close its log."""
+        if self.process is not None:
+            self.process.wait()
+        if self._log is not None:
+            self._log.close()
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the process and its descendants; ``SIGKILL`` simulates a crash (no clean shutdown)."""
+        """Stop the process and everything it started; ``SIGKILL`` simulates a crash (no clean shutdown)."""
         if self.process is None:
             return
         if sig == signal.SIGKILL:
-            family = descendants(self.process.pid)
-            signal_all([self.process.pid] + family, signal.SIGKILL)
-            self.process.wait()
+            tracked = _identities(self.members())
+            signal_all(tracked, signal.SIGKILL)
+            _wait_gone(tracked, [self], KILL_WAIT_S)
+            self.reap()
         else:
-            stop_family(self.process)
-        self._log.close()
+            stop_processes([self])
 
 
 def superlink_command(host: str, port: int, database: Path, simulation: bool = False,

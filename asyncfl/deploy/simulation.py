@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from asyncfl.deploy.processes import write_connection
-from asyncfl.deploy.processes import FlowerProcess, flower_env, flower_tool, free_port, superlink_command, wait_for_port
+from asyncfl.deploy.processes import (FlowerProcess, flower_env, flower_tool, free_port, signals_held, superlink_command,
+                                      wait_for_port, write_connection)
 
 CONNECTION = "asyncfl-local"
 
@@ -58,23 +59,32 @@ class LocalSuperLink:
         return {**flower_env(self.flwr_home), **self.extra_env}
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None:
-            self.process.stop()
-        shutil.rmtree(self.flwr_home, ignore_errors=True)
+        with signals_held():  # a second Ctrl-C or a SIGHUP must not leave the simulation and Ray running
+            if self.process is not None:
+                self.process.stop()
+            shutil.rmtree(self.flwr_home, ignore_errors=True)
 
 
 def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: float, extra_env=None,
-            ray_address: str | None = None) -> int:
+            ray_address: str | None = None, workdir: Path | None = None) -> int:
     """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code.
 
     With ``ray_address`` the simulation attaches to that Ray cluster (``RAY_ADDRESS`` in the
     SuperLink's environment, which its simulation process inherits); without it, it starts a
     Ray of its own (``RAY_ADDRESS=local``) even where ``ray start`` left a cluster running,
-    which Ray would otherwise attach to.
+    which Ray would otherwise attach to. The ServerApp works in ``workdir`` (default: the app
+    folder), where relative output paths land. The SuperLink's log, ``<app>/.flwr/superlink-<port>.log``,
+    is kept only when the run did not end well (a log per finished run filled the disk).
     """
+    if ray_address:
+        try:
+            check_ray_address(ray_address)
+        except ValueError as exc:
+            print(f"asyncfl run: {exc}", file=sys.stderr)
+            return 2
     app_dir = app_dir.resolve()
     ray_env = {"RAY_ADDRESS": ray_address or "local"}
-    with LocalSuperLink(app_dir, app_dir / ".flwr", ray_env) as link:
+    with LocalSuperLink((workdir or app_dir).resolve(), app_dir / ".flwr", ray_env) as link:
         command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                    "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
         for item in run_config:
@@ -83,9 +93,44 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
         env.update(extra_env or {})
         code = subprocess.call(command, cwd=app_dir, env=env)
         if code == 0 and run_failed(app_dir, env):
-            print("asyncfl: the run failed on the SuperLink (see the ServerApp log above)", file=sys.stderr)
+            print(f"asyncfl: the run failed on the SuperLink (see the ServerApp log above; the SuperLink's: "
+                  f"{link.log_path})", file=sys.stderr)
             return 1
-        return code
+    if code == 0:
+        link.log_path.unlink(missing_ok=True)
+    return code
+
+
+#: ``--ray-address`` values Ray resolves itself (a cluster this machine knows of; a new local one): not probed.
+RAY_KEYWORDS = ("auto", "local")
+#: Seconds a Ray head gets to accept a TCP connection before ``--ray-address`` is refused.
+RAY_PROBE_S = 3.0
+
+
+def check_ray_address(address: str, timeout: float = RAY_PROBE_S) -> None:
+    """Refuse an ``--ray-address`` that no Ray head answers at, before the SuperLink and Ray start.
+
+    Given an address nothing listens on, Ray retries its connection for minutes and
+    Flower's simulation never starts a ClientApp, so the run would only wait for its nodes.
+
+    Raises
+    ------
+    ValueError
+        One line naming ``--ray-address``, what was wrong and what is expected.
+    """
+    if address in RAY_KEYWORDS:
+        return
+    expected = ("expected the HEAD:PORT of a running Ray cluster (`ray start --head` prints it; port 6379 by "
+                "default), or leave --ray-address out to start Ray on this machine")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray-address {address!r} is not HOST:PORT; {expected}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"--ray-address {address}: nothing answers there ({reason}); {expected}") from None
 
 
 def run_failed(app_dir: Path, env: dict[str, str]) -> bool:

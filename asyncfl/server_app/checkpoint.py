@@ -1,4 +1,4 @@
-"""Checkpoint files: the server's whole state at a version boundary, written atomically, the last N kept.
+"""Checkpoint files: the server's whole state at a version boundary, written atomically, the newest N kept (1).
 
 A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read back with
 ``allow_pickle=False``: loading one runs no code): ``tree`` holds the state as JSON
@@ -275,6 +275,8 @@ class Checkpoints:
         for old in listed(self.folder)[: -self.keep]:
             old.unlink(missing_ok=True)
             journal_of(old).unlink(missing_ok=True)
+        for partial in self.folder.glob("checkpoint-*.npz.partial"):  # left by a crash while writing
+            partial.unlink(missing_ok=True)
         self.last_version = version
         self.written += 1
         self.seconds += time.perf_counter() - started
@@ -300,9 +302,13 @@ class Checkpoints:
             self._journal = None
 
     def summary(self) -> dict:
-        """For ``summary.json``: how many were written, their mean cost and the last one's size."""
+        """For ``summary.json``: how many were written, their mean cost, the last one's size and what the kept ones
+        take on disk (MB = 10^6 bytes, as ``ls -l --si`` and file browsers count)."""
         if not self.written:
             return {}
+        kept = listed(self.folder)
+        on_disk = sum(p.stat().st_size for p in kept + [journal_of(p) for p in kept] if p.exists())
         return {"checkpoints-written": self.written,
                 "checkpoint-ms-mean": round(1000.0 * self.seconds / self.written, 2),
-                "checkpoint-mb": round(self.last_bytes / 2**20, 3)}
+                "checkpoint-mb": round(self.last_bytes / 1e6, 3),
+                "checkpoints-kept": len(kept), "checkpoints-kept-mb": round(on_disk / 1e6, 3)}

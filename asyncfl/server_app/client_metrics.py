@@ -88,3 +88,9 @@ class TrainMetrics:
             for callback in self.callbacks:
                 callback.on_train_metrics(round_, dict(record))
         self._pending = []
+
+    def close(self, round_: int) -> None:
+        """The run ended inside round ``round_``: the replies of that partial round, if any, aggregated under it
+        (a run shorter than one round reports its train metrics under round 1, as Flower's first round)."""
+        if self._pending and round_ not in self.by_round:
+            self.on_round(round_)

@@ -3,7 +3,7 @@
 The engine and the gossip relay both order clients by ``partition-id`` so a
 seeded run does not depend on the node ids a SuperLink happened to assign.
 Every node is waited for until it answers (a stock ClientApp answers with an
-error, at once: then only one node is asked) or the deadline passes: on a loaded machine a simulated
+error, at once: then, in a simulation, only one node is asked) or the deadline passes: on a loaded machine a simulated
 node's first message can wait tens of seconds for its worker to start, and a
 node left unidentified is ordered by node id, which a seed does not fix.
 """
@@ -42,14 +42,17 @@ class Identities:
         return [node for _, node in known] + sorted(node for node in nodes if node not in self.partition_of)
 
 
-def query_identities(grid, nodes: list[int], deadline_s: float, want_label_counts: bool = False) -> Identities:
+def query_identities(grid, nodes: list[int], deadline_s: float, want_label_counts: bool = False,
+                     probe_first: bool = True) -> Identities:
     """Ask the nodes for their identity and collect the answers that arrive within ``deadline_s``.
 
-    The first node is asked alone: a stock ClientApp has no ``query`` handler and answers
-    with an error, which Flower's simulation runtime logs as a traceback, so when the first
-    node refuses the others are not asked (``refused`` is set; one traceback, not one per
-    node). Once it answered, or after :data:`PROBE_S` (at most half the deadline) of silence,
-    the rest are asked at once.
+    With ``probe_first`` the first node is asked alone: a stock ClientApp has no ``query``
+    handler and answers with an error, which Flower's simulation runtime logs as a traceback,
+    so when the first node refuses the others are not asked (``refused`` is set; one
+    traceback, not one per node). Once it answered, or after :data:`PROBE_S` (at most half
+    the deadline) of silence, the rest are asked at once. Without it (a deployment, where each
+    SuperNode logs its own refusal) every node is asked at once: a deployed node starts a
+    process per message, and asking one first would add that start to the run's.
     Returns as soon as every node answered; nodes still silent at the deadline are listed in
     ``unanswered``.
     """
@@ -59,12 +62,13 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     started = time.monotonic()
     deadline = started + deadline_s
     request = {protocol.IDENTIFY: True, protocol.WANT_LABEL_COUNTS: want_label_counts}
-    node_of = _ask(grid, nodes[:1], deadline, request)
+    first = 1 if probe_first else len(nodes)
+    node_of = _ask(grid, nodes[:first], deadline, request)
     pending = set(node_of)
-    _collect(grid, pending, started + min(PROBE_S, deadline_s / 2), found, len(nodes))
+    _collect(grid, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes))
     if found.refused:
         return found
-    asked = _ask(grid, nodes[1:], deadline, request)
+    asked = _ask(grid, nodes[first:], deadline, request)
     node_of.update(asked)
     pending |= set(asked)
     _collect(grid, pending, deadline, found, len(nodes))

@@ -25,7 +25,7 @@ from asyncfl.server_app.eligible import Slots
 from asyncfl.server_app.engine_state import EngineState
 from asyncfl.server_app.jobs import GridLike, Job
 from asyncfl.server_app.roster import Roster
-from asyncfl.server_app.transport import wait_for_nodes
+from asyncfl.server_app.transport import NODE_SETTLE_S, wait_for_nodes
 from asyncfl.strategies.flower_options import MessageKeys, configs_by_node
 
 if TYPE_CHECKING:
@@ -55,10 +55,16 @@ class Dispatcher:
         """
         wanted = -(-self.config.concurrency // self.config.jobs_per_client)  # nodes that fill every slot
         nodes = wait_for_nodes(self.grid, wanted, self.config.wait_for_nodes, on_wait=lambda connected: log.info(
-            "%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) for more",
-            connected, wanted, self.config.concurrency, self.config.wait_for_nodes))
+            "%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) for more, "
+            "or until none joined for %.0fs", connected, wanted, self.config.concurrency,
+            self.config.wait_for_nodes, NODE_SETTLE_S), settle=NODE_SETTLE_S)
         if not nodes:
             raise NoNodesConnected(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
+        if len(nodes) < wanted:
+            log.info("concurrency %d capped at %d job(s) in flight: %d node(s) x %d job(s) each%s",
+                     self.config.concurrency, len(nodes) * self.config.jobs_per_client, len(nodes),
+                     self.config.jobs_per_client, "; nodes that join later get jobs too" if
+                     self.clock.nodes_come_and_go else "")
         # a node's first answer may wait for its worker to start: allow it as long as a job (job-timeout)
         self.roster.start(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
         self.state.stats.unidentified_nodes = self.roster.unidentified

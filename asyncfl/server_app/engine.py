@@ -116,8 +116,10 @@ class AsyncEngine:
         self.train_metrics = train_metrics
         self.federated_eval = federated_eval
         self.delays = delay_sampler(config.delays, config.seed)
-        self.roster = Roster(grid, self.delays, config.identify_nodes)
         self.clock = clock_for(config, self.delays)
+        # where nodes come and go (a deployment) every node is asked at once; a simulation asks one first
+        # (asyncfl.server_app.discovery)
+        self.roster = Roster(grid, self.delays, config.identify_nodes, probe_first=not self.clock.nodes_come_and_go)
         self._puller = self.clock.puller(grid, config.concurrency)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.bounds = ParticipantBounds(config.update_norm_bound, config.update_norm_action, codec.bound_groups(),
@@ -128,7 +130,8 @@ class AsyncEngine:
         #: Why the run ended ("running" until it does), for summary.json and the closing line (launch).
         self.stop_reason = "not started"
         self.scoring = Scoring(config.evaluate_every_time, config.evaluate_every, evaluate_fn, self.stats, recorder,
-                               federated_eval, on_row=self._tell_evaluation if self.callbacks else None)
+                               federated_eval, on_row=self._tell_evaluation if self.callbacks else None,
+                               changed_only=self.clock.nodes_come_and_go)  # wall-clock points come regardless
         self._pacer = PollPacer()
         self.checkpoints = checkpoints
         self._journaling = checkpoints is not None and self.clock.nodes_come_and_go  # replies cannot be had again
@@ -253,11 +256,8 @@ class AsyncEngine:
 
     @property
     def round(self) -> int:
-        """Rounds completed: accepted updates // ``round-arrivals`` (Flower's ``num_rounds`` under an
-        asynchronous strategy), or server versions when ``round-arrivals`` is 0 (synchronous strategies)."""
-        if self.config.round_arrivals:
-            return self.stats.arrivals // self.config.round_arrivals
-        return self.versions.version
+        """Rounds completed (:meth:`EngineState.rounds`): what Flower's ``num_rounds`` counts."""
+        return self.state.rounds(self.config.round_arrivals)[0]
 
     # ------------------------------------------------------- the reply path
     def _pull(self) -> int:
@@ -377,7 +377,7 @@ class AsyncEngine:
         """Make ``new_model`` the next server version; tell the callbacks."""
         version = self.versions.advance(new_model)
         if self.callbacks:
-            info = VersionInfo(version, self.round, self.stats.arrivals, self.state.now,
+            info = VersionInfo(version, self._model_state().round, self.stats.arrivals, self.state.now,
                                lambda: self.versions.record(version))
             for callback in self.callbacks:
                 callback.on_version(info)
@@ -393,16 +393,15 @@ class AsyncEngine:
 
     # ------------------------------------------------------------- evaluate
     def _model_state(self) -> ModelState:
-        version = self.versions.version
-        return ModelState(version, self.round, self.versions.current, lambda: self.versions.record(version),
-                          self.clients)
+        version, (done, current) = self.versions.version, self.state.rounds(self.config.round_arrivals)
+        return ModelState(version, current, self.versions.current, lambda: self.versions.record(version),
+                          self.clients, rounds_done=done)
 
     def score_until(self, clock: float) -> None:
         """Step 7 on the clock's schedule: score every ``eval-every`` point up to ``clock``."""
-        scored = len(self.stats.evaluations)
-        self.scoring.until(clock, self._model_state)
-        if self._journaling and len(self.stats.evaluations) > scored:
-            # a replay scores these points here, between the same events: on the wall clock a point can be
+        passed = self.scoring.until(clock, self._model_state)
+        if self._journaling and passed:
+            # a replay passes these points here, between the same events: on the wall clock a point can be
             # reached by a failed job or a stop, which the journal's arrivals alone would not reproduce
             self.checkpoints.record({"kind": "scored", "until": clock})
 

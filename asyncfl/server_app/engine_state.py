@@ -58,6 +58,16 @@ class EngineState:
     inbox: dict[str, Message] = field(default_factory=dict)  # pulled replies not yet accepted (pulls destroy)
     pulled_at: dict[str, float] = field(default_factory=dict)  # message id -> monotonic time its reply was pulled
 
+    def rounds(self, per_round: int) -> tuple[int, int]:
+        """``(rounds complete, round in progress)``, counted from 1 as Flower's: with ``per_round`` accepted updates
+        a round, round ``r`` holds arrivals ``(r - 1) * per_round + 1`` to ``r * per_round``, so the model after
+        the first update is round 1's (0 is the initial model's). ``per_round`` 0 (synchronous strategies): a
+        round is a server version, both counts being the version."""
+        if not per_round:
+            return self.versions.version, self.versions.version
+        arrivals = self.stats.arrivals
+        return arrivals // per_round, -(-arrivals // per_round)
+
     def snapshot(self) -> dict:
         """The engine's part of a checkpoint: the loop's scalars, counters, stored versions, train config and the
         jobs in flight (client, model version, clock times, dispatch number, the request and any custom model

@@ -12,8 +12,11 @@ from __future__ import annotations
 import logging
 import math
 import resource
+import signal
+import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -35,6 +38,7 @@ from asyncfl.server_app.transport import wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
 from asyncfl.server_app.scoring import ModelState
 from asyncfl.state import capture, restore
+from asyncfl.strategies.train_hook import TrainHook, check_overrides
 
 if TYPE_CHECKING:
     from asyncfl.strategies.base import Strategy
@@ -151,6 +155,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent."""
     options.check_run(num_rounds, timeout)
     options.check_strategy(type(strategy), strategy.name)
+    check_overrides(strategy)
     log_through_flower()
     node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
     asynchronous = not strategy.synchronous
@@ -178,7 +183,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     if folder is not None:
         recorder = RunRecorder(folder, run_config or _run_settings(name, config, flower, num_rounds),
                                config.target_accuracy, options.progress, options.max_arrivals, options.max_time,
-                               resuming=resume is not None)
+                               resuming=resume is not None, clock=options.clock)
     checkpoints = None
     if options.checkpoint_every:
         if not strategy.checkpointable:
@@ -190,11 +195,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                          keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
                          checkpoints=checkpoints, resume=resume, callbacks=callbacks)
-    in_flight = min(config.concurrency, len(nodes) * config.jobs_per_client)
-    capped = (f" (concurrency {config.concurrency}, capped by {len(nodes)} node(s) x {config.jobs_per_client} job "
-              "each)") if in_flight < config.concurrency else ""
-    flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): %d job(s) in flight over %d node(s)%s; stop at %s", name,
-             options.clock, in_flight, len(nodes), capped,
+    # how many of those jobs the nodes can hold is said once the engine has waited for its nodes (Dispatcher)
+    flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): concurrency %d, %d node(s) connected so far; stop at %s",
+             name, options.clock, config.concurrency, len(nodes),
              _stops_text(num_rounds, options.max_arrivals, options.max_time, config.round_arrivals,
                          flower.fraction_train))
     started = time.monotonic()
@@ -206,7 +209,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         extra = {**(strategy.summary() or {}), **(affected_class_summary(rows, affected) if affected is not None else {})}
         out = run_summary(name, engine.stats, engine.versions.version, extra, engine.now, rows,
                           config.target_accuracy, started)
-        out["rounds"] = engine.round
+        # rounds: from 1 as Flower's, a partial last one included (rounds-complete: the whole ones)
+        out["rounds-complete"], out["rounds"] = engine.state.rounds(config.round_arrivals)
         out["updates-per-round"] = config.round_arrivals or None  # None: a round is a server version
         out["peak-stored-versions"] = engine.versions.peak_versions
         out["clients"] = len(engine.clients)
@@ -220,18 +224,25 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
             out.update(checkpoints.summary())
         if resumed_from is not None:
             out["resumed-from"] = str(resumed_from)
-        out["stop-reason"] = engine.stop_reason
+        out["stop-reason"], out["finished"] = _how_it_ended(engine.stop_reason)
         return out
 
     if recorder is not None:
         recorder.summary_source = summary
+    if strategy.overrides("aggregate_train"):  # Flower's hook, called at the method's aggregation step
+        strategy.aggregation_hook = TrainHook(codec, flower.keys,
+                                              lambda: _round_of_step(engine, config.round_arrivals),
+                                              lambda client: engine.roster.nodes[client])
     try:
-        engine.run()
+        with _sigterm_interrupts():
+            engine.run()
+        train_metrics.close(engine.state.rounds(config.round_arrivals)[1])
     except BaseException as exc:  # the reason goes into summary.json; the exception goes on to the caller
         engine.stop_reason = stop_reason_of(exc)
         flwr_log(logging.ERROR, "%s stopped: %s", name, engine.stop_reason)
         raise
     finally:
+        strategy.aggregation_hook = None  # a Flower loop of the app's own may use the strategy next
         if recorder is not None:
             recorder.write_summary(summary())
             recorder.write_clients(engine.stats.by_client)
@@ -244,7 +255,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         summary=summary(),
     )
     s = result.summary
-    per_round = f" (of {config.round_arrivals} updates)" if config.round_arrivals else ""
+    per_round = _rounds_text(s["rounds"], s["rounds-complete"], s["arrivals"], config.round_arrivals)
     held = f", {s['held-dispatches']} dispatch(es) held for the next version" if s.get("held-dispatches") else ""
     if config.clock == "wall" and s.get("client-train-s-mean") is not None and s.get("job-round-trip-s-mean"):
         held += (f", jobs trained {s['client-train-s-mean']:.2f}s of a {s['job-round-trip-s-mean']:.2f}s round trip "
@@ -252,8 +263,8 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     if s.get("in-flight-cap-mean") is not None:
         held += (f", jobs in flight capped at {s['in-flight-cap-mean']:.1f} (mean; least {s['in-flight-cap-min']}) "
                  f"of concurrency {config.concurrency} (cap-in-flight)")
-    flwr_log(logging.INFO, "%s finished in %.1fs (%s): %d rounds%s, %d arrivals, %d server versions, %d rejected, "
-             "mean staleness %.2f%s", name, s["wall-seconds"], s["stop-reason"], s["rounds"], per_round,
+    flwr_log(logging.INFO, "%s finished in %.1fs (%s): %s, %d arrivals, %d server versions, %d rejected, "
+             "mean staleness %.2f%s", name, s["wall-seconds"], s["stop-reason"], per_round,
              s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
     if server_eval is not None and recorder is not None and len(engine.stats.evaluations) > len(server_eval.by_round):
         flwr_log(logging.INFO, "%d server-side evaluations, the last of each round below; every one: %s",
@@ -263,15 +274,64 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     return result
 
 
+def _round_of_step(engine: AsyncEngine, per_round: int) -> int:
+    """The round an aggregation step belongs to (``aggregate_train``'s ``server_round``): asynchronously the round
+    of the arrival the strategy is taking in (the engine counts it after the strategy took it), synchronously
+    the round whose end makes the next version."""
+    if per_round:
+        return -(-(engine.stats.arrivals + 1) // per_round)
+    return engine.versions.version + 1
+
+
+#: ``summary.json``'s ``stop-reason`` while the run goes on: what a run killed outright (SIGKILL) leaves.
+RUNNING = "running (no end recorded: the run goes on, or was killed)"
+
+
+def _how_it_ended(stop_reason: str) -> tuple[str, bool]:
+    """``(stop-reason, finished)`` for ``summary.json``: finished when one of the run's own stops was reached."""
+    if stop_reason == "running":
+        return RUNNING, False
+    return stop_reason, stop_reason.endswith(" reached")
+
+
+@contextmanager
+def _sigterm_interrupts():
+    """SIGTERM stops the run as Ctrl-C does (``KeyboardInterrupt``), so that summary.json says so, where the
+    process has no handler of its own for it (Flower's ServerApp process has one: it exits by ``SystemExit``)."""
+    own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if own:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def stop_reason_of(exc: BaseException) -> str:
     """What ended a run that raised, in a line: interrupted, every node failing, no node to send to, or the error."""
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted (Ctrl-C or a signal)"
-    if isinstance(exc, SystemExit):
-        return f"exited ({exc.code})"
+        return f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'})"
+    if isinstance(exc, SystemExit):  # Flower's ServerApp process exits so on SIGINT / SIGTERM ("Task stopped")
+        return f"interrupted (the process was told to exit, code {exc.code}: Ctrl-C, a signal or a stop)"
     kind = {ClientAppsFailing: "all nodes failing", NothingToDispatch: "no node to dispatch to"}.get(type(exc),
                                                                                                   "error")
     return f"{kind}: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _rounds_text(rounds: int, complete: int, arrivals: int, per_round: int) -> str:
+    """``"3 rounds (of 8 updates)"``, the last one's share when it is partial (``"1 round (partial: 5 of 8
+    updates)"``); a synchronous strategy's rounds are its server versions."""
+    text = f"{rounds} round{'s' if rounds != 1 else ''}"
+    if not per_round:
+        return text
+    if rounds > complete:
+        return f"{text} (the last partial: {arrivals - complete * per_round} of {per_round} updates)"
+    return f"{text} (of {per_round} updates)"
 
 
 def _run_folder(options: RunOptions, name: str, resumed_from: Path | None) -> Path | None:

@@ -41,8 +41,9 @@ class RunRecorder:
 
     def __init__(self, folder: Path, config: dict, targets: tuple[float, ...], progress: bool,
                  max_arrivals: int, max_time: float, plot_every_s: float = 20.0, num_classes: int | None = None,
-                 resuming: bool = False) -> None:
+                 resuming: bool = False, clock: str = "virtual") -> None:
         self.folder = folder
+        self.clock = clock  # "virtual" or "wall": what the progress line's t= is
         self.folder.mkdir(parents=True, exist_ok=True)
         self.targets = targets
         self.progress = progress
@@ -113,9 +114,9 @@ class RunRecorder:
                        clock / self.max_time if self.max_time else 0.0)
         filled = int(round(min(fraction, 1.0) * 30))
         best = max((r["accuracy"] for r in self.rows), default=0.0)
-        log.info("[%s%s] %3.0f%% | virtual t=%.1f | arrivals=%d | best acc=%.3f | %.0fs",
-                 "#" * filled, "." * (30 - filled), 100 * min(fraction, 1.0), clock, arrivals, best,
-                 time.monotonic() - self.wall_start)
+        when = f"wall t={clock:.1f}s" if self.clock == "wall" else f"virtual t={clock:.1f}"
+        log.info("[%s%s] %3.0f%% | %s | arrivals=%d | best acc=%.3f | %.0fs", "#" * filled, "." * (30 - filled),
+                 100 * min(fraction, 1.0), when, arrivals, best, time.monotonic() - self.wall_start)
 
     def write_clients(self, by_client: dict[int, list[float]]) -> None:
         """``clients.csv``: per client, accepted arrivals, mean staleness and mean round trip (wall seconds)."""

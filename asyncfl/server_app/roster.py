@@ -34,9 +34,11 @@ class Roster:
         Told the clients' sizes (``bind_clients``); asked whether it needs label counts.
     identify : bool
         Ask nodes for their identity (off: node-id order).
+    probe_first : bool
+        Ask one node before the others (:func:`~asyncfl.server_app.discovery.query_identities`).
     """
 
-    def __init__(self, grid, delays, identify: bool) -> None:
+    def __init__(self, grid, delays, identify: bool, probe_first: bool = True) -> None:
         self.grid = grid
         self.delays = delays
         self.nodes: list[int] = []  # client index -> node id
@@ -52,6 +54,7 @@ class Roster:
         self._size_of: dict[int, int] = {}
         self._labels_of: dict[int, list[int]] = {}
         self._ask = identify
+        self._probe_first = probe_first
         # label counts are private to clients: asked for only when the delay model is defined by them
         self._wants_label_counts = bool(getattr(delays, "needs_label_counts", False))
         self._checked = float("-inf")
@@ -68,7 +71,8 @@ class Roster:
     def add(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
         asked = self._ask
-        found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts) if asked else Identities()
+        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, self._probe_first) if asked
+                 else Identities())
         unknown = [node for node in nodes if node not in found.partition_of]
         self.unidentified += len(unknown)
         if not asked:

@@ -23,10 +23,11 @@ class ModelState:
     """What a scoring point needs to know about the server at that moment."""
 
     version: int
-    round: int
+    round: int  # the round in progress, from 1 as Flower's (0: the initial model)
     model: np.ndarray
     record: Callable[[], object]  # the version's ArrayRecord, built only if federated evaluation needs it
     clients: list[int]
+    rounds_done: int | None = None  # rounds complete (None: ``round``)
 
 
 class Scoring:
@@ -46,14 +47,18 @@ class Scoring:
         The run folder; federated evaluation on a sample of nodes.
     on_row : callable, optional
         Called with the model state and each scored row (the run's callbacks).
+    changed_only : bool
+        Skip a scheduled clock point whose model (version and round) the last row already scored, unless the
+        test data drifts: on the wall clock points come every few seconds whether or not an update arrived.
     """
 
     state_attributes = ("_next", "_last", "_sent_round")  # what a checkpoint keeps (asyncfl.state)
 
     def __init__(self, every_time: float, every_rounds: int, evaluate_fn: EvaluateFn | None, stats: EngineStats,
                  recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None,
-                 on_row: Callable[[ModelState, dict], None] | None = None) -> None:
+                 on_row: Callable[[ModelState, dict], None] | None = None, changed_only: bool = False) -> None:
         self.every_time = every_time
+        self.changed_only = changed_only
         self.every_rounds = every_rounds
         self.evaluate_fn = evaluate_fn
         self.stats = stats
@@ -64,23 +69,33 @@ class Scoring:
         self._last: tuple | None = None
         self._sent_round = -1  # the last round whose model went out for federated evaluation
 
-    def until(self, clock: float, state: Callable[[], ModelState]) -> None:
-        """Score at every scheduled point ``<= clock`` (the model in effect is the current one)."""
+    def until(self, clock: float, state: Callable[[], ModelState]) -> int:
+        """Score at every scheduled point ``<= clock`` (the model in effect is the current one); returns how many
+        points were passed, skipped ones (``changed_only``) included."""
+        passed = 0
         while self.every_time and self._next <= clock:
-            self.score(self._next, state())
+            current = state()
+            if not (self.changed_only and self._scored(current)):
+                self.score(self._next, current)
             self._next += self.every_time
+            passed += 1
+        return passed
+
+    def _scored(self, state: ModelState) -> bool:
+        """Whether the last row scored ``state``'s model on test data that has not changed since."""
+        last = self.stats.evaluations[-1] if self.stats.evaluations else None
+        return (last is not None and (last["server_version"], last["round"]) == (state.version, state.round)
+                and not hasattr(self.evaluate_fn, "select"))
 
     def round_closed(self, round_: int, clock: float, state: Callable[[], ModelState]) -> None:
         """Round ``round_`` closed at ``clock``: score it if the round schedule says so."""
         if self.every_rounds and round_ % self.every_rounds == 0:
             self.score(clock, state())
 
-    def score(self, at: float, state: ModelState) -> None:
-        """One row at clock ``at``: the only place rows are made."""
-        # as Flower: the ClientApps evaluate each round's model after training, not the initial one
-        if self.federated_eval is not None and state.round > 0 and self._sent_round != state.round:
-            self._sent_round = state.round
-            self.federated_eval.dispatch(state.round, state.version, state.record(), state.clients)
+    def score(self, at: float, state: ModelState, at_end: bool = False) -> None:
+        """One row at clock ``at``: the only place rows are made (``at_end``: the run's final point)."""
+        # a round goes out once complete (a point inside the next one sends it), the last one also when partial
+        self._send_federated(state.round if at_end or state.rounds_done is None else state.rounds_done, state)
         if self.evaluate_fn is None:
             self.stats.evaluations.append({"time": round(at, 6), "server_version": state.version,
                                            "round": state.round})
@@ -111,4 +126,13 @@ class Scoring:
         new_round = bool(self.every_rounds) and last is not None and (last["round"], last["server_version"]) != (
             state.round, state.version)
         if last is None or last["time"] < at or new_round:
-            self.score(at, state)
+            self.score(at, state, at_end=True)
+        else:  # the model of the last row: its (partial) round still goes out to the ClientApps
+            self._send_federated(state.round, state)
+
+    def _send_federated(self, round_: int, state: ModelState) -> None:
+        """Send ``state``'s model for federated evaluation as round ``round_``, once per round; as Flower, the
+        ClientApps evaluate each round's model after training, not the initial one (round 0)."""
+        if self.federated_eval is not None and round_ > 0 and self._sent_round != round_:
+            self._sent_round = round_
+            self.federated_eval.dispatch(round_, state.version, state.record(), state.clients)

@@ -16,21 +16,33 @@ from asyncfl.server_app.pacing import PollPacer
 
 #: Seconds between looks at the connected nodes while waiting for more.
 NODE_POLL_S = 0.2
+#: Seconds the set of connected nodes must stay the same, once one came, for a settling wait to end before
+#: ``minimum``: Flower's simulation registers all its nodes at once, and a deployment's SuperNodes started together
+#: connect within a second or two of each other.
+NODE_SETTLE_S = 2.0
 
 
-def wait_for_nodes(grid, minimum: int, timeout: float, on_wait: Callable[[int], None] | None = None) -> list[int]:
+def wait_for_nodes(grid, minimum: int, timeout: float, on_wait: Callable[[int], None] | None = None,
+                   settle: float = 0.0) -> list[int]:
     """Connected node ids (sorted) once at least ``minimum`` are there, or what is there after ``timeout``.
 
     ``on_wait(connected)`` is called once if the wait begins (fewer than ``minimum`` and ``timeout > 0``).
+    With ``settle`` > 0 the wait also ends once some node is connected and none joined or left for ``settle``
+    seconds (fewer nodes than ``minimum`` then only mean fewer jobs in flight).
     The caller decides what too few means (no node at all, fewer than two gossip peers).
     """
     deadline = time.monotonic() + timeout
     nodes = sorted(grid.get_node_ids())
     if len(nodes) < minimum and timeout > 0 and on_wait is not None:
         on_wait(len(nodes))
+    since = time.monotonic()  # when the connected set last changed
     while len(nodes) < minimum and time.monotonic() < deadline:
+        if settle > 0 and nodes and time.monotonic() - since >= settle:
+            break
         time.sleep(NODE_POLL_S)
-        nodes = sorted(grid.get_node_ids())
+        now = sorted(grid.get_node_ids())
+        if now != nodes:
+            nodes, since = now, time.monotonic()
     return nodes
 
 

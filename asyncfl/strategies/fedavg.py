@@ -59,6 +59,7 @@ class FedAvg(Strategy):
     synchronous = True
     config_class = FedAvgConfig
     state_attributes = ("_arrivals", "rounds", "stale_arrivals")
+    honours_aggregate_train = True  # at each round's end (asyncfl.strategies.train_hook)
 
     def __init__(self, server_lr: float = 1.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
@@ -79,11 +80,20 @@ class FedAvg(Strategy):
     def on_round_end(self, current: np.ndarray) -> np.ndarray | None:
         if not self._arrivals:
             return None
-        deltas, weights = self.round_updates(self._arrivals, current)
-        step = weighted_mean_delta(deltas, weights)
+        arrivals, hook = self._arrivals, self.aggregation_hook
+        if hook is not None:  # an aggregate_train override makes the round's model; None keeps it, as Flower
+            new = hook.step(self, arrivals, lambda chosen: self._step(current, [arrivals[i] for i in chosen]))
+            new = current.copy() if new is None else new
+        else:
+            new = self._step(current, arrivals)
         self._arrivals = []
         self.rounds += 1
-        return current + np.float32(self.config.server_lr) * step
+        return new
+
+    def _step(self, current: np.ndarray, arrivals: list[Arrival]) -> np.ndarray:
+        """``current + eta_s * the weighted mean of the arrivals' updates`` (:meth:`round_updates`)."""
+        deltas, weights = self.round_updates(arrivals, current)
+        return current + np.float32(self.config.server_lr) * weighted_mean_delta(deltas, weights)
 
     def summary(self) -> dict[str, float | int | str]:
         return {"rounds": self.rounds, "stale-arrivals": self.stale_arrivals}

@@ -138,6 +138,12 @@ class FedBuff(Strategy):
 
     config_class = FedBuffConfig
     state_attributes = ("_sum", "_count", "aggregations", "response_meter")
+    honours_aggregate_train = True  # at each buffer step (asyncfl.strategies.train_hook)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.overrides_aggregate_train() and "_held" not in cls.state_attributes:  # its buffer's arrivals too
+            cls.state_attributes = (*cls.state_attributes, "_held")
 
     def __init__(self, buffer_size: int = 0, server_lr: float = 0.0, staleness_weighting: str = "none",
                  pace: str = "measured", aggregation: str = "mean", compensation: str = "none",
@@ -149,6 +155,7 @@ class FedBuff(Strategy):
         self._measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0
+        self._held: list[Arrival] = []  # the buffer's arrivals, kept for an aggregate_train override only
         self.aggregations = 0
 
     @property
@@ -167,9 +174,12 @@ class FedBuff(Strategy):
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:
         self._observe_response(arrival)
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
-        robust = self.config.aggregation != "mean"
+        hooked = self.aggregation_hook is not None  # an aggregate_train override takes the buffer's step
+        robust = self.config.aggregation != "mean" or hooked
         response = self._compensating_response()
-        if robust:  # robust rules need every update: _sum holds them as rows
+        if hooked:
+            self._held.append(arrival)
+        if robust:  # robust rules (and an override's super()) need every update: _sum holds them as rows
             row = (scale * self._update(arrival, current, response))[None, :]
             self._sum = row if self._sum is None else np.concatenate([self._sum, row])
         else:
@@ -183,11 +193,20 @@ class FedBuff(Strategy):
         self._count += 1
         if self._count < self.buffer_size:
             return None
-        new = current + np.float32(self.server_lr) * robust_combine(self._sum, self.config.aggregation) if robust \
-            else fedbuff_step(current, self._sum, self.buffer_size, self.server_lr)
-        self._sum, self._count = None, 0
+        if hooked:
+            rows = self._sum
+            new = self.aggregation_hook.step(self, self._held, lambda chosen: self._rows_step(current, rows[chosen]))
+        elif robust:
+            new = self._rows_step(current, self._sum)
+        else:
+            new = fedbuff_step(current, self._sum, self.buffer_size, self.server_lr)
+        self._sum, self._count, self._held = None, 0, []
         self.aggregations += 1
         return new
+
+    def _rows_step(self, current: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The step from the buffer's updates kept as rows: ``current + eta_s * combine(rows)``."""
+        return current + np.float32(self.server_lr) * robust_combine(rows, self.config.aggregation)
 
     @staticmethod
     def _update(arrival: Arrival, current: np.ndarray, response: float) -> np.ndarray:

@@ -2,8 +2,11 @@
 
 One piece of :class:`asyncfl.strategies.base.Strategy`. Inside :meth:`Strategy.start` the engine
 calls ``configure_train`` once per round of client work (for the round's config) and
-``configure_evaluate`` / ``aggregate_evaluate`` at each federated evaluation point; a Flower app
-that overrides ``start`` with its own loop gets Flower's contract (:mod:`asyncfl.strategies.custom_loop`).
+``configure_evaluate`` / ``aggregate_evaluate`` at each federated evaluation point; FedBuff and the
+FedAvg preset call an ``aggregate_train`` override at each aggregation (:mod:`asyncfl.strategies.train_hook`),
+and an override that a run would never call is refused before it starts
+(:func:`~asyncfl.strategies.train_hook.check_overrides`). A Flower app that overrides ``start`` with its
+own loop gets Flower's contract (:mod:`asyncfl.strategies.custom_loop`).
 """
 
 from __future__ import annotations
@@ -16,15 +19,29 @@ if TYPE_CHECKING:
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
     from flwr.serverapp import Grid
 
+    from asyncfl.strategies.train_hook import TrainHook
+
 
 class FlowerHooks:
     """Flower's ``configure_*`` / ``aggregate_*`` hooks (mixed into :class:`~asyncfl.strategies.base.Strategy`)."""
+
+    #: Whether an ``aggregate_train`` override is called under :meth:`start` (at the method's aggregation step:
+    #: FedBuff's buffer, FedAvg's round); a method that makes a model from each update alone refuses one.
+    honours_aggregate_train: bool = False
+
+    #: Set by :meth:`start` while it runs, when the class overrides ``aggregate_train`` and honours it.
+    aggregation_hook: "TrainHook | None" = None
 
     # ------------------------------------------------------------ Flower's hooks
     def overrides(self, hook: str) -> bool:
         """Whether this strategy's class overrides ``hook`` (a Flower hook the engine then calls; it skips
         building requests for one that is not overridden)."""
         return getattr(type(self), hook) is not getattr(FlowerHooks, hook)
+
+    @classmethod
+    def overrides_aggregate_train(cls) -> bool:
+        """Whether the class overrides Flower's ``aggregate_train`` (:attr:`honours_aggregate_train`)."""
+        return cls.aggregate_train is not FlowerHooks.aggregate_train
 
     def configure_train(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
                         grid: "Grid") -> "Iterable[Message]":
@@ -58,14 +75,24 @@ class FlowerHooks:
 
     def aggregate_train(self, server_round: int,
                         replies: "Iterable[Message]") -> "tuple[ArrayRecord | None, MetricRecord | None]":
-        """Flower's hook, for a Flower app that runs its own loop instead of :meth:`start`.
+        """Flower's hook: replies -> the new global arrays and their train metrics.
 
-        The round's replies go through the method's :meth:`on_arrival` in order, each with
-        staleness 0 (they all trained from the model :meth:`configure_train` sent), and the
-        model the method made comes back with the replies' train metrics aggregated as Flower's
-        (:mod:`asyncfl.strategies.custom_loop`). Such a loop is synchronous; :meth:`start` never
-        calls this hook.
+        Under :meth:`start`, FedBuff and the FedAvg preset call an override of it at each aggregation
+        (FedBuff's buffer step, FedAvg's round) with that step's replies; calling this base method
+        from the override returns the method's own step over the replies it is given
+        (:mod:`asyncfl.strategies.train_hook`). Methods that make a model from each update alone
+        refuse an override at :meth:`start`.
+
+        Called by a Flower app's own loop instead of :meth:`start`, the round's replies go through
+        the method's :meth:`on_arrival` in order, each with staleness 0 (they all trained from the
+        model :meth:`configure_train` sent), and the model the method made comes back with the
+        replies' train metrics aggregated as Flower's (:mod:`asyncfl.strategies.custom_loop`).
         """
+        if self._in_start:
+            if self.aggregation_hook is None:
+                raise RuntimeError(f"{type(self).__name__}.aggregate_train is called by start() only where the "
+                                   "class overrides it, at the method's aggregation step")
+            return self.aggregation_hook.own_step(self, replies)
         return self._custom_loop.aggregate(server_round, replies)
 
     @property

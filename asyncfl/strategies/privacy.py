@@ -29,8 +29,12 @@ asked for by name, ``insecure_noise_seed``; ``summary.json`` then says ``"dp-noi
 (insecure-noise-seed): not private"``, the seed and the generator's state are saved, and a warning
 is logged.
 
-Flower's wrapper does not apply here: it works through ``aggregate_train`` over a round of
-replies (and ``num_sampled_clients`` of them), which an asynchronous strategy never calls.
+Flower's wrappers work through ``aggregate_train`` over a round of ``num_sampled_clients`` replies and
+noise its mean by ``sigma C / num_sampled_clients``; here there is no round to average: the noise
+follows each step's own coefficient ``c`` (``1 / num_sampled_clients`` is the case of a mean of that
+many updates), so ``num_sampled_clients``, accepted for Flower's signature, sets nothing (one log line
+says what the noise follows instead). Flower's ``accountant`` is refused: the ledger accounts every
+owner's participations itself, ``target_delta`` sets the delta epsilon is reported at.
 The engine's adaptive norm bound is off under this wrapper (its threshold, the median of other
 clients' norms, would make each step depend on data the noise does not cover); the fixed clip
 ``C`` bounds every update instead. Federated evaluation is off unless asked for on the wrapper
@@ -117,11 +121,24 @@ class SeededNoise:
 
 
 def _refuse_removed(keywords: dict) -> None:
-    """Refuse the keyword ``seed`` (pointing to its successor) and any other unknown one."""
+    """Refuse the keyword ``seed`` (pointing to its successor), Flower's ``accountant`` and any other unknown one."""
     if "seed" in keywords:
         raise ConfigError(REMOVED_SEED)
+    if keywords.get("accountant") is not None:
+        raise ConfigError("accountant=: Flower's PrivacyAccountant composes one event per round of a FedAvg; an "
+                          "asynchronous run has no rounds to compose, so asyncfl accounts each data owner's "
+                          "participations itself (summary.json's dp-epsilon at target_delta=). Leave it out")
+    keywords.pop("accountant", None)
     if keywords:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(keywords))}")
+
+
+def _sampled_clients(value: int | None) -> int | None:
+    """Flower's ``num_sampled_clients``, checked as Flower checks it (a positive integer), or None."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ConfigError(f"num_sampled_clients={value!r} must be a positive integer (or left out: it sets nothing "
+                          "in an asynchronous run)")
+    return value
 
 
 def _provisional(client: int) -> str:
@@ -168,6 +185,9 @@ class DifferentialPrivacyConfig(StrategyConfig):
 class DifferentialPrivacyServerSideFixedClipping(Strategy):
     """``strategy`` with each update clipped to ``clipping_norm`` and each server step noised (module docstring).
 
+    Takes Flower's arguments, positional or by name: ``(strategy, noise_multiplier, clipping_norm,
+    num_sampled_clients)``.
+
     Parameters
     ----------
     strategy : Strategy
@@ -176,6 +196,12 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         ``pace="stable"``, FedAsync).
     noise_multiplier, clipping_norm, target_delta, insecure_noise_seed
         :class:`DifferentialPrivacyConfig`.
+    num_sampled_clients : int, optional
+        Flower's argument, accepted so that Flower's call works unchanged; it sets nothing here. Flower
+        noises a round's mean of ``num_sampled_clients`` updates by ``sigma C / num_sampled_clients``;
+        asyncfl noises each server step by ``sigma C c``, ``c`` the largest share one update has in that
+        step (FedBuff: ``server_lr / buffer_size``; FedAsync: its mixing weight), whatever the number of
+        clients. A positive integer when given; the run logs one line saying so.
     fraction_evaluate : float, optional
         Federated evaluation under DP: off (0) unless given here, whatever ``strategy`` was built with; its
         replies (loss, accuracy, example counts) are computed from client data and not covered by the
@@ -185,10 +211,12 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
     config_class = DifferentialPrivacyConfig
     state_attributes = ("ledger", "_pending", "_last_epsilon")
 
-    def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0, *,
-                 target_delta: float = 1e-5, insecure_noise_seed: int | None = None,
-                 fraction_evaluate: float | None = None, **removed: Any) -> None:
+    def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0,
+                 num_sampled_clients: int | None = None, *, target_delta: float = 1e-5,
+                 insecure_noise_seed: int | None = None, fraction_evaluate: float | None = None,
+                 **removed: Any) -> None:
         _refuse_removed(removed)
+        self.num_sampled_clients = _sampled_clients(num_sampled_clients)
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be an asyncfl strategy (FedBuff, FedAsync, ...), got "
                             f"{type(strategy).__name__}; Flower's own strategies take Flower's DP wrappers")
@@ -232,7 +260,16 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         super().on_start(num_clients, concurrency)
         self.strategy.trained_entries = getattr(self, "trained_entries", None)
         self.strategy.on_start(num_clients, concurrency=concurrency)
+        self._say_what_sets_the_noise()
         self._warn_what_is_not_private()
+
+    def _say_what_sets_the_noise(self) -> None:
+        if self.num_sampled_clients is None:
+            return
+        log.info("differential privacy: num_sampled_clients=%d sets nothing in an asynchronous run: each server "
+                 "step gets noise sd noise_multiplier x clipping_norm x c, c the largest share one update has in "
+                 "that step (%s), not clipping_norm x noise_multiplier / num_sampled_clients of a round's mean",
+                 self.num_sampled_clients, _step_share(self.strategy))
 
     def _warn_what_is_not_private(self) -> None:
         if self.noise.reproducible:
@@ -357,10 +394,21 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
             self.strategy.__dict__["_starting"] = False
 
 
+def _step_share(strategy: Strategy) -> str:
+    """What one update's share of a step is for ``strategy``, in words (the run's log line)."""
+    buffer_size = getattr(strategy, "buffer_size", None)
+    if buffer_size:
+        return f"server_lr / buffer_size = {strategy.server_lr:g} / {buffer_size}"
+    return "its mixing weight" if hasattr(strategy, "mixing_weight") else "its update coefficient"
+
+
 def _check_wrappable(strategy: Strategy) -> None:
     """Refuse a strategy whose step is not a weighted sum of the updates with public coefficients."""
     name = type(strategy).__name__
     config = getattr(strategy, "config", None)
+    if strategy.overrides("aggregate_train"):
+        raise ConfigError(f"{name} overrides aggregate_train, which may combine the updates in any way: no noise "
+                          "scale is calibrated to it; wrap a strategy without the override")
     if type(strategy).update_coefficient is Strategy.update_coefficient:
         raise ConfigError(f"{name}'s server step is not a weighted sum of updates with public coefficients, so no "
                           "noise scale bounds one client's effect on it; wrap FedBuff or FedAsync")
@@ -387,10 +435,11 @@ class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFi
 
     TOLERANCE = 1e-4  # float32 rounding of a norm computed on the client
 
-    def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0, *,
-                 target_delta: float = 1e-5, insecure_noise_seed: int | None = None,
-                 fraction_evaluate: float | None = None, **removed: Any) -> None:
-        super().__init__(strategy, noise_multiplier, clipping_norm, target_delta=target_delta,
+    def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0,
+                 num_sampled_clients: int | None = None, *, target_delta: float = 1e-5,
+                 insecure_noise_seed: int | None = None, fraction_evaluate: float | None = None,
+                 **removed: Any) -> None:
+        super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, target_delta=target_delta,
                          insecure_noise_seed=insecure_noise_seed, fraction_evaluate=fraction_evaluate, **removed)
         self.clipped_by_server = 0
 
