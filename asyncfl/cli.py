@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from asyncfl.deploy.builtin_app import builtin_app_folder, is_builtin_app
+from asyncfl.deploy.builtin_app import builtin_app_folder, is_builtin_app, is_flower_app
 from asyncfl.deploy.processes import TlsFiles
-from asyncfl.deploy.simulation import run_app, stream_to_end
+from asyncfl.deploy.simulation import check_ray_address, run_app, stream_to_end
 from asyncfl.resume_args import DEFAULT_SUPERNODES, RESUMABLE_KEYS, resume_run_config, write_resume_run_config
 from asyncfl.run_config_args import (check_node_count, check_run_config, flwr_run_config, merge_run_config,
                                      run_config_sources)
@@ -160,10 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``asyncfl`` console script."""
     args = _parser().parse_args(argv)
     # Ctrl-C, SIGTERM (e.g. a test timeout) and SIGHUP (the terminal closed) unwind so the SuperLink and its
-    # simulation are stopped; SIGINT too where a shell started this command in the background with SIGINT ignored
+    # simulation are stopped; SIGINT too where a shell started this command in the background with SIGINT ignored;
+    # SIGHUP not where it was ignored on purpose (`nohup asyncfl run ...` must outlive the terminal)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _interrupt)
     if args.command == "run":
         return _run(args.parser, args)
     if args.command == "deploy":
@@ -190,7 +192,12 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
         parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
     if args.cpus_per_client <= 0:
         parser.error(f"--cpus-per-client must be > 0, got {args.cpus_per_client:g}")
-    builtin_elsewhere = args.app is None and not (Path.cwd() / "pyproject.toml").exists()
+    if args.ray_address:
+        try:
+            check_ray_address(args.ray_address)
+        except ValueError as exc:
+            parser.error(str(exc))
+    builtin_elsewhere = args.app is None and not is_flower_app(Path.cwd())
     args.app = _app_folder(parser, args.app)
     workdir = Path.cwd() if builtin_elsewhere else args.app  # where the ServerApp writes relative outputs
     fused, run_config, num_supernodes = (_resumed if args.resume is not None else _fresh)(parser, args)
@@ -204,10 +211,12 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
 
 
 def _builtin_home() -> Path:
-    """Where the built-in app's folder is kept outside a clone: ``$XDG_CACHE_HOME/asyncfl`` (~/.cache/asyncfl)."""
+    """Where the built-in app's folder is kept outside a clone: ``$XDG_CACHE_HOME/asyncfl`` (~/.cache/asyncfl; a
+    relative ``XDG_CACHE_HOME`` is ignored, as the XDG specification says)."""
     import os
 
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asyncfl"
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(cache) if os.path.isabs(cache) else Path.home() / ".cache") / "asyncfl"
 
 
 def _app_folder(parser: argparse.ArgumentParser, asked: Path | None) -> Path:
@@ -218,12 +227,12 @@ def _app_folder(parser: argparse.ArgumentParser, asked: Path | None) -> Path:
             parser.error(f"{asked.resolve()} has no pyproject.toml: pass a Flower app folder with --app, or leave "
                          "--app out to run asyncfl's built-in app")
         return asked
-    if (Path.cwd() / "pyproject.toml").exists():
+    if is_flower_app(Path.cwd()):
         return Path(".")
     try:
         return builtin_app_folder(_builtin_home())
-    except (OSError, FileNotFoundError) as exc:
-        parser.error(str(exc))
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home folder to find
+        parser.error(f"cannot write the built-in app's folder: {exc}")
 
 
 def _fresh(parser: argparse.ArgumentParser, args) -> tuple[dict, list[str], int]:

@@ -44,13 +44,28 @@ def resume_run_config(folder: Path, overrides: list[str], num_supernodes: int | 
         raise ValueError("with --resume, -c takes key=value changes only (the run's own run-config is the file)")
     saved = read_run_config(folder)
     changes = merge_run_config(run_config_sources(overrides))
-    refuse_resume_changes(saved, changes)
-    refuse_finished_unchanged(folder, saved, changes)
-    nodes = resumed_node_count(folder, num_supernodes)
-    run_config = {**saved, **changes,
-                  "resume-from": str(folder), "output-dir": str(folder.parent), "run-name": folder.name}
-    check_resumable(folder, run_config)
+    try:
+        refuse_resume_changes(saved, changes)
+        refuse_finished_unchanged(folder, saved, changes)
+        nodes = resumed_node_count(folder, num_supernodes)
+        run_config = {**saved, **changes,
+                      "resume-from": str(folder), "output-dir": str(folder.parent), "run-name": folder.name}
+        check_resumable(folder, run_config)
+    except (KeyError, TypeError, AttributeError) as exc:  # a damaged folder, or one another version wrote
+        raise ValueError(f"{folder} cannot be resumed: its run_config.toml, summary.json or checkpoint lacks "
+                         f"what this asyncfl needs ({type(exc).__name__}: {exc})") from None
     return run_config, nodes
+
+
+def run_summary(folder: Path) -> dict:
+    """The run's ``summary.json``, ``{}`` where there is none or it is not a JSON object."""
+    import json
+
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def refuse_resume_changes(saved: dict, changes: dict) -> None:
@@ -71,34 +86,33 @@ STOP_KEYS = ("max-arrivals", "max-virtual-time")
 
 
 def refuse_finished_unchanged(folder: Path, saved: dict, changes: dict) -> None:
-    """Refuse resuming a run that finished (its summary's ``finished``: one of its own stops was reached) with
-    its stops as they were: it would start a SuperLink and Ray, send jobs, and stop again at once."""
-    import json
-
-    summary = folder / "summary.json"
-    try:
-        ended = json.loads(summary.read_text())
-    except (OSError, ValueError):
-        return  # no summary (killed before the first) or an unreadable one: the checkpoint decides
-    if not isinstance(ended, dict) or ended.get("finished") is not True:
-        return
+    """Refuse resuming a run that finished (its summary's ``finished``: one of its own stops was reached) unless a
+    stop is moved past what the run reached (or off, 0): else it would start a SuperLink and Ray, send jobs, and
+    stop again at once."""
     from asyncfl.config import same_value
 
-    if any(key in changes and not same_value(saved.get(key), changes[key]) for key in STOP_KEYS):
-        return
+    ended = run_summary(folder)
+    if ended.get("finished") is not True:
+        return  # interrupted, failed, killed, or no summary: the checkpoint goes on
+    reached = {"max-arrivals": ended.get("arrivals"), "max-virtual-time": ended.get("final-time")}
+    for key in STOP_KEYS:
+        if key in changes and not same_value(saved.get(key), changes[key]):
+            value, done = changes[key], reached[key]
+            if value == 0 or not isinstance(done, (int, float)) or value > done:
+                return
     limits = " or ".join(f"{key}={saved[key]!r}" for key in STOP_KEYS if saved.get(key))
     raise ValueError(f"the run finished ({ended.get('stop-reason', 'its stop reached')}): nothing to resume; to go "
-                     f"on past its stop, raise it: -c {STOP_KEYS[0]}=<more than {saved.get(STOP_KEYS[0])}>"
+                     f"on past its stop, raise it: -c {STOP_KEYS[0]}=<more than {ended.get('arrivals', '?')}>"
                      + (f" (it stops at {limits})" if limits else ""))
 
 
 def resumed_node_count(folder: Path, asked: int | None) -> int:
     """The resumed run's simulated clients: its summary's ``clients``; ``asked`` (``--num-supernodes``) may only
     repeat it (the partitions and the schedule depend on it)."""
-    import json
-
-    summary = folder / "summary.json"
-    clients = json.loads(summary.read_text()).get("clients") if summary.exists() else None
+    clients = run_summary(folder).get("clients")
+    if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
+        raise ValueError(f"{folder / 'summary.json'} says clients={clients!r}, not a client count: pass "
+                         "--num-supernodes with the run's own")
     if asked is not None and clients is not None and asked != clients:
         raise ValueError(f"--num-supernodes {asked} cannot change on resume (the run has {clients} clients): leave "
                          "it out")

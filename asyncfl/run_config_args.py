@@ -8,6 +8,7 @@ in one line naming the key as the user wrote it (and its file).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from asyncfl.deploy.builtin_app import is_builtin_app
@@ -38,6 +39,16 @@ def _read_toml(path: str) -> dict:
         raise ValueError(f"{path} is not valid TOML: {exc}") from None
 
 
+#: how Flower's ``parse_config_args`` finds ``key=value`` pairs in an argument (flwr.common.config); text outside
+#: its matches is dropped by Flower without a word
+FLOWER_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+def unread_text(item: str) -> str:
+    """What of ``item`` Flower's pattern reads into no pair (``"strategy = 'x'"``, a bare ``seed``)."""
+    return FLOWER_PAIR.sub(" ", item).strip()
+
+
 def parse_pairs(item: str) -> dict:
     """One ``-c "key=value ..."`` argument, read by Flower's own parser (as ``flwr run`` reads it).
 
@@ -57,6 +68,10 @@ def parse_pairs(item: str) -> dict:
     if item.strip() and not pairs:
         raise ValueError(f"-c {item!r} has no key=value pair: write key=value with no spaces around '=', "
                          "e.g. -c max-arrivals=600")
+    left = unread_text(item)
+    if left:
+        raise ValueError(f"-c {item!r}: {left!r} is no key=value pair (flwr run would drop it): write key=value "
+                         "with no spaces around '=', e.g. -c \"max-arrivals=600 strategy='fedasync'\"")
     return pairs
 
 
@@ -106,8 +121,9 @@ def flwr_run_config(overrides: dict) -> list[str]:
             raise ValueError(f"{key}={value!r}: a run-config value is a number, true/false or a string")
         text = toml_value(value)
         if isinstance(value, str) and '"' in value:  # Flower's pattern reads a double-quoted value up to its next "
-            if "'" in value or "\n" in value:
-                raise ValueError(f"{key}={value!r}: flwr run cannot take a value with both kinds of quotes")
+            if "'" in value or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+                raise ValueError(f"{key}={value!r}: flwr run cannot take a value with a double quote beside a "
+                                 "single quote or a control character")
             text = f"'{value}'"
         pairs.append(f'"{key}"={text}')
     return [" ".join(pairs)] if pairs else []

@@ -400,13 +400,80 @@ def test_resuming_a_finished_run_without_a_later_stop_is_refused_before_anything
     from asyncfl.cli import main
 
     run = _resumable_run(tmp_path)
-    (run / "summary.json").write_text(json.dumps({"clients": 50, "finished": True,
+    (run / "summary.json").write_text(json.dumps({"clients": 50, "finished": True, "arrivals": 300,
                                                   "stop-reason": "max-arrivals 300 reached"}))
     line = _refused(capsys, ["run", "--resume", str(run)])
     assert "the run finished (max-arrivals 300 reached): nothing to resume" in line
     assert "-c max-arrivals=<more than 300>" in line and not nothing_starts
+    assert "nothing to resume" in _refused(capsys, ["run", "--resume", str(run), "-c", "max-arrivals=100"])
     assert not (run / "resume").exists()
     # a later stop goes on; an unfinished (interrupted) run resumes as it is
     assert main(["run", "--resume", str(run), "-c", "max-arrivals=400"]) == 0
     (run / "summary.json").write_text(json.dumps({"clients": 50, "finished": False, "stop-reason": "interrupted"}))
     assert main(["run", "--resume", str(run)]) == 0 and len(nothing_starts) == 2
+
+
+@pytest.mark.parametrize("summary", [[1, 2], {"clients": "50"}, {"clients": True}, {"clients": 50.0},
+                                     {"clients": 0}])
+def test_a_damaged_summary_is_refused_in_one_line_not_a_traceback(tmp_path, capsys, nothing_starts, summary):
+    import json
+
+    run = _resumable_run(tmp_path)
+    (run / "summary.json").write_text(json.dumps(summary))
+    if isinstance(summary, list):  # not an object: as good as no summary, the node count falls back
+        from asyncfl.cli import main
+
+        assert main(["run", "--resume", str(run)]) == 0
+        return
+    assert "not a client count" in _refused(capsys, ["run", "--resume", str(run)]) and not nothing_starts
+
+
+@pytest.mark.parametrize("pairs, left", [("max-arrivals=600 strategy = 'fedasync'", "strategy = 'fedasync'"),
+                                         ("max-arrivals=600 seed", "seed")])
+def test_text_flower_would_drop_from_a_pair_argument_is_refused(capsys, nothing_starts, pairs, left):
+    line = _refused(capsys, ["run", "-c", pairs])
+    assert f"{left!r} is no key=value pair (flwr run would drop it)" in line and not nothing_starts
+
+
+def test_any_characters_in_a_string_value_reach_flower_and_the_run_folder_intact():
+    import tomllib
+
+    from flwr.common.config import parse_config_args
+
+    from asyncfl.run_config_args import flwr_run_config
+    from asyncfl.server_app.run_folder import toml_string
+
+    for value in ["😀 𝔽 run", 'say "hi"', "x y=z", "multi\nline", "back\\slash", "tab\there", ""]:
+        assert parse_config_args(flwr_run_config({"run-name": value}))["run-name"] == value
+        assert tomllib.loads("k = " + toml_string(value + "\r\x7f"))["k"] == value + "\r\x7f"
+
+
+def test_a_python_project_that_is_no_flower_app_does_not_block_the_builtin_app(tmp_path, monkeypatch,
+                                                                                nothing_starts):
+    from asyncfl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\nversion = "1"\n')
+    assert main(["run", "-c", "max-arrivals=20"]) == 0
+    (app, *_), kwargs = nothing_starts[0]
+    assert app.name == "builtin-app" and kwargs["workdir"] == tmp_path
+
+
+def test_nohup_keeps_sighup_ignored_so_the_run_outlives_the_terminal(monkeypatch, nothing_starts):
+    import signal
+
+    from asyncfl import cli
+
+    installed = {}
+    monkeypatch.setattr(cli.signal, "signal", lambda sig, handler: installed.__setitem__(sig, handler))
+    monkeypatch.setattr(cli.signal, "getsignal", lambda sig: signal.SIG_IGN)
+    assert cli.main(["run", "-c", "max-arrivals=20"]) == 0
+    assert signal.SIGHUP not in installed and installed[signal.SIGTERM] is cli._interrupt
+
+
+def test_a_bad_ray_address_is_refused_before_a_resume_writes_anything(tmp_path, capsys, nothing_starts):
+    run = _resumable_run(tmp_path)
+    line = _refused(capsys, ["run", "--resume", str(run), "--ray-address", "127.0.0.1:1"])
+    assert "--ray-address 127.0.0.1:1: nothing answers there" in line
+    assert not nothing_starts and not (run / "resume").exists()

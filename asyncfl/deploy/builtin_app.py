@@ -20,15 +20,27 @@ PACKAGE = Path(__file__).resolve().parents[1]
 CANDIDATES = (PACKAGE / "builtin_app" / "pyproject.toml", PACKAGE.parent / "pyproject.toml")
 
 
-def is_builtin_app(app_dir: Path) -> bool:
-    """Whether ``app_dir`` runs asyncfl's own ServerApp (other Flower apps bring their own run-config)."""
+def _flower_app_table(app_dir: Path) -> dict | None:
+    """``[tool.flwr.app]`` of ``app_dir``'s pyproject.toml, ``None`` where there is none (or no readable file)."""
     try:
         with open(app_dir / "pyproject.toml", "rb") as handle:
             project = tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError):
-        return False
-    components = project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
-    return components.get("serverapp") == SERVERAPP
+        return None
+    table = project.get("tool", {}).get("flwr", {}).get("app")
+    return table if isinstance(table, dict) else None
+
+
+def is_flower_app(app_dir: Path) -> bool:
+    """Whether ``app_dir`` is a Flower app folder (a pyproject.toml with ``[tool.flwr.app]``), not just any
+    Python project."""
+    return _flower_app_table(app_dir) is not None
+
+
+def is_builtin_app(app_dir: Path) -> bool:
+    """Whether ``app_dir`` runs asyncfl's own ServerApp (other Flower apps bring their own run-config)."""
+    components = (_flower_app_table(app_dir) or {}).get("components", {})
+    return isinstance(components, dict) and components.get("serverapp") == SERVERAPP
 
 
 def packaged_pyproject() -> Path:
@@ -44,11 +56,21 @@ def builtin_app_folder(home: Path) -> Path:
     """Write the built-in app's folder under ``home`` (``home/builtin-app``) and return it.
 
     The copy drops ``fab-include`` (its pattern names the package's own files, which the folder
-    does not hold: the installed package is imported instead) and is rewritten at every call,
-    so an upgraded asyncfl brings its own run-config keys and defaults.
+    does not hold: the installed package is imported instead). It is rewritten where it differs
+    from this installation's (an upgraded asyncfl brings its own run-config keys and defaults),
+    under a temporary name then renamed, so a run starting beside never reads half a file.
     """
+    import os
+    import tempfile
+
     folder = home / "builtin-app"
     folder.mkdir(parents=True, exist_ok=True)
     lines = packaged_pyproject().read_text().splitlines(keepends=True)
-    (folder / "pyproject.toml").write_text("".join(line for line in lines if not line.startswith("fab-include")))
+    text = "".join(line for line in lines if not line.startswith("fab-include"))
+    target = folder / "pyproject.toml"
+    if not target.exists() or target.read_text() != text:
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".pyproject-", suffix=".toml")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, target)
     return folder

@@ -91,7 +91,7 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # gone, or not ours to signal (a setuid helper): go on
             pass
 
 

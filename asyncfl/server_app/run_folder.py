@@ -43,7 +43,7 @@ RUN_CONFIG_FILE = "run_config.toml"
 
 def write_run_config(folder: Path, run_config: dict) -> None:
     """``run_config.toml``: Flower's flat run-config (dotted keys quoted), a TOML file ``flwr run`` accepts."""
-    lines = [f"{json.dumps(str(key))} = {toml_value(value)}" for key, value in sorted(run_config.items())]
+    lines = [f"{toml_string(str(key))} = {toml_value(value)}" for key, value in sorted(run_config.items())]
     write_text(folder / RUN_CONFIG_FILE, "\n".join(lines) + "\n")
 
 
@@ -61,4 +61,12 @@ def toml_value(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    return json.dumps(str(value))  # a JSON string is a TOML basic string
+    return toml_string(str(value))
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: backslash, double quote and control characters escaped, every other
+    character as it is (JSON's ``\ud83d`` surrogate escapes for characters past U+FFFF are not TOML)."""
+    escaped = "".join("\\" + ch if ch in '"\\' else f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F
+                      else ch for ch in text)
+    return f'"{escaped}"'

@@ -13,6 +13,7 @@ sees a multi-machine Ray cluster's actors.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
@@ -69,8 +70,9 @@ def read_ray_actors() -> dict:
 def flower_simulation_workers(grid) -> FlowerSimulationWorkers | None:
     """The actor count for ``grid`` when it is Flower's simulation runtime (Ray in this process), else ``None``
     (a deployment's SuperNodes each train on their own; asyncfl's in-process grids have no Ray)."""
-    try:
-        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-    except ImportError:  # pragma: no cover - Flower moved it: no count, no cap
+    # looked up, not imported: outside a simulation the module (and the 600 it imports, seconds) is not loaded
+    module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+    in_memory_grid = getattr(module, "InMemoryGrid", None)
+    if in_memory_grid is None or not isinstance(grid, in_memory_grid):
         return None
-    return FlowerSimulationWorkers(read_ray_actors) if isinstance(grid, InMemoryGrid) else None
+    return FlowerSimulationWorkers(read_ray_actors)

@@ -55,7 +55,32 @@ STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
 EXAMPLES = {
     "quickstart-pytorch": ("pytorchexample/server_app.py", 8, "num-server-rounds=40 fraction-evaluate=0.0"),
     "advanced-pytorch": ("advancedexample/server_app.py", 50, "fraction-evaluate=0.0"),
+    # issue 60's setting: Flower's example as published (lr 0.1, 20 nodes) on a fixed subset of Fashion-MNIST,
+    # the first 12,000 training and 2,000 test images ({subset}: written by fmnist_subset)
+    "advanced-pytorch-20": ("advancedexample/server_app.py", 20,
+                            "fraction-evaluate=0.0 learning-rate=0.1 data-dir='{subset}'"),
 }
+#: a variant's example folder, where its name is not the folder's
+FOLDER = {"advanced-pytorch-20": "advanced-pytorch"}
+FMNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+SUBSET = {"train": 12_000, "t10k": 2_000}
+
+
+def fmnist_subset(folder: Path) -> Path:
+    """The first ``SUBSET`` images of each of Fashion-MNIST's splits as IDX files in ``folder`` (written once)."""
+    import gzip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, count in SUBSET.items():
+        for kind, header, item in (("images", 16, 28 * 28), ("labels", 8, 1)):
+            target = folder / f"{split}-{kind}-idx{3 if kind == 'images' else 1}-ubyte.gz"
+            if target.exists():
+                continue
+            raw = gzip.decompress((FMNIST / target.name).read_bytes())
+            head = bytearray(raw[:header])
+            head[4:8] = count.to_bytes(4, "big")  # the item count, big-endian after the magic number
+            target.write_bytes(gzip.compress(bytes(head) + raw[header:header + count * item]))
+    return folder
 RESULT_LINE = "    result = strategy.start("
 MOD = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re.M)
 
@@ -100,9 +125,12 @@ def without_mod(source: str) -> str:
 def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, start_options: str = "") -> dict:
     """One ``asyncfl run`` of ``example`` with ``strategy`` swapped in; the cell with its accuracy curve."""
     module, nodes, overrides = EXAMPLES[example]
+    if "{subset}" in overrides:
+        overrides = overrides.replace("{subset}", str(fmnist_subset(HERE / ".fmnist-subset")))
     with tempfile.TemporaryDirectory() as folder:
         app = Path(folder) / example
-        shutil.copytree(ROOT / "examples" / example, app, ignore=shutil.ignore_patterns(".flwr", "*.pt", "outputs"))
+        shutil.copytree(ROOT / "examples" / FOLDER.get(example, example), app,
+                        ignore=shutil.ignore_patterns(".flwr", "*.pt", "outputs"))
         accuracy_file = Path(folder) / "accuracy.json"
         server_app = app / module
         server_app.write_text(swapped(server_app.read_text(), strategy, accuracy_file, start_options))
@@ -110,7 +138,7 @@ def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, sta
         if not client_mod:
             client_app.write_text(without_mod(client_app.read_text()))
         client_mod = bool(MOD.search(client_app.read_text()))
-        if example == "advanced-pytorch":
+        if FOLDER.get(example, example) == "advanced-pytorch":
             overrides += f" save-dir='{Path(folder) / 'saved'}'"
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
