@@ -19,6 +19,7 @@ A refusal is one line on stderr (exit status 2), said before anything starts or 
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import time
@@ -190,8 +191,8 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     """``asyncfl run``: every check first (one line each), then the SuperLink, Ray and ``flwr run``."""
     if args.num_supernodes is not None and args.num_supernodes < 1:
         parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
-    if args.cpus_per_client <= 0:
-        parser.error(f"--cpus-per-client must be > 0, got {args.cpus_per_client:g}")
+    if not math.isfinite(args.cpus_per_client) or args.cpus_per_client <= 0:
+        parser.error(f"--cpus-per-client must be a finite number > 0, got {args.cpus_per_client:g}")
     if args.ray_address:
         try:
             check_ray_address(args.ray_address)

@@ -10,6 +10,8 @@ with messages that name the valid choices.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
@@ -42,8 +44,8 @@ def _choice(key: str, value: str, valid: tuple[str, ...]) -> str:
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> float:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value} must be a finite number {'>= 0' if allow_zero else '> 0'}")
     return value
 
 

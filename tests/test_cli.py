@@ -477,3 +477,10 @@ def test_a_bad_ray_address_is_refused_before_a_resume_writes_anything(tmp_path, 
     line = _refused(capsys, ["run", "--resume", str(run), "--ray-address", "127.0.0.1:1"])
     assert "--ray-address 127.0.0.1:1: nothing answers there" in line
     assert not nothing_starts and not (run / "resume").exists()
+
+
+@pytest.mark.parametrize("argv, says", [(["run", "--cpus-per-client", "nan"], "--cpus-per-client must be a finite"),
+                                        (["run", "-c", "lr=inf"], "lr=inf must be a finite number > 0"),
+                                        (["run", "-c", "lr=nan"], "lr=nan must be a finite number > 0")])
+def test_non_finite_numbers_are_refused(capsys, nothing_starts, argv, says):
+    assert says in _refused(capsys, argv) and not nothing_starts
