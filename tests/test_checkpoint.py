@@ -218,6 +218,37 @@ class AggregatingFedBuff(FedBuff):
         return super().aggregate_train(server_round, replies)
 
 
+class ForgetfulFedBuff(AggregatingFedBuff):
+    """The same, with a state of its own (state_dict, check_state, load_state_dict) that leaves FedBuff's buffered
+    arrivals (``_held``) out."""
+
+    def state_dict(self):
+        state = super().state_dict()
+        del state["state"]["_held"]
+        return state
+
+    def check_state(self, state):
+        assert state["class"] == "ForgetfulFedBuff"
+
+    def load_state_dict(self, state):
+        for name, value in state["state"].items():
+            setattr(self, name, restore(getattr(self, name, None), value, name))
+
+
+def test_a_resumed_buffer_without_its_arrivals_is_refused_not_aggregated(tmp_path):
+    from asyncfl.state import StateError
+
+    # Prepare: B=3, stopped after 40 arrivals: the checkpoint holds 1 buffered update, without its arrival
+    _start(ForgetfulFedBuff(buffer_size=3), _grid(), tmp_path / "run", checkpoint_every=4)
+    # Execute: resume with a later stop
+    # Assert: the first arrival after the resume is refused, saying what the state lacks
+    with pytest.raises(StateError, match=r"ForgetfulFedBuff's buffer holds 1 updates but 0 of their arrivals "
+                                         r"\(_held\) and 1 rows \(_sum\)"):
+        ForgetfulFedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate,
+                                              clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=45,
+                                              evaluate_every_time=1.0, resume_from=str(tmp_path / "run"))
+
+
 RUNS = {
     "fedbuff": (lambda: FedBuff(buffer_size=3), {}),
     "fedbuff-aggregate-train": (lambda: AggregatingFedBuff(buffer_size=3), {}),

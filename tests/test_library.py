@@ -8,7 +8,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Result
 
 import asyncfl
@@ -510,3 +510,162 @@ def test_flower_hook_overrides_that_start_would_not_call_are_refused_before_any_
         with pytest.raises(asyncfl.ConfigError, match=says):
             _hooked_run(strategy, grid)
         assert grid.pushed == []
+
+
+# ------------------------------------------- aggregate_train overrides: the engine's checks, replies as they hold
+class NegativeVariance(FedAvg):
+    """An override that keeps FedAvg's step but sets every BatchNorm running variance to -1."""
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        state = arrays.to_torch_state_dict()
+        state["bn.running_var"].fill_(-1.0)
+        return ArrayRecord(state), metrics
+
+
+def test_an_override_model_goes_through_the_engines_variance_clamp_on_fedavg():
+    # Prepare: FedAvg over 3 rounds of 2 jobs, its override returning running_var = -1 (2 entries) every round
+    # Execute
+    result = _hooked_run(NegativeVariance(fraction_evaluate=0.0))
+    # Assert: a variance cannot be negative: every version's 2 entries were clamped to 0 (3 rounds x 2), and
+    # FedAvg's own step is kept otherwise (+1 a round on a zero model)
+    final = result.arrays.to_torch_state_dict()
+    assert torch.equal(final["bn.running_var"], torch.zeros(2))
+    assert result.summary["clamped-bn-variances"] == 6
+    assert torch.allclose(final["fc.weight"], torch.full((2, 2), 3.0))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_a_non_finite_model_from_an_override_stops_the_run_naming_the_override():
+    class NaNFedAvg(FedAvg):
+        def aggregate_train(self, server_round, replies):
+            state = initial_record().to_torch_state_dict()
+            state["fc.weight"][0, 0] = float("nan")
+            return ArrayRecord(state), None
+
+    class Overflowing(FedAvg):  # super()'s step itself overflows: 2 x 3e38 is beyond float32
+        def aggregate_train(self, server_round, replies):
+            for reply in replies:
+                state = reply.content["arrays"].to_torch_state_dict()
+                state["fc.weight"].fill_(3e38)
+                reply.content["arrays"] = ArrayRecord(state)
+            return super().aggregate_train(server_round, replies)
+
+    with pytest.raises(FloatingPointError, match=r"NaNFedAvg\.aggregate_train returned a non-finite model"):
+        _hooked_run(NaNFedAvg(fraction_evaluate=0.0))
+    with pytest.raises(FloatingPointError, match=r"super\(\)\.aggregate_train in Overflowing\.aggregate_train made a "
+                                                 r"non-finite model"):
+        _hooked_run(Overflowing(server_lr=2.0, fraction_evaluate=0.0))
+
+
+class DoublingFedBuff(FedBuff):
+    """A Flower-style override: each reply's float arrays become ``trained + 1`` (the update "+1" becomes "+2"),
+    the reply's record replaced, then FedBuff's own step over them."""
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        for reply in replies:
+            state = reply.content["arrays"].to_torch_state_dict()
+            reply.content["arrays"] = ArrayRecord(OrderedDict(
+                (k, v + 1 if v.is_floating_point() else v) for k, v in state.items()))
+        return super().aggregate_train(server_round, replies)
+
+
+class DoublingFedAvg(FedAvg):
+    """The same on FedAvg, changing the handed record in place (one array of it)."""
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        for reply in replies:
+            record = reply.content["arrays"]
+            record["fc.weight"] = Array(record["fc.weight"].numpy() + 1)
+        return super().aggregate_train(server_round, replies)
+
+
+def test_super_aggregate_train_aggregates_the_arrays_the_replies_hold_now():
+    # Prepare: every client update is "+1" on every entry. FedBuff B=2, server_lr=1 (6 versions in 3 rounds);
+    # FedAvg (3 rounds)
+    # Execute
+    fedbuff = _hooked_run(DoublingFedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.0))
+    fedavg = _hooked_run(DoublingFedAvg(fraction_evaluate=0.0))
+    # Assert: the changed replies count as "+2" updates against their jobs' models: FedBuff's 6 steps add
+    # mean(2, 2) each (12), where "+1" makes 6; entries not changed keep "+1" steps (the int counter: 6)
+    state = fedbuff.arrays.to_torch_state_dict()
+    assert torch.allclose(state["fc.weight"], torch.full((2, 2), 12.0))
+    assert torch.allclose(state["bn.running_mean"], torch.full((2,), 12.0))
+    assert int(state["bn.num_batches_tracked"]) == 6
+    # FedAvg: fc.weight was changed in place (+2 a round: 6), fc.bias was not (+1 a round: 3)
+    state = fedavg.arrays.to_torch_state_dict()
+    assert torch.allclose(state["fc.weight"], torch.full((2, 2), 6.0))
+    assert torch.allclose(state["fc.bias"], torch.full((2,), 3.0))
+
+
+def test_replaced_arrays_that_do_not_fit_the_model_are_refused_naming_the_override():
+    class Reshaping(FedBuff):
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            replies[1].content["arrays"]["fc.weight"] = Array(np.zeros((3, 2), np.float32))
+            return super().aggregate_train(server_round, replies)
+
+    with pytest.raises(ValueError, match=r"super\(\)\.aggregate_train in Reshaping\.aggregate_train: reply 1's "
+                                         r"arrays, as changed, do not fit the model \(wrong-shape"):
+        _hooked_run(Reshaping(buffer_size=2, server_lr=1.0, fraction_evaluate=0.0))
+
+
+@pytest.mark.parametrize("returned, says", [
+    (None, "it returned None"),
+    (np.zeros(4, np.float32), "it returned a numpy.ndarray"),
+    ((np.zeros(4, np.float32), None), "its first element is a numpy.ndarray"),
+])
+def test_an_override_returning_something_else_than_flowers_pair_is_refused_clearly(returned, says):
+    class Returning(FedBuff):
+        def aggregate_train(self, server_round, replies):
+            return returned
+
+    with pytest.raises(TypeError, match=r"Returning\.aggregate_train must return Flower's \(ArrayRecord \| None, "
+                                        rf"MetricRecord \| None\).*{says}"):
+        _hooked_run(Returning(buffer_size=2, server_lr=1.0, fraction_evaluate=0.0))
+
+
+def test_an_aggregate_train_override_on_a_dp_wrapper_subclass_is_refused_before_any_message():
+    from asyncfl import DifferentialPrivacyClientSideFixedClipping, DifferentialPrivacyServerSideFixedClipping
+
+    for wrapper in (DifferentialPrivacyServerSideFixedClipping, DifferentialPrivacyClientSideFixedClipping):
+        class Hooked(wrapper):
+            def aggregate_train(self, server_round, replies):
+                return super().aggregate_train(server_round, replies)
+
+        strategy = Hooked(FedBuff(buffer_size=2, server_lr=1.0), noise_multiplier=0.1, clipping_norm=10.0)
+        grid = FakeGrid(4, client)
+        with pytest.raises(asyncfl.ConfigError, match=r"^Hooked overrides aggregate_train, which may combine the "
+                                                      r"updates in any way: no noise scale"):
+            _hooked_run(strategy, grid)
+        assert grid.pushed == []
+    # the wrappers' own hooks: the client-side one sets configure_train, neither aggregate_train
+    plain = FedBuff(buffer_size=2, server_lr=1.0)
+    assert DifferentialPrivacyClientSideFixedClipping(plain).overrides("configure_train")
+    assert not DifferentialPrivacyServerSideFixedClipping(plain).overrides("configure_train")
+    assert not DifferentialPrivacyClientSideFixedClipping(plain).overrides("aggregate_train")
+
+
+def test_the_partial_last_round_has_its_server_side_evaluation_when_it_made_no_new_version():
+    # Prepare: 4 nodes (4 updates a round), FedBuff B=2: 9 arrivals make versions at 2, 4, 6 and 8; the 9th opens
+    # round 3 and makes no version, so round 3's model is round 2's (version 4)
+    rounds_scored = []
+
+    def evaluate(server_round, arrays):
+        rounds_scored.append(server_round)
+        return server_evaluate(server_round, arrays)
+
+    # Execute
+    result = FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.5, min_evaluate_nodes=1).start(
+        FakeGrid(4, client), initial_record(), num_rounds=0, max_arrivals=9, clock="virtual", delays=FIXED,
+        concurrency=2, evaluate_fn=evaluate, seed=1, update_norm_bound=0.0)
+    # Assert: round 3 is reported as train and federated results are, with round 2's score (the same model, not
+    # scored twice)
+    assert result.summary["rounds"] == 3 and result.summary["server-versions"] == 4
+    assert sorted(result.train_metrics_clientapp) == sorted(result.evaluate_metrics_clientapp) == [1, 2, 3]
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 1, 2, 3]
+    assert dict(result.evaluate_metrics_serverapp[3]) == dict(result.evaluate_metrics_serverapp[2]) == \
+        {"accuracy": 4.0, "loss": 1.0}
+    assert rounds_scored == [0, 1, 2]

@@ -359,10 +359,6 @@ class AsyncEngine:
         self.state.now += self.clock.server_time(time.perf_counter() - compute_started)
         self.stats.count_arrival(arrival.client_index, arrival.staleness, time.monotonic())
         if new_model is not None:
-            if not np.isfinite(new_model).all():
-                raise FloatingPointError(f"strategy produced a non-finite model after arrival {self.stats.arrivals}")
-            new_model, clamped = self.codec.clamp_variances(new_model)
-            self.stats.clamped_variances += clamped
             self._advance(new_model)
         self._close_rounds()
 
@@ -374,7 +370,13 @@ class AsyncEngine:
         self._close_rounds()
 
     def _advance(self, new_model: np.ndarray) -> None:
-        """Make ``new_model`` the next server version; tell the callbacks."""
+        """Make ``new_model`` the next server version (every strategy's and override's path): refused when not finite,
+        BatchNorm variances clamped to >= 0 (:meth:`ModelCodec.clamp_variances`); tell the callbacks."""
+        if not np.isfinite(new_model).all():  # the run stops: a NaN model would only be scored and sent out
+            by = f"{type(self.strategy).__name__}.aggregate_train" if self.strategy.aggregation_hook else "strategy"
+            raise FloatingPointError(f"{by} produced a non-finite model after arrival {self.stats.arrivals}")
+        new_model, clamped = self.codec.clamp_variances(new_model)
+        self.stats.clamped_variances += clamped
         version = self.versions.advance(new_model)
         if self.callbacks:
             info = VersionInfo(version, self._model_state().round, self.stats.arrivals, self.state.now,

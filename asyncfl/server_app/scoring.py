@@ -2,8 +2,9 @@
 
 The model is scored at every multiple of ``eval-every`` clock time, at the end of every
 ``evaluate_every`` rounds, at the start and at the end, and never twice for the same
-version and test data (a repeated point reuses the last score). Each point also sends the
-model out for federated evaluation once per round, when a strategy evaluates on clients.
+version and test data (a repeated point reuses the last score, also for the round it falls in).
+Each point also sends the model out for federated evaluation once per round, when a strategy
+evaluates on clients.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ class Scoring:
             return
         # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
         key = (state.version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
-        if self._last is None or self._last[0] != key:
+        if self._last is not None and self._last[0] == key:
+            self._reused_for(state.round)
+        else:
             # the app's evaluator is told where the run is (round, version, arrivals); a plain one gets the model
             result = self.evaluate_fn.score(state, self.stats.arrivals) if hasattr(self.evaluate_fn, "score") \
                 else self.evaluate_fn(state.model)
@@ -119,6 +122,16 @@ class Scoring:
             self.recorder.on_evaluation(row)
         if self.on_row is not None:
             self.on_row(state, row)
+
+    def _reused_for(self, round_: int) -> None:
+        """The last score is reused (same model, same test data) at round ``round_``: an evaluator that keeps its
+        results by round (the library's ``evaluate_fn``, Flower's ``evaluate_metrics_serverapp``) gets that
+        round's entry too, the one the last row of its score was keyed by (a partial last round that made no new
+        version is still reported)."""
+        by_round = getattr(self.evaluate_fn, "by_round", None)
+        scored = self.stats.evaluations[-1]["round"] if self.stats.evaluations else None
+        if isinstance(by_round, dict) and scored in by_round and scored != round_:
+            by_round[round_] = by_round[scored]
 
     def final(self, at: float, state: ModelState) -> None:
         """The last row, unless the last scheduled one already scored this time, round and version."""

@@ -82,7 +82,7 @@ class FedAvg(Strategy):
             return None
         arrivals, hook = self._arrivals, self.aggregation_hook
         if hook is not None:  # an aggregate_train override makes the round's model; None keeps it, as Flower
-            new = hook.step(self, arrivals, lambda chosen: self._step(current, [arrivals[i] for i in chosen]))
+            new = hook.step(self, arrivals, lambda chosen: self._step(current, [arrival for _, arrival in chosen]))
             new = current.copy() if new is None else new
         else:
             new = self._step(current, arrivals)

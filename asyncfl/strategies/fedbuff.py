@@ -178,6 +178,7 @@ class FedBuff(Strategy):
         robust = self.config.aggregation != "mean" or hooked
         response = self._compensating_response()
         if hooked:
+            self._check_held()
             self._held.append(arrival)
         if robust:  # robust rules (and an override's super()) need every update: _sum holds them as rows
             row = (scale * self._update(arrival, current, response))[None, :]
@@ -194,8 +195,9 @@ class FedBuff(Strategy):
         if self._count < self.buffer_size:
             return None
         if hooked:
-            rows = self._sum
-            new = self.aggregation_hook.step(self, self._held, lambda chosen: self._rows_step(current, rows[chosen]))
+            rows, held = self._sum, self._held
+            new = self.aggregation_hook.step(self, held, lambda chosen: self._rows_step(
+                current, self._rows_as_held_now(rows, held, chosen)))
         elif robust:
             new = self._rows_step(current, self._sum)
         else:
@@ -203,6 +205,31 @@ class FedBuff(Strategy):
         self._sum, self._count, self._held = None, 0, []
         self.aggregations += 1
         return new
+
+    def _check_held(self) -> None:
+        """Refuse a buffer whose kept arrivals are not its updates' (a resumed subclass whose own state_dict left
+        ``_held`` out): an aggregate_train override would be handed other replies than the rows it aggregates."""
+        rows = 0 if self._sum is None else len(self._sum)
+        if len(self._held) != self._count or rows != self._count:
+            from asyncfl.state import StateError
+
+            name = type(self).__name__
+            raise StateError(f"{name}'s buffer holds {self._count} updates but {len(self._held)} of their arrivals "
+                             f"(_held) and {rows} rows (_sum): {name} overrides aggregate_train, so its state must "
+                             "keep FedBuff's _held and _sum with _count (a custom state_dict/load_state_dict must "
+                             "save and restore them, as FedBuff.state_attributes does)")
+
+    def _rows_as_held_now(self, rows: np.ndarray, held: list[Arrival],
+                          chosen: list[tuple[int, Arrival]]) -> np.ndarray:
+        """The buffer's rows at the chosen positions; a row whose reply an aggregate_train override changed is moved
+        by its scaled change of weights, ``w(tau) (Delta' - Delta)``: the reply's model as an update against its
+        job's base, corrected as the row was (:meth:`_update`)."""
+        out = rows[[i for i, _ in chosen]]
+        for k, (i, arrival) in enumerate(chosen):
+            if arrival.weights is not held[i].weights:
+                scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
+                out[k] += scale * (arrival.weights - held[i].weights)
+        return out
 
     def _rows_step(self, current: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """The step from the buffer's updates kept as rows: ``current + eta_s * combine(rows)``."""

@@ -43,6 +43,15 @@ class FlowerHooks:
         """Whether the class overrides Flower's ``aggregate_train`` (:attr:`honours_aggregate_train`)."""
         return cls.aggregate_train is not FlowerHooks.aggregate_train
 
+    def _aggregate_train_refusal(self) -> str:
+        """Why :func:`~asyncfl.strategies.train_hook.check_overrides` refuses this class's ``aggregate_train``
+        override where it does not :attr:`honour <honours_aggregate_train>` one (one line)."""
+        name = type(self).__name__
+        return (f"{name} overrides aggregate_train, which start() cannot call: {name} makes a new model from each "
+                "update as it arrives, with no round of replies to aggregate. Override on_arrival(arrival, current) "
+                "for your own aggregation (docs/library.md, 'Write your own asynchronous strategy'), or subclass "
+                "FedBuff, whose buffer step calls aggregate_train; to log or save models, pass callbacks=")
+
     def configure_train(self, server_round: int, arrays: "ArrayRecord", config: "ConfigRecord",
                         grid: "Grid") -> "Iterable[Message]":
         """Flower's hook: the train requests of round ``server_round``, one per node.
@@ -79,8 +88,9 @@ class FlowerHooks:
 
         Under :meth:`start`, FedBuff and the FedAvg preset call an override of it at each aggregation
         (FedBuff's buffer step, FedAvg's round) with that step's replies; calling this base method
-        from the override returns the method's own step over the replies it is given
-        (:mod:`asyncfl.strategies.train_hook`). Methods that make a model from each update alone
+        from the override returns the method's own step over the replies it is given, with what they
+        hold then (arrays the override replaced count, checked as an arriving update), and the model
+        returned goes through the engine's checks (:mod:`asyncfl.strategies.train_hook`). Methods that make a model from each update alone
         refuse an override at :meth:`start`.
 
         Called by a Flower app's own loop instead of :meth:`start`, the round's replies go through

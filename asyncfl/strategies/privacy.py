@@ -251,7 +251,17 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         return self.strategy.synchronous
 
     def overrides(self, hook: str) -> bool:
-        return self.strategy.overrides(hook)
+        """Whether a subclass of this wrapper overrides ``hook`` itself (an ``aggregate_train`` override is then
+        refused before the run, :meth:`_aggregate_train_refusal`), or the wrapped strategy does (it delegates)."""
+        return (getattr(type(self), hook) is not getattr(DifferentialPrivacyServerSideFixedClipping, hook)
+                or self.strategy.overrides(hook))
+
+    def _aggregate_train_refusal(self) -> str:
+        name = type(self).__name__
+        return (f"{name} overrides aggregate_train, which may combine the updates in any way: no noise scale is "
+                "calibrated to it, and start() never calls it on a DP wrapper (the step is the wrapped "
+                f"{type(self.strategy).__name__}'s, noised); leave the override out (to log or save models, pass "
+                "callbacks=)")
 
     def configure_train(self, server_round, arrays, config, grid):
         return self.strategy.configure_train(server_round, arrays, config, grid)
@@ -444,9 +454,6 @@ class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFi
         self.clipped_by_server = 0
 
     state_attributes = DifferentialPrivacyServerSideFixedClipping.state_attributes + ("clipped_by_server",)
-
-    def overrides(self, hook: str) -> bool:
-        return hook == "configure_train" or self.strategy.overrides(hook)
 
     def configure_train(self, server_round, arrays, config, grid):
         from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
