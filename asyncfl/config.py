@@ -44,8 +44,10 @@ def _choice(key: str, value: str, valid: tuple[str, ...]) -> str:
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> float:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value):
         raise ConfigError(f"{key}={value} must be a finite number {'>= 0' if allow_zero else '> 0'}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
     return value
 
 
