@@ -143,7 +143,7 @@ class RunRecorder:
 
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([r["time"] for r in self.rows], [r["accuracy"] for r in self.rows], marker=".")
-        ax.set_xlabel("time")
+        ax.set_xlabel("wall-clock time (s)" if self.clock == "wall" else "virtual time (the delay model's units)")
         ax.set_ylabel("test accuracy")
         ax.set_title(self.folder.name)
         ax.grid(alpha=0.3)
