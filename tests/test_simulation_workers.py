@@ -19,6 +19,23 @@ def test_only_flowers_alive_clientapp_actors_count():
     assert count_alive_actors({"x": "not a dict"}) == 0
 
 
+def test_only_this_jobs_actors_count_on_a_shared_ray_cluster(monkeypatch):
+    import ray
+    from ray._private import state
+
+    from asyncfl.server_app.simulation_workers import read_ray_actors
+
+    table = _actors(2)
+    table.update({f"x{i}": {"ActorClassName": "ClientAppActor", "State": "ALIVE", "JobID": "02000000"}
+                  for i in range(5)})
+    for actor in list(table.values())[:2]:
+        actor["JobID"] = "01000000"
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(state, "actors", lambda: table)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"get_job_id": lambda self: "01000000"})())
+    assert count_alive_actors(read_ray_actors()) == 2
+
+
 def test_an_unreadable_table_or_no_actor_is_unknown_and_counts_are_reused_for_a_while():
     reads = []
 

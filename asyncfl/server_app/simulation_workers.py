@@ -23,11 +23,12 @@ FLOWER_ACTOR_CLASS = "ClientAppActor"
 REFRESH_SECONDS = 10.0
 
 
-def count_alive_actors(actors: dict) -> int:
-    """ClientApp actors alive in Ray's actor table (``{actor id: {"ActorClassName", "State", ...}}``)."""
+def count_alive_actors(actors: dict, job_id: str | None = None) -> int:
+    """ClientApp actors alive in Ray's actor table (``{actor id: {"ActorClassName", "State", "JobID", ...}}``),
+    of the Ray job ``job_id`` only where given (a Ray cluster shared by several simulations has theirs too)."""
     return sum(1 for actor in actors.values()
                if isinstance(actor, dict) and actor.get("ActorClassName") == FLOWER_ACTOR_CLASS
-               and actor.get("State") == "ALIVE")
+               and actor.get("State") == "ALIVE" and (job_id is None or actor.get("JobID") == job_id))
 
 
 class FlowerSimulationWorkers:
@@ -64,7 +65,9 @@ def read_ray_actors() -> dict:
         return {}
     from ray._private import state
 
-    return state.actors()
+    job_id = ray.get_runtime_context().get_job_id()  # this simulation's actors, not another's on a shared cluster
+    return {key: actor for key, actor in state.actors().items()
+            if not isinstance(actor, dict) or actor.get("JobID") in (None, job_id)}
 
 
 def flower_simulation_workers(grid) -> FlowerSimulationWorkers | None:
