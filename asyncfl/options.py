@@ -232,6 +232,9 @@ class RunOptions(Knobs):
             raise ConfigError(f"update-norm-bound (update_norm_bound) = {self.update_norm_bound:g} would bound "
                               "honest updates at or below the typical one; use a multiple > 1 of the recent median "
                               "norm (default 3), or 0 to turn the bound off")
+        if not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"seed = {self.seed} is out of range: a seed is a whole number from 0 to 2^63 - 1 "
+                              "(Flower carries run-config integers as 64-bit)")
         if self.jobs_per_client > 1 and self.cap_in_flight:
             raise ConfigError(f"jobs-per-client (jobs_per_client) = {self.jobs_per_client} queues each client's next "
                               "job on purpose, and cap-in-flight (cap_in_flight, on by default) keeps jobs out of "

@@ -484,3 +484,9 @@ def test_a_bad_ray_address_is_refused_before_a_resume_writes_anything(tmp_path, 
                                         (["run", "-c", "lr=nan"], "lr=nan must be a finite number > 0")])
 def test_non_finite_numbers_are_refused(capsys, nothing_starts, argv, says):
     assert says in _refused(capsys, argv) and not nothing_starts
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 63)])
+def test_a_seed_flower_cannot_carry_is_refused_before_anything_starts(capsys, nothing_starts, seed):
+    line = _refused(capsys, ["run", "-c", f"seed={seed}"])
+    assert f"seed = {seed} is out of range" in line and not nothing_starts
