@@ -29,8 +29,8 @@ def test_two_local_superlinks_side_by_side_each_keep_their_own_address_and_clean
         first_home, second_home = first.flwr_home, second.flwr_home
     # Stopping removes each home (state database included); the logs stay for a post-mortem.
     assert not first_home.exists() and not second_home.exists()
-    assert sorted(p.name for p in base.iterdir()) == sorted(
-        [f"superlink-{first.port}.log", f"superlink-{second.port}.log"])
+    assert sorted(p.name for p in base.iterdir()) == sorted([first.log_path.name, second.log_path.name])
+    assert first.log_path.name.startswith(f"superlink-{first.port}-")
 
 
 def _app_defaults() -> dict:

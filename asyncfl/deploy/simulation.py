@@ -11,6 +11,7 @@ import json
 import shutil
 import socket
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -33,15 +34,18 @@ class LocalSuperLink:
     SuperLink address from ``$FLWR_HOME/config.toml``, and with one shared
     folder, runs started side by side from the same app folder could read
     another run's address and run on (and be stopped with) its SuperLink.
-    Its log stays next to the homes, ``superlink-<port>.log``.
+    Its log stays next to the homes, ``superlink-<port>-<suffix>.log``.
     """
 
     def __init__(self, workdir: Path, base: Path, extra_env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.extra_env = dict(extra_env or {})
         self.port = free_port()
-        self.flwr_home = base / f"link-{self.port}"
-        self.log_path = base / f"superlink-{self.port}.log"
+        # a folder no other run can have: two runs handed the same free port (a race between the check and the
+        # bind) must not share, nor delete, each other's state
+        base.mkdir(parents=True, exist_ok=True)
+        self.flwr_home = Path(tempfile.mkdtemp(prefix=f"link-{self.port}-", dir=base))
+        self.log_path = base / f"superlink-{self.flwr_home.name.removeprefix('link-')}.log"
         self.process: FlowerProcess | None = None
 
     def __enter__(self) -> "LocalSuperLink":
