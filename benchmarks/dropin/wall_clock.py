@@ -122,7 +122,8 @@ def without_mod(source: str) -> str:
     return MOD.sub("app = ClientApp()", source)
 
 
-def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, start_options: str = "") -> dict:
+def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, start_options: str = "",
+             cpus_per_client: float = 1.0) -> dict:
     """One ``asyncfl run`` of ``example`` with ``strategy`` swapped in; the cell with its accuracy curve."""
     module, nodes, overrides = EXAMPLES[example]
     if "{subset}" in overrides:
@@ -142,7 +143,8 @@ def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, sta
             overrides += f" save-dir='{Path(folder) / 'saved'}'"
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
-                               str(nodes), "-c", overrides], capture_output=True, text=True, cwd=folder)
+                               str(nodes), "--cpus-per-client", f"{cpus_per_client:g}", "-c", overrides],
+                              capture_output=True, text=True, cwd=folder)
         seconds = time.perf_counter() - started
         output = done.stdout + done.stderr
         if done.returncode != 0 or not accuracy_file.exists():
@@ -160,6 +162,7 @@ def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, sta
     if capped:
         timing.update({"in-flight-cap-mean": float(capped.group(1)), "in-flight-cap-min": int(capped.group(2))})
     return {"example": example, "strategy": strategy, "run": run, "curve": curve, "final": curve[-1],
+            "cpus-per-client": cpus_per_client,
             "best": max(curve), "collapsed": collapsed(curve), "seconds": round(seconds, 1),
             "staleness-mean": float(staleness.group(1).rstrip(".")) if staleness else None,
             "held-dispatches": int(held.group(1)) if held else (0 if closing else None), "client-mod": client_mod,
@@ -196,6 +199,8 @@ def main() -> None:
                         help="take asyncfl's report_train_seconds mod out of the copy's ClientApp")
     parser.add_argument("--start-options", default="",
                         help="keywords for an asyncfl strategy's start(), as Python: \"concurrency=4\"")
+    parser.add_argument("--cpus-per-client", type=float, default=1.0,
+                        help="Ray CPUs per ClientApp (Flower's own default is 2: one actor on 2 cores)")
     parser.add_argument("--reference", type=Path, default=HERE / "wall-clock" / "cells.jsonl",
                         help="cells with Flower's FedAvg, where --out has none (default: wall-clock/cells.jsonl)")
     args = parser.parse_args()
@@ -207,7 +212,7 @@ def main() -> None:
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
         for example, strategy, run in todo:
-            row = run_cell(example, strategy, run, not args.no_client_mod, args.start_options)
+            row = run_cell(example, strategy, run, not args.no_client_mod, args.start_options, args.cpus_per_client)
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example:>18} {strategy:>14} run {run}: final {row['final']:.3f} best {row['best']:.3f}"
