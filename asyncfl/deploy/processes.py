@@ -268,9 +268,13 @@ class FlowerProcess:
             self.process.poll()
 
     def reap(self) -> None:
-        """Wait for the process (it was killed) and close its log."""
+        """Wait for the process (it was killed) and close its log; a process stuck in the kernel past
+        ``KILL_WAIT_S`` is left to the system rather than hang the teardown."""
         if self.process is not None:
-            self.process.wait()
+            try:
+                self.process.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
         if self._log is not None:
             self._log.close()
 
