@@ -23,12 +23,12 @@ FLOWER_ACTOR_CLASS = "ClientAppActor"
 REFRESH_SECONDS = 10.0
 
 
-def count_alive_actors(actors: dict, job_id: str | None = None) -> int:
-    """ClientApp actors alive in Ray's actor table (``{actor id: {"ActorClassName", "State", "JobID", ...}}``),
-    of the Ray job ``job_id`` only where given (a Ray cluster shared by several simulations has theirs too)."""
+def count_alive_actors(actors: dict) -> int:
+    """ClientApp actors alive in Ray's actor table (``{actor id: {"ActorClassName", "State", ...}}``; this Ray
+    job's only, :func:`read_ray_actors`)."""
     return sum(1 for actor in actors.values()
                if isinstance(actor, dict) and actor.get("ActorClassName") == FLOWER_ACTOR_CLASS
-               and actor.get("State") == "ALIVE" and (job_id is None or actor.get("JobID") == job_id))
+               and actor.get("State") == "ALIVE")
 
 
 class FlowerSimulationWorkers:
