@@ -18,7 +18,8 @@ from flwr.clientapp import ClientApp
 
 from asyncfl import protocol
 from asyncfl.client_app.drills import apply_fault, fault_of, reported_examples
-from asyncfl.client_app.extras import identity_reply, pad_to_emulated_duration, worker_record
+from asyncfl.client_app.device_speed import device_speed
+from asyncfl.client_app.extras import identity_reply, worker_record
 from asyncfl.client_app.extras import node_ids as _node_ids
 from asyncfl.client_app.gossip import gossip_event
 from asyncfl.client_app.task import node_data, node_model
@@ -27,7 +28,9 @@ from asyncfl.client_app.training import pick_device, train_local
 from asyncfl.config import parse_run_config
 from asyncfl.data.drift import drifted
 
-app = ClientApp()
+# device_speed: a train job lasts the emulate-seconds its request carries (emulate-delay-scale), or what the
+# node config's device-slowdown / device-profile says; it adds that wait to the reply's train-seconds
+app = ClientApp(mods=[device_speed])
 
 
 def _threads(context: Context) -> None:
@@ -81,9 +84,8 @@ def train(msg: Message, context: Context) -> Message:
         device=pick_device(),
     )
     model.cpu()
-    # Emulated heterogeneity (wall clock): pad the job to the duration the server drew for it; the padding is the
-    # job's emulated training, so train-seconds includes it (the rest of a round trip is the wait to start)
-    pad_to_emulated_duration(msg, started)
+    # emulated heterogeneity (wall clock) is the device_speed mod's: it pads the job after this handler and adds
+    # the padding to train-seconds (the emulated training; the rest of a round trip is the wait to start)
     train_seconds = time.monotonic() - started
     fault = fault_of(context.node_config, context.run_config, _node_ids(context)[0])
     arrays = apply_fault(fault, ArrayRecord(model.state_dict()), msg.content["arrays"],

@@ -5,7 +5,9 @@ node's ``partition-id`` (and, if you say how, its example count): clients are th
 ordered by partition id, so a seeded simulation repeats exactly whatever node ids
 the SuperLink assigned. ``pad_to_emulated_duration`` makes a deployed client take
 as long as the delay model drew for the job (``start(..., emulate_delay_scale=...)``),
-so asynchrony shows on uniform hardware. ``report_train_seconds`` is a Flower mod that adds the
+so asynchrony shows on uniform hardware (the ``device_speed`` mod, :mod:`asyncfl.client_app.device_speed`, does the
+same from outside your handler, and also emulates slow devices from the node config or a named profile).
+``report_train_seconds`` is a Flower mod that adds the
 seconds your train handler took to its reply's metrics, so that on the wall clock the engine can
 tell a job's training from the time it waited for a worker (a simulation runs more jobs than it
 has workers) and lets ``dispatch-hold`` wait that long for a fresher model at no cost::
@@ -103,7 +105,9 @@ def answer_identity(app: ClientApp, num_examples: Callable[[Context], int] | Non
 def pad_to_emulated_duration(msg: Message, started: float) -> None:
     """Sleep until the job has taken the ``emulate-seconds`` its request carries (no key: return at once).
 
-    ``started`` is the ``time.monotonic()`` taken when the handler began.
+    ``started`` is the ``time.monotonic()`` taken when the handler began. The ``device_speed`` mod
+    (:mod:`asyncfl.client_app.device_speed`) does this without a line in the handler, and counts the wait in
+    ``train-seconds``; asyncfl's own ClientApp uses the mod.
     """
     config = msg.content.config_records.get("config", ConfigRecord())
     remaining = float(config.get(protocol.EMULATE_SECONDS, 0.0)) - (time.monotonic() - started)
