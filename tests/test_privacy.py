@@ -13,36 +13,10 @@ from asyncfl import DifferentialPrivacyServerSideFixedClipping as DP
 from asyncfl import FedAsync, FedAvg, FedBuff
 from asyncfl.errors import ConfigError
 from asyncfl.server_app import checkpoint
-from asyncfl.strategies.accounting import ClientPrivacyLedger, epsilon_from_rdp
+from asyncfl.strategies.accounting import FLOWER_ACCOUNTANT, flower_epsilon
 from asyncfl.strategies.privacy import DifferentialPrivacyConfig, os_entropy_normal
 from asyncfl.strategies.arrival import Arrival
 from tests.fake_grid import FakeGrid, trained_reply
-
-# Google's dp_accounting 0.6.0 (RdpAccountant, GaussianDpEvent composed `count` times), computed once
-DP_ACCOUNTING = [(1.0, 1, 1e-5, 4.728507067217623), (1.0, 10, 1e-5, 19.05359753163139),
-                 (2.0, 100, 1e-5, 35.08175401905626), (0.5, 4, 1e-6, 27.816071630016364),
-                 (5.0, 1000, 1e-5, 48.80169282486775)]
-
-
-@pytest.mark.parametrize("sigma, count, delta, reference", DP_ACCOUNTING)
-def test_epsilon_matches_googles_rdp_accountant(sigma, count, delta, reference):
-    """Same conversion, minimised over a finer grid of orders: never above, within 0.1 %."""
-    ours = epsilon_from_rdp(count, sigma, delta)
-    assert ours <= reference + 1e-9 and ours == pytest.approx(reference, rel=1e-3)
-
-
-def test_epsilon_edge_cases():
-    assert epsilon_from_rdp(0.0, 1.0, 1e-5) == 0.0
-    assert epsilon_from_rdp(3.0, 0.0, 1e-5) == math.inf
-
-
-def test_a_client_twice_in_one_step_counts_four_times_once_in_each_of_two_steps_twice():
-    ledger = ClientPrivacyLedger(1.0, 1e-5)
-    ledger.compose({0: 2.0, 1: 1.0})
-    ledger.compose({1: 1.0})
-    assert ledger.rho == {0: 4.0, 1: 2.0} and ledger.worst_rho == 4.0 and ledger.releases == 2
-    assert ledger.epsilon() == pytest.approx(epsilon_from_rdp(4.0, 1.0, 1e-5))
-
 
 def arrival(client, delta, tau=0) -> Arrival:
     base = np.zeros(len(delta), np.float32)
@@ -63,7 +37,7 @@ def test_updates_are_clipped_and_each_step_gets_noise_of_sigma_c_times_the_step_
     noise[0] -= 1.0  # (1 + 1) / 2: the clipped updates' mean
     assert noise.std() == pytest.approx(0.5 * 1.0 * 0.5, rel=0.03)  # sigma C eta/B
     assert dp.ledger.rho == {"client-index:0": 4.0}
-    assert dp.summary()["dp-epsilon"] == pytest.approx(epsilon_from_rdp(4.0, 0.5, 1e-5), rel=1e-5)
+    assert dp.summary()["dp-epsilon"] == pytest.approx(flower_epsilon(4.0, 0.5, 1e-5), abs=1e-6)
 
 
 def test_fedasync_steps_are_noised_at_their_mixing_weight():
@@ -111,8 +85,9 @@ def test_a_private_run_learns_reports_epsilon_and_where_its_noise_comes_from():
     summary = result.summary
     assert summary["dp-releases"] == summary["server-versions"] == 20
     assert summary["dp-epsilon"] > 0 and "update-norm-bound" not in summary  # the fixed clip replaces it
-    assert summary["dp-epsilon"] == pytest.approx(epsilon_from_rdp(summary["dp-most-participations"], 1.0, 1e-5),
-                                                  rel=1e-5)
+    assert summary["dp-epsilon"] == pytest.approx(flower_epsilon(summary["dp-most-participations"], 1.0, 1e-5),
+                                                  abs=1e-6)
+    assert summary["dp-accountant"] == FLOWER_ACCOUNTANT  # Flower's RdpAccountant converted it (test_accounting.py)
     assert summary["dp-noise"] == "os-entropy" and "dp-insecure-noise-seed" not in summary
     assert summary["dp-ledger-key"] == "partition-id"  # the engine names each client's owner (bind_owners)
     w = result.arrays["w"].numpy()
@@ -297,29 +272,6 @@ def test_dp_runs_no_federated_evaluation_unless_asked_and_then_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="asyncfl.privacy"):
         asked.on_start(8, concurrency=4)
     assert asked.flower.fraction_evaluate == 0.5 and "NOT covered by the accounting" in caplog.text
-
-
-# ----------------------------------------------------------------------------- Flower's accountant
-def test_flowers_rdp_accountant_composing_each_owners_releases_gives_the_ledgers_epsilon():
-    """Each owner's releases as Flower's GaussianPrivacyEvent(sigma / k), no amplification, composed one by one
-    in Flower's RdpAccountant: the ledger's epsilon (one event of sigma / sqrt(rho)) to float precision."""
-    pytest.importorskip("dp_accounting")
-    from flwr.serverapp import GaussianPrivacyEvent
-    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
-    from asyncfl.strategies.accounting import FLOWER_ACCOUNTANT, ORDERS, owner_privacy_config
-
-    ledger = ClientPrivacyLedger(1.3, 1e-5)
-    assert ledger.accountant == FLOWER_ACCOUNTANT
-    releases = [{"a": 1.0, "b": 1.0}, {"a": 2.0}, {"b": 0.5, "c": 1.0}, {"a": 1.0, "c": 1.5}] * 5
-    per_owner = {owner: RdpAccountant(owner_privacy_config(1e-5), orders=tuple(ORDERS)) for owner in "abc"}
-    for shares in releases:
-        ledger.compose(shares)
-        for owner, k in shares.items():
-            per_owner[owner].compose(GaussianPrivacyEvent(1.3 / k, sample_size=1, population_size=1))
-    flowers = max(accountant.get_epsilon(1e-5) for accountant in per_owner.values())
-    assert ledger.epsilon() == pytest.approx(flowers, rel=1e-9)
-    assert ledger.epsilon() == pytest.approx(epsilon_from_rdp(ledger.worst_rho, 1.3, 1e-5), rel=1e-9)
 
 
 # ------------------------------------------------------------------------------------- clipping on the clients

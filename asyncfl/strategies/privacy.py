@@ -9,8 +9,9 @@ Sec. 5) it clips each arriving update ``Delta = weights - base`` to L2 norm ``C`
 clipping), lets the strategy take it in, and adds ``N(0, (sigma C c)^2)`` to every entry of each
 new model, ``c`` being the largest coefficient any one update has in that step (FedBuff's
 ``server_lr / B``: noise ``sigma C`` on the buffer's sum, as DP-FedBuff adds it; FedAsync's mixing
-weight). The privacy spent is accounted per data owner, every participation counted
-(:mod:`asyncfl.strategies.accounting`), and reported in ``summary.json`` as the run goes.
+weight). The privacy spent is accounted per data owner, every participation counted, converted to
+epsilon by Flower's ``RdpAccountant`` (:mod:`asyncfl.strategies.accounting`), and reported in
+``summary.json`` as the run goes (``dp-accountant`` names the accountant).
 
 Where the noise comes from. The guarantee holds only while nobody can predict the noise. By
 default every release's noise is drawn from the operating system's CSPRNG (``os.urandom``:
@@ -33,8 +34,10 @@ Flower's wrappers work through ``aggregate_train`` over a round of ``num_sampled
 noise its mean by ``sigma C / num_sampled_clients``; here there is no round to average: the noise
 follows each step's own coefficient ``c`` (``1 / num_sampled_clients`` is the case of a mean of that
 many updates), so ``num_sampled_clients``, accepted for Flower's signature, sets nothing (one log line
-says what the noise follows instead). Flower's ``accountant`` is refused: the ledger accounts every
-owner's participations itself, ``target_delta`` sets the delta epsilon is reported at.
+says what the noise follows instead). Flower's ``accountant=`` argument is refused: it is one accountant for
+a population whose every release counts for every client alike, where asynchronous participation needs one
+account per data owner; the wrapper keeps those and converts them with Flower's own ``RdpAccountant``
+(``target_delta`` sets the delta epsilon is reported at).
 The engine's adaptive norm bound is off under this wrapper (its threshold, the median of other
 clients' norms, would make each step depend on data the noise does not cover); the fixed clip
 ``C`` bounds every update instead. Federated evaluation is off unless asked for on the wrapper
@@ -126,8 +129,9 @@ def _refuse_removed(keywords: dict) -> None:
         raise ConfigError(REMOVED_SEED)
     if keywords.get("accountant") is not None:
         raise ConfigError("accountant=: Flower's PrivacyAccountant composes one event per round of a FedAvg; an "
-                          "asynchronous run has no rounds to compose, so asyncfl accounts each data owner's "
-                          "participations itself (summary.json's dp-epsilon at target_delta=). Leave it out")
+                          "asynchronous run has no rounds to compose, so asyncfl keeps one account per data owner "
+                          "and converts it with Flower's RdpAccountant itself (summary.json's dp-epsilon at "
+                          "target_delta=, dp-accountant). Leave it out")
     keywords.pop("accountant", None)
     if keywords:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(keywords))}")
@@ -298,6 +302,10 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         return self.strategy.dispatch_model(client, current)
 
     # ------------------------------------------------------------ who owns the data
+    def update_coefficient(self, arrival: Arrival) -> float | None:
+        """The wrapped strategy's coefficient (the engine's update bound weighs each update by it)."""
+        return self.strategy.update_coefficient(arrival)
+
     def bind_owners(self, owners: Mapping[int, str]) -> None:
         """Key the ledger by who owns each client's data: ``{client index: owner}``.
 
