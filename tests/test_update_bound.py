@@ -180,6 +180,55 @@ def test_a_fast_client_fills_one_entry_of_the_window_and_its_bound_shrinks_with_
     assert bound.rate_limited > 0
 
 
+def test_what_is_bounded_is_the_movement_the_strategy_gives_an_update():
+    """Three clients move the model by weight 0.25 x norm 4 = 1 each (median 1, bound 3). A fresh update (weight 1)
+    of norm 4 moves it by 4: clipped to norm 3; a stale one (weight 0.25) of norm 10 moves it by 2.5: passes."""
+    bound = UpdateNormBound(3.0)
+    for client in range(MIN_HISTORY):
+        bound.apply(arrival([4.0, 0.0], client=client), weight=0.25)
+    assert bound.reference(np.zeros(2, np.float32)) == pytest.approx(1.0)
+    fresh = bound.apply(arrival([0.0, 4.0], client=3), weight=1.0)
+    assert fresh.delta == pytest.approx([0.0, 3.0])
+    stale = arrival([10.0, 0.0], client=4)
+    assert bound.apply(stale, weight=0.25) is stale
+    assert bound.largest_ratio == pytest.approx(4.0)
+
+
+def test_a_weight_below_the_floor_still_bounds_the_norm():
+    """Weight 0 would make any norm pass; it counts as 1 / multiple^2 = 1/9: norm 100 -> movement 11.1 > 3."""
+    bound = UpdateNormBound(3.0)
+    fill(bound, [1.0] * MIN_HISTORY)
+    out = bound.apply(arrival([100.0], client=MIN_HISTORY), weight=0.0)
+    assert out.delta == pytest.approx([27.0])  # movement 3 at weight 1/9
+
+
+def test_each_strategys_weight_for_an_update_next_to_a_fresh_typical_one():
+    from asyncfl.server_app.participants import relative_weight
+    from asyncfl.strategies import FedAvg
+    stale = Arrival(0, 0, 3, np.ones(1, np.float32), np.zeros(1, np.float32), 40, 0.0, 0.0)
+    assert relative_weight(FedAsync(alpha=0.6), stale, 10.0) == pytest.approx(0.5)  # (1 + 3)^-1/2, alpha cancels
+    assert relative_weight(FedBuff(staleness_weighting="sqrt"), stale, 10.0) == pytest.approx(0.5)
+    assert relative_weight(FedBuff(), stale, 10.0) == pytest.approx(1.0)
+    assert relative_weight(FedAvg(), stale, 10.0) == pytest.approx(4.0)  # 40 examples, the median client 10
+    assert relative_weight(FedAvg(), stale, 0.0) == pytest.approx(1.0)  # no count known yet
+
+
+def test_a_fresh_fast_attacker_moves_fedasync_no_further_than_the_median_client():
+    """Honest updates arrive 7 versions stale (weight 1/sqrt 8); the attacker's are fresh, at norm 100. Bounded by
+    norm alone each of its updates moved the model 3 x the median norm, 8.5 x an honest client's movement;
+    bounded by movement, 3 x an honest client's, and less at its share of the updates."""
+    from asyncfl.server_app.participants import relative_weight
+    strategy, bound = FedAsync(), UpdateNormBound(3.0)
+    honest = [Arrival(c, 0, 7, np.ones(1, np.float32), np.zeros(1, np.float32), 1, 0.0, 0.0) for c in range(1, 8)]
+    for a in honest:
+        bound.apply(a, relative_weight(strategy, a, 1.0))
+    attack = Arrival(0, 0, 0, np.full(1, 100.0, np.float32), np.zeros(1, np.float32), 1, 0.0, 0.0)
+    out = bound.apply(attack, relative_weight(strategy, attack, 1.0))
+    honest_movement = strategy.mixing_weight(7) * 1.0
+    attacker_movement = strategy.mixing_weight(0) * float(out.delta[0])
+    assert attacker_movement == pytest.approx(3.0 * honest_movement, rel=1e-5)
+
+
 # ------------------------------------------------------------------------------ robust buffered aggregation
 from asyncfl.strategies.fedbuff import robust_combine  # noqa: E402
 

@@ -123,7 +123,7 @@ class AsyncEngine:
         self._puller = self.clock.puller(grid, config.concurrency)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.bounds = ParticipantBounds(config.update_norm_bound, config.update_norm_action, codec.bound_groups(),
-                                        self.dispatcher.slots, not strategy.synchronous)
+                                        self.dispatcher.slots, strategy)
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
         self._owners_told = 0

@@ -3,7 +3,8 @@
 The update of an arrival is ``Delta = weights - base``, taken apart in groups bounded each on its
 own: the trained entries, the BatchNorm running statistics (computed from client data too, on
 another scale) and the integer entries (counters such as ``num_batches_tracked``). Each group's
-L2 norm is compared with a reference, the median of the *participants'* latest norms:
+L2 norm, times the strategy's weight for the update, is compared with a reference, the median of the
+*participants'* latest such products:
 
 * **One entry per client.** The window holds each of the last ``window`` distinct clients'
   latest norm, as bounded: a fast node, however many updates it sends, fills one entry of it,
@@ -16,6 +17,14 @@ L2 norm is compared with a reference, the median of the *participants'* latest n
   ones, which a strategy weighting by staleness trusts more; a node that skips training is easily
   several times faster). The window is 16 updates per client (256 at least), so that an honest
   client's count is a steady estimate of its rate.
+* **A bound on movement, not on size.** What is compared is ``weight x norm``, where ``weight`` is how
+  much the strategy lets the update move the model next to a fresh update of a typical client: FedAsync's
+  ``s(tau)`` and FedBuff's staleness weight relative to a fresh update's, FedAvg's example count relative
+  to the median client's. A fast node's updates are fresh, and a staleness-weighted rule trusts a fresh
+  update several times more than the stale honest ones; bounded by norm alone, its every update moved the
+  model ``multiple`` x further than an honest one does. Under FedAvg the count ceiling and the norm bound
+  multiplied (``multiple^2`` x an honest client's share); bounded together they are ``multiple`` x. A
+  weight below ``1 / multiple^2`` is counted at that floor, so that no update's norm is unbounded.
 * **A bound from the first arrival.** While fewer than ``MIN_HISTORY`` clients are known, the
   reference is ``WARMUP_FRACTION`` x the norm of the first model an update was trained from (an
   honest local program moves a model by a fraction of its own norm; an attacker's first update of
@@ -200,25 +209,30 @@ class UpdateNormBound:
         for client in self.recent_clients:
             self._add(client, 1)
 
-    def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
-        """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection."""
+    def apply(self, arrival: Arrival, weight: float = 1.0) -> Arrival | RejectedReply:
+        """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection.
+
+        ``weight``: how much the strategy lets this update move the model next to a fresh update of a typical
+        client (:func:`asyncfl.server_app.participants.relative_weight`); what is bounded is ``weight x norm``."""
         delta, client = arrival.delta, arrival.client_index
         rate = self.rate_ratio(client)
+        weight = max(float(weight), 1.0 / self.multiple**2)  # a light update still has a finite norm bound
         scales = []
         for g, mask in enumerate(self.groups):
             norm = self._norm(delta, mask)
+            movement = weight * norm
             known = len(self.latest[g]) >= self.min_history
             reference = self.reference(arrival.base, g)
             if reference <= 0 and not known:  # an all-zero model and no history yet: nothing to judge by
-                self._remember(g, client, norm)
+                self._remember(g, client, movement)
                 continue
             ceiling = self.multiple * reference  # a zero median (updates that no longer move) bounds at zero
-            self._remember(g, client, min(norm, ceiling))
+            self._remember(g, client, min(movement, ceiling))
             if reference > 0:
-                self.largest_ratio = max(self.largest_ratio, norm / reference)
+                self.largest_ratio = max(self.largest_ratio, movement / reference)
             bound = ceiling / rate**2  # r x the updates, each at 1/r^2: 1/r of the movement per unit of time
-            if norm > bound:
-                scales.append((mask, bound / norm, norm, reference))
+            if movement > bound:
+                scales.append((mask, bound / movement, norm, reference))
         self._count(client)
         if not scales:
             return arrival
@@ -226,8 +240,9 @@ class UpdateNormBound:
         if self.action == "reject":
             self.rejected += 1
             _, _, norm, reference = scales[0]
-            return RejectedReply("update-norm", f"update norm {norm:.4g} exceeds {self.multiple:g} x the reference "
-                                                f"{reference:.4g} (the recent clients' median norm)"
+            return RejectedReply("update-norm", f"update norm {norm:.4g} x weight {weight:.3g} exceeds "
+                                                f"{self.multiple:g} x the reference {reference:.4g} (the recent "
+                                                f"clients' median of norm x weight)"
                                                 + (f" / {rate:.3g}^2 (the client's share of recent updates)"
                                                    if rate > 1 else ""))
         self.clipped += 1
