@@ -9,33 +9,25 @@ All of it is on with ``update-norm-bound`` (default 3) and off at 0, except the 
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
-from asyncfl.server_app.consensus import ConsensusProjection
 from asyncfl.server_app.count_bound import ExampleCountCeiling
 from asyncfl.server_app.replies import RejectedReply
 from asyncfl.server_app.update_bound import UpdateNormBound
 from asyncfl.strategies.arrival import Arrival
 
 
-def relative_weight(strategy, arrival: Arrival, typical_count: float) -> float:
-    """How much ``strategy`` lets ``arrival`` move the model next to a fresh update of a typical client.
-
-    A strategy whose step is a weighted sum (:meth:`~asyncfl.strategies.base.Strategy.update_coefficient`):
-    its coefficient for the arrival over its coefficient for the same arrival at staleness 0 (FedAsync's
-    ``s(tau)``, FedBuff's staleness weight). A strategy that weights by example count (the FedAvg family):
-    the arrival's count, as capped, over the recent clients' median count. Any other: 1.
-    """
+def relative_weight(strategy, arrival: Arrival) -> float:
+    """How much ``strategy`` lets ``arrival`` move the model next to a fresh update: its coefficient for the
+    arrival over its coefficient for the same arrival at staleness 0 (FedAsync's ``s(tau)``, FedBuff's staleness
+    weight, :meth:`~asyncfl.strategies.base.Strategy.update_coefficient`); 1 for a strategy without one."""
     coefficient = strategy.update_coefficient(arrival)
-    if coefficient is not None:
-        fresh = strategy.update_coefficient(replace(arrival, staleness=0))
-        return coefficient / fresh if fresh else 1.0
-    if getattr(strategy, "weights_by_count", False) and typical_count > 0:
-        return arrival.num_examples / typical_count
-    return 1.0
+    if coefficient is None:
+        return 1.0
+    fresh = strategy.update_coefficient(replace(arrival, staleness=0))
+    return coefficient / fresh if fresh else 1.0
 
 
 class ParticipantBounds:
@@ -61,7 +53,6 @@ class ParticipantBounds:
         self.strategy = strategy
         asynchronous = not strategy.synchronous
         self.norm = UpdateNormBound(multiple, action, groups) if multiple else None
-        self.direction = ConsensusProjection(groups[0]) if multiple else None
         self.count: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (start)
         self.slots = slots
         if self.norm is not None and asynchronous:
@@ -79,19 +70,11 @@ class ParticipantBounds:
             return RejectedReply("non-finite", "the update (weights - base) overflows float32")
         if self.count is not None:
             arrival = self.count.apply(arrival)
-        if self.norm is None:
-            return arrival
-        ceiling = self.count.ceiling() if self.count is not None else math.inf
-        typical = ceiling / self.multiple if math.isfinite(ceiling) else 0.0  # 0: no count known, weight 1
-        arrival = self.norm.apply(arrival, relative_weight(self.strategy, arrival, typical))
-        if isinstance(arrival, Arrival):
-            arrival = self.direction.apply(arrival)
-        return arrival
+        return self.norm.apply(arrival, relative_weight(self.strategy, arrival)) if self.norm is not None else arrival
 
     def summary(self) -> dict:
         """The bounds' figures for ``summary.json`` (none when the bound is off)."""
         if self.norm is None:
             return {}
-        out = {**self.norm.summary(), "over-share-held-back": self.slots.held_back_checks,
-               **(self.direction.summary() if self.direction is not None else {})}
+        out = {**self.norm.summary(), "over-share-held-back": self.slots.held_back_checks}
         return {**out, **(self.count.summary() if self.count is not None else {})}

@@ -18,13 +18,13 @@ L2 norm, times the strategy's weight for the update, is compared with a referenc
   several times faster). The window is 16 updates per client (256 at least), so that an honest
   client's count is a steady estimate of its rate.
 * **A bound on movement, not on size.** What is compared is ``weight x norm``, where ``weight`` is how
-  much the strategy lets the update move the model next to a fresh update of a typical client: FedAsync's
-  ``s(tau)`` and FedBuff's staleness weight relative to a fresh update's, FedAvg's example count relative
-  to the median client's. A fast node's updates are fresh, and a staleness-weighted rule trusts a fresh
-  update several times more than the stale honest ones; bounded by norm alone, its every update moved the
-  model ``multiple`` x further than an honest one does. Under FedAvg the count ceiling and the norm bound
-  multiplied (``multiple^2`` x an honest client's share); bounded together they are ``multiple`` x. A
-  weight below ``1 / multiple^2`` is counted at that floor, so that no update's norm is unbounded.
+  much the strategy lets the update move the model next to a fresh update: FedAsync's ``s(tau)`` and
+  FedBuff's staleness weight over a fresh update's (1 for a strategy without such a weight). A fast
+  node's updates are fresh, and a staleness-weighted rule trusts a fresh update several times more
+  than the stale honest ones; bounded by norm alone, each of its updates moved the model up to
+  ``multiple`` x further than the median client's does. A weight below ``1 / multiple^2`` counts at
+  that floor, so that no update's norm is unbounded (a stale update's small weight is the server's
+  reckoning, not the sender's claim).
 * **A bound from the first arrival.** While fewer than ``MIN_HISTORY`` clients are known, the
   reference is ``WARMUP_FRACTION`` x the norm of the first model an update was trained from (an
   honest local program moves a model by a fraction of its own norm; an attacker's first update of
@@ -212,8 +212,8 @@ class UpdateNormBound:
     def apply(self, arrival: Arrival, weight: float = 1.0) -> Arrival | RejectedReply:
         """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection.
 
-        ``weight``: how much the strategy lets this update move the model next to a fresh update of a typical
-        client (:func:`asyncfl.server_app.participants.relative_weight`); what is bounded is ``weight x norm``."""
+        ``weight``: how much the strategy lets this update move the model next to a fresh update
+        (:func:`asyncfl.server_app.participants.relative_weight`); what is bounded is ``weight x norm``."""
         delta, client = arrival.delta, arrival.client_index
         rate = self.rate_ratio(client)
         weight = max(float(weight), 1.0 / self.multiple**2)  # a light update still has a finite norm bound

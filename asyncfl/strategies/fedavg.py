@@ -60,7 +60,6 @@ class FedAvg(Strategy):
     config_class = FedAvgConfig
     state_attributes = ("_arrivals", "rounds", "stale_arrivals")
     honours_aggregate_train = True  # at each round's end (asyncfl.strategies.train_hook)
-    weights_by_count = True  # each update's weight is its reported example count (the engine's bound reads it)
 
     def __init__(self, server_lr: float = 1.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)

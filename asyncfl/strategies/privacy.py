@@ -302,10 +302,6 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         return self.strategy.dispatch_model(client, current)
 
     # ------------------------------------------------------------ who owns the data
-    def update_coefficient(self, arrival: Arrival) -> float | None:
-        """The wrapped strategy's coefficient (the engine's update bound weighs each update by it)."""
-        return self.strategy.update_coefficient(arrival)
-
     def bind_owners(self, owners: Mapping[int, str]) -> None:
         """Key the ledger by who owns each client's data: ``{client index: owner}``.
 

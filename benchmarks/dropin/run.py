@@ -220,8 +220,7 @@ def run_cell(cell: dict) -> dict:
     else:
         from asyncfl.errors import ClientAppsFailing
 
-        with tempfile.TemporaryDirectory() as folder, attacker_pace(cell), \
-                consensus_ablated(cell):  # metrics.csv: each evaluation's time
+        with tempfile.TemporaryDirectory() as folder, attacker_pace(cell):  # metrics.csv: each evaluation's time
             try:
                 summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
                                          output_dir=folder, run_name="run",
@@ -243,7 +242,7 @@ def run_cell(cell: dict) -> dict:
     row.update({key: summary[key] for key in ("pace-response", "pace-bound", "update-norm-clipped",
                                                "update-norm-rejected", "update-norm-largest-ratio",
                                                "update-norm-rate-limited", "num-examples-capped",
-                                               "update-norm-median", "update-against-consensus", "dp-epsilon", "dp-delta", "dp-releases",
+                                               "update-norm-median", "dp-epsilon", "dp-delta", "dp-releases",
                                                "dp-most-participations", "distill-move-ratio", "teacher-accuracy-on-u",
                                                "global-accuracy-on-u") if key in summary})
     return row
@@ -268,23 +267,6 @@ def attacker_pace(cell: dict):
         yield
     finally:
         engine.delay_sampler = original
-
-
-@contextlib.contextmanager
-def consensus_ablated(cell: dict):
-    """With ``"consensus": False`` in the cell, the engine's consensus projection passes every update as it came (the
-    ablation of asyncfl.server_app.consensus; the rest of the bound unchanged)."""
-    if cell.get("consensus", True):
-        yield
-        return
-    from asyncfl.server_app.consensus import ConsensusProjection
-
-    original = ConsensusProjection.apply
-    ConsensusProjection.apply = lambda self, arrival: arrival
-    try:
-        yield
-    finally:
-        ConsensusProjection.apply = original
 
 
 def run_cells(run: Callable[[dict], dict], todo: list[dict], path: Path, workers: int) -> Iterator[dict]:
@@ -377,8 +359,6 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=0, help="how many nodes make the --attack")
     parser.add_argument("--attacker-speed", type=float, default=1.0, help="the --attack's nodes finish each job "
                         "this many times sooner than drawn (asynchronous strategies; a synchronous round waits anyway)")
-    parser.add_argument("--no-consensus", action="store_true", help="ablation: the engine's consensus projection "
-                        "off (asyncfl.server_app.consensus), the rest of the update bound on")
     parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
     args = parser.parse_args()
     for name in args.strategies:
@@ -388,8 +368,6 @@ def main() -> None:
     drill = {"attack": args.attack, "attackers": args.attackers} if args.attack else {}
     if args.attacker_speed != 1.0:
         drill["speed"] = args.attacker_speed
-    if args.no_consensus:
-        drill["consensus"] = False
     todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays, **drill} for seed in args.seeds
             for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:
