@@ -11,7 +11,8 @@
   shows asynchrony on uniform hardware.
 
 Both time jobs out on wall seconds (``timeout``): a reply that never comes is lost in a
-simulation too.
+simulation too. Seconds the SuperLink could not be reached do not count toward a job's timeout
+(:attr:`VirtualClock.outage_seconds_since`, from the run's :class:`~asyncfl.server_app.transport.Link`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ if TYPE_CHECKING:
 
     from asyncfl.options import EngineConfig
     from asyncfl.server_app.engine import Job
+    from asyncfl.server_app.transport import Link
+
+
+def no_outage(since: float) -> float:
+    """Seconds the SuperLink was unreachable since ``since``: none (a clock without a Link)."""
+    return 0.0
+
+
+def timed_out(job: "Job", timeout: float, outage_seconds_since: Callable[[float], float]) -> bool:
+    """Whether ``job`` has been out longer than ``timeout`` wall seconds, not counting those the SuperLink could
+    not be reached (a job cannot come back then)."""
+    age = time.monotonic() - job.sent_wall
+    return age > timeout and age - outage_seconds_since(job.sent_wall) > timeout
 
 
 class Clock(Protocol):
@@ -46,6 +60,8 @@ class Clock(Protocol):
 
     #: Nodes may leave and join during the run (track who is online; wait for one to come back).
     nodes_come_and_go: bool
+    #: Seconds the SuperLink was unreachable since a moment (``time.monotonic()``): not part of a job's timeout.
+    outage_seconds_since: Callable[[float], float]
 
     def now(self, last_event: float) -> float:
         """The current time, given the time of the last accepted event."""
@@ -95,6 +111,8 @@ class VirtualClock:
     def __init__(self, delays, server_time_scale: float = 0.0) -> None:
         self.delays = delays
         self.server_time_scale = server_time_scale
+        #: Seconds the SuperLink was unreachable since a moment (``time.monotonic()``): not part of a job's timeout.
+        self.outage_seconds_since: Callable[[float], float] = no_outage
 
     def now(self, last_event: float) -> float:
         return last_event
@@ -112,7 +130,7 @@ class VirtualClock:
         head = min(in_flight.values(), key=lambda j: (j.finish, j.seq))
         if head.message_id in inbox:
             return head, inbox.pop(head.message_id)
-        if time.monotonic() - head.sent_wall > timeout:
+        if timed_out(head, timeout, self.outage_seconds_since):
             return head, None
         return None
 
@@ -158,6 +176,7 @@ class WallClock:
         # Flower's simulation runtime: its ClientApp actors, counted (cap-in-flight for a ClientApp that reports
         # no train-seconds); None elsewhere
         self.simulation_workers: Callable[[], int | None] | None = None
+        self.outage_seconds_since: Callable[[float], float] = no_outage  # as VirtualClock's
 
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
@@ -185,9 +204,8 @@ class WallClock:
             self.recent_durations.append(job.finish - job.start)
             del inbox[message_id]
             return job, reply
-        now_wall = time.monotonic()
         for job in in_flight.values():
-            if now_wall - job.sent_wall > timeout:
+            if timed_out(job, timeout, self.outage_seconds_since):
                 job.finish = self.now(last_event)
                 return job, None
         return None
@@ -252,14 +270,17 @@ class WallClock:
 
     def puller(self, grid, concurrency: int) -> ThreadedPuller:
         # the grid is known from here on: inside Flower's simulation runtime its ClientApp actors can be counted
-        self.simulation_workers = flower_simulation_workers(grid)
+        self.simulation_workers = flower_simulation_workers(getattr(grid, "inner", grid))  # the Grid in its Link
         # message by message in threads, so one reply whose upload died with its SuperNode cannot stall every
         # other reply (see asyncfl.server_app.puller)
         return ThreadedPuller(grid, workers=max(8, concurrency))
 
 
-def clock_for(config: "EngineConfig", delays) -> VirtualClock | WallClock:
-    """The clock ``config.clock`` names, drawing durations from the ``delays`` sampler."""
-    if config.clock == "virtual":
-        return VirtualClock(delays, config.server_time_scale)
-    return WallClock(delays, config.emulate_delay_scale)
+def clock_for(config: "EngineConfig", delays, link: "Link | None" = None) -> VirtualClock | WallClock:
+    """The clock ``config.clock`` names, drawing durations from the ``delays`` sampler; ``link``: the run's
+    :class:`~asyncfl.server_app.transport.Link`, whose outages do not count toward a job's timeout."""
+    clock = VirtualClock(delays, config.server_time_scale) if config.clock == "virtual" \
+        else WallClock(delays, config.emulate_delay_scale)
+    if link is not None:
+        clock.outage_seconds_since = link.down_seconds_since
+    return clock

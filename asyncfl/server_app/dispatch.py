@@ -25,7 +25,7 @@ from asyncfl.server_app.eligible import Slots
 from asyncfl.server_app.engine_state import EngineState
 from asyncfl.server_app.jobs import GridLike, Job
 from asyncfl.server_app.roster import Roster
-from asyncfl.server_app.transport import NODE_SETTLE_S, wait_for_nodes
+from asyncfl.server_app.transport import NODE_SETTLE_S, UNAVAILABLE_CODES, wait_for_nodes
 from asyncfl.strategies.flower_options import MessageKeys, configs_by_node
 
 if TYPE_CHECKING:
@@ -180,12 +180,17 @@ class Dispatcher:
             messages.append(Message(content, dst_node_id=job.node_id, message_type=MessageType.TRAIN,
                                     ttl=self.config.job_timeout))
         pushing = time.monotonic()
-        message_ids = list(self.grid.push_messages(messages)) if messages else []
+        try:
+            message_ids = list(self.grid.push_messages(messages)) if messages else []
+        except BaseException:  # the run ends here (the SuperLink gone, an interrupt): the jobs never went out
+            for job in jobs:
+                self.state.versions.release(job.version)
+            raise
         sent = time.monotonic()
         if message_ids and self.state.stats.first_push_wall is None:
             self.state.stats.first_push_wall = pushing
         for job, message_id in zip(jobs, message_ids):
-            job.message_id, job.sent_wall = message_id, sent
+            job.message_id, job.sent_wall, job.push_began = message_id, sent, pushing
             self.state.in_flight[message_id] = job
             self.slots.take(job.client)
         for job in jobs[len(message_ids):]:  # refused by the SuperLink
@@ -194,6 +199,33 @@ class Dispatcher:
             log.warning("job %d to client %d rejected: the SuperLink refused the push (push-refused)", job.seq,
                         job.client)
         return len(message_ids)
+
+    def resend_after_outage(self, job: Job, reply: Message | None) -> bool:
+        """A job a SuperLink outage lost is no failure of its client: it was out while the SuperLink could not be
+        reached (``grid.down_during``, the run's :class:`~asyncfl.server_app.transport.Link`) and came back lost,
+        timed out or as the SuperLink's "unavailable" error (from when its push began: a push an outage cut may leave
+        a message the restarted SuperLink does not have). Counted apart (``outage_jobs``) and, when its node is
+        online, sent again at once (True): as it was on the virtual clock, so the run stays the one its seed gives;
+        with the model in use now on the wall clock. Otherwise marked (``job.outage``: the engine frees its slot
+        without counting a failure) and its client gets a job once its node is back. False for any other job."""
+        if reply is not None and not (reply.has_error() and reply.error.code in UNAVAILABLE_CODES):
+            return False
+        down_during = getattr(self.grid, "down_during", None)
+        if down_during is None or not down_during(job.push_began):  # a push the outage cut counts too
+            return False
+        self.state.stats.outage_jobs += 1
+        if self.clock.nodes_come_and_go and job.node_id not in self.roster.online:
+            job.outage = True
+            return False
+        if self.clock.nodes_come_and_go and job.sent_model is None and job.request is not None:
+            self.state.versions.release(job.version)
+            job.version = job.request[protocol.MODEL_VERSION] = self.state.versions.acquire()
+            job.start = self.clock.now(self.state.now)
+            job.request[protocol.DISPATCH_TIME] = float(job.start)
+        log.info("job %d to client %d was lost to the SuperLink outage: sent again", job.seq, job.client)
+        self.slots.free(job.client)
+        self.state.stats.outage_resent += self.push([job])  # a refusal is counted there (push-refused)
+        return True
 
     def _config_for(self, client: int, round_: int) -> dict:
         """The train config of a job to ``client``: what the strategy's ``configure_train`` said for the round in

@@ -25,7 +25,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from asyncfl import protocol
 from asyncfl.callbacks import Callback, VersionInfo
-from asyncfl.errors import ClientAppsFailing, NothingToDispatch
+from asyncfl.errors import NothingToDispatch
 from asyncfl.options import EngineConfig
 from asyncfl.server_app import journal
 from asyncfl.server_app.clock import clock_for
@@ -40,6 +40,7 @@ from asyncfl.server_app.replies import RejectedReply, read_reply
 from asyncfl.server_app.resume import resume_from, snapshot
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
+from asyncfl.server_app.transport import SuperLinkUnreachable, guarded
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
@@ -58,7 +59,8 @@ class AsyncEngine:
     Parameters
     ----------
     grid : GridLike
-        Flower's Grid (or a fake with the same three methods).
+        Flower's Grid (or a fake with the same three methods); its calls wait out a SuperLink outage (a
+        :class:`~asyncfl.server_app.transport.Link` around it, unless it is one).
     strategy : Strategy
         The server-side method.
     codec : ModelCodec
@@ -104,7 +106,7 @@ class AsyncEngine:
         resume: dict | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
-        self.grid = grid
+        grid = self.grid = guarded(grid, config.job_timeout)
         self.strategy = strategy
         self.codec = codec
         self.config = config
@@ -116,7 +118,7 @@ class AsyncEngine:
         self.train_metrics = train_metrics
         self.federated_eval = federated_eval
         self.delays = delay_sampler(config.delays, config.seed)
-        self.clock = clock_for(config, self.delays)
+        self.clock = clock_for(config, self.delays, grid)  # a job's timeout does not run while the SuperLink is away
         # where nodes come and go (a deployment) every node is asked at once; a simulation asks one first
         # (asyncfl.server_app.discovery)
         self.roster = Roster(grid, self.delays, config.identify_nodes, probe_first=not self.clock.nodes_come_and_go)
@@ -180,26 +182,30 @@ class AsyncEngine:
             self.score_until(0.0)
             if not self.stats.evaluations:  # evaluation by versions only: score the initial model too
                 self.scoring.score(0.0, self._model_state())
-        state = self.state
+        state, unreachable = self.state, None
         self.stop_reason = "running"
-        while not self._should_stop():
-            if self.checkpoints is not None and self.checkpoints.due(self.versions.version):
-                self._checkpoint()
-            self._top_up()
-            if not state.in_flight:
-                self._wait_for_an_online_node()
-            job, reply = self._next_completion()
-            self._check_not_all_failing()
-            if self.config.max_time and job.finish > self.config.max_time:
-                state.now = self.config.max_time
-                self.score_until(state.now)
-                self.stop_reason = f"max-time {self.config.max_time:g} reached"
-                break
-            self.score_until(job.finish)
-            state.now = max(state.now, job.finish)  # server time (server-time-scale) may have moved it ahead
-            self._complete(job, reply)
-            if self.recorder is not None:
-                self.recorder.on_progress(state.now, self.stats.arrivals)
+        try:
+            while not self._should_stop():
+                if self.checkpoints is not None and self.checkpoints.due(self.versions.version):
+                    self._checkpoint()
+                self._top_up()
+                if not state.in_flight:
+                    self._wait_for_an_online_node()
+                job, reply = self._next_completion()
+                state.check_not_all_failing(self.config.concurrency, self.config.job_timeout)
+                if self.config.max_time and job.finish > self.config.max_time:
+                    state.now = self.config.max_time
+                    self.score_until(state.now)
+                    self.stop_reason = f"max-time {self.config.max_time:g} reached"
+                    break
+                self.score_until(job.finish)
+                state.now = max(state.now, job.finish)  # server time (server-time-scale) may have moved it ahead
+                self._complete(job, reply)
+                if self.recorder is not None:
+                    self.recorder.on_progress(state.now, self.stats.arrivals)
+        except SuperLinkUnreachable as exc:  # ends as any stop does (checkpoint, last row), then says why
+            unreachable, self.stop_reason = exc, f"superlink unreachable: {exc}"
+            self.grid.end()
         if self.checkpoints is not None:  # the stopped run's state: resume it with a later stop to extend it
             self._checkpoint()
             self.checkpoints.close()
@@ -207,11 +213,15 @@ class AsyncEngine:
         self._abandon_in_flight()
         if self.federated_eval is not None:
             self.federated_eval.finish()
+        if unreachable is not None:
+            raise unreachable
         return self.stats
 
     def _wait_for_an_online_node(self) -> None:
         """Where nodes come and go, every node may be gone for a while: wait up to ``wait-for-nodes`` for one."""
-        deadline = time.monotonic() + (self.config.wait_for_nodes if self.clock.nodes_come_and_go else 0.0)
+        # after an outage, nodes may take until the outage limit to come back to a restarted SuperLink
+        wait = max(self.config.wait_for_nodes, self.grid.recovery_wait()) if self.clock.nodes_come_and_go else 0.0
+        deadline = time.monotonic() + wait
         while not self.state.in_flight and time.monotonic() < deadline:
             time.sleep(self.roster.refresh_every)
             self._top_up()
@@ -224,24 +234,6 @@ class AsyncEngine:
         if bind is not None and len(self.roster.owners) != self._owners_told:
             bind(dict(self.roster.owners))
             self._owners_told = len(self.roster.owners)
-
-    def _check_not_all_failing(self) -> None:
-        """Abort when every one of many consecutive jobs failed and every job still out went to a client that
-        failed in that streak: a broken ClientApp (or every node unreachable), not bad luck, and not one fast
-        node that sends junk while the others' jobs are out."""
-        limit = 5 * self.config.concurrency + 10
-        state = self.state
-        if state.failures_in_a_row >= limit and all(job.client in state.failing_clients
-                                                     for job in state.in_flight.values()):
-            rejected = dict(self.stats.rejected)
-            hint = (f"; most of them ran out of time (no reply, or Flower dropped a reply older than its message's "
-                    f"TTL = job-timeout = {self.config.job_timeout:g} s): if the ClientApps are slow rather than "
-                    "broken, raise job-timeout"
-                    if self.state.expired_jobs * 2 >= sum(rejected.values()) else "")
-            raise ClientAppsFailing(
-                f"the last {limit} jobs all failed (rejected: {rejected}); "
-                f"check the ClientApp logs: the run cannot make progress{hint}"
-            )
 
     def _last_arrival(self) -> bool:
         return bool(self.config.max_arrivals) and self.stats.arrivals + 1 >= self.config.max_arrivals
@@ -300,9 +292,11 @@ class AsyncEngine:
         arrival to the strategy; a synchronous round ends when its last job is in."""
         state, started = self.state, time.perf_counter()
         del state.in_flight[job.message_id]
-        self.slots.free(job.client)
         if self._puller is not None:
             self._puller.forget(job.message_id)
+        if self.dispatcher.resend_after_outage(job, reply):  # the SuperLink lost it, not the client: sent again
+            return
+        self.slots.free(job.client)
         try:
             base = job.sent_model if job.sent_model is not None else self.versions.model(job.version)
             outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
@@ -328,12 +322,8 @@ class AsyncEngine:
     def _count(self, job: Job, reply: Message | None, outcome: Arrival | RejectedReply) -> Arrival | None:
         """Step 4: count the outcome (a rejection by reason; an arrival's transport and train metrics)."""
         state = self.state
-        if isinstance(outcome, RejectedReply):
-            log.warning("client %d reply rejected (%s): %s", job.client, outcome.reason, outcome)
-            self.stats.reject(outcome.reason)
-            state.expired_jobs += outcome.expired
-            state.failures_in_a_row += 1
-            state.failing_clients.add(job.client)
+        if isinstance(outcome, RejectedReply):  # counted by reason, in the failure streak unless an outage lost it
+            state.count_failure(job, outcome)
             return None
         state.failures_in_a_row = 0
         state.failing_clients.clear()

@@ -9,14 +9,22 @@ evaluator, the run folder and the other parts around the engine keep their own s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ConfigRecord, Message
 
+from asyncfl.errors import ClientAppsFailing
 from asyncfl.server_app.jobs import EngineStats, Job
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.state import capture, restore
+
+if TYPE_CHECKING:
+    from asyncfl.server_app.replies import RejectedReply
+
+log = logging.getLogger("asyncfl.engine")
 
 #: The loop's scalars a checkpoint keeps, in the order it writes them.
 LOOP_FIELDS = ("now", "round_start", "seq", "failures_in_a_row", "expired_jobs", "pick_rng", "held_since")
@@ -67,6 +75,33 @@ class EngineState:
             return self.versions.version, self.versions.version
         arrivals = self.stats.arrivals
         return arrivals // per_round, -(-arrivals // per_round)
+
+    def count_failure(self, job: Job, outcome: RejectedReply) -> None:
+        """Step 4 for a job that gave nothing: counted by reason and toward the failure streak, unless a SuperLink
+        outage lost it (``job.outage``, counted when it was found: no failure of its client)."""
+        if job.outage:
+            log.info("job %d to client %d lost to the SuperLink outage (%s): not the client's failure", job.seq,
+                     job.client, outcome.reason)
+            return
+        log.warning("client %d reply rejected (%s): %s", job.client, outcome.reason, outcome)
+        self.stats.reject(outcome.reason)
+        self.expired_jobs += outcome.expired
+        self.failures_in_a_row += 1
+        self.failing_clients.add(job.client)
+
+    def check_not_all_failing(self, concurrency: int, job_timeout: float) -> None:
+        """Abort when every one of many consecutive jobs failed and every job still out went to a client that
+        failed in that streak: a broken ClientApp (or every node unreachable), not bad luck, and not one fast
+        node that sends junk while the others' jobs are out. Jobs a SuperLink outage lost are not in the streak."""
+        limit = 5 * concurrency + 10
+        if self.failures_in_a_row >= limit and all(job.client in self.failing_clients
+                                                    for job in self.in_flight.values()):
+            rejected = dict(self.stats.rejected)
+            hint = (f"; most of them ran out of time (no reply, or Flower dropped a reply older than its message's "
+                    f"TTL = job-timeout = {job_timeout:g} s): if the ClientApps are slow rather than broken, raise "
+                    "job-timeout" if self.expired_jobs * 2 >= sum(rejected.values()) else "")
+            raise ClientAppsFailing(f"the last {limit} jobs all failed (rejected: {rejected}); "
+                                    f"check the ClientApp logs: the run cannot make progress{hint}")
 
     def snapshot(self) -> dict:
         """The engine's part of a checkpoint: the loop's scalars, counters, stored versions, train config and the

@@ -65,6 +65,8 @@ class Job:
     lost_reason: str = "lost"
     sent_model: np.ndarray | None = None  # set when the strategy sent something other than the global model
     request: dict | None = None  # the request's config record as sent (a resumed run re-sends it as it was)
+    outage: bool = False  # a SuperLink outage lost it and it was not sent again: no failure of its client
+    push_began: float = 0.0  # time.monotonic() when the push that sent it began (it was out from then on)
 
 
 @dataclass
@@ -87,6 +89,10 @@ class EngineStats:
     in_flight_cap_sum: int = 0
     in_flight_cap_min: int = 0
     unidentified_nodes: int = 0  # nodes that reported no partition-id (ordered by node id)
+    # jobs a SuperLink outage lost (out while it could not be reached, then lost, timed out or "unavailable"):
+    # never counted as rejections or toward the failure streak; those sent again at once (their node online)
+    outage_jobs: int = 0
+    outage_resent: int = 0
     # client -> [accepted arrivals, staleness sum, round-trip seconds sum, round trips]: who was slow, who stale
     by_client: dict[int, list[float]] = field(default_factory=dict)
     by_worker: dict[str, int] = field(default_factory=dict)  # accepted replies per Ray node (simulation on a cluster)

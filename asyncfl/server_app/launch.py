@@ -25,6 +25,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Result
+from flwr.supercore.exit import add_exit_handler
 
 from asyncfl.callbacks import Callback
 from asyncfl.options import EngineConfig, RunOptions
@@ -34,7 +35,7 @@ from asyncfl.server_app.client_metrics import TrainMetrics, rounds_from_state, r
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
-from asyncfl.server_app.transport import wait_for_nodes
+from asyncfl.server_app.transport import Link, SuperLinkUnreachable, outage_limit, wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
 from asyncfl.server_app.scoring import ModelState
 from asyncfl.state import capture, restore
@@ -169,7 +170,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
                                    auto_hold=strategy.auto_dispatch_hold)
     server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
     train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
-    federated = (FederatedEvaluation(grid, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
+    # from here on every Grid call waits out a SuperLink outage, up to 3 x job-timeout (asyncfl.server_app.transport)
+    link = Link(grid, outage_limit(timeout))
+    federated = (FederatedEvaluation(link, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
                                      callbacks) if flower.evaluates_on_clients else None)
     resume, resumed_from = None, None
     if options.resume_from:
@@ -192,7 +195,7 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         where = options.checkpoint_dir or (folder / checkpoint.FOLDER if folder is not None else None)
         checkpoints = checkpoint.Checkpoints(Path(where).expanduser().resolve(), options.checkpoint_every,
                                              options.checkpoint_keep)
-    engine = AsyncEngine(grid, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
+    engine = AsyncEngine(link, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                          keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
                          checkpoints=checkpoints, resume=resume, callbacks=callbacks)
     # how many of those jobs the nodes can hold is said once the engine has waited for its nodes (Dispatcher)
@@ -220,6 +223,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         if federated is not None and federated.rejected:
             out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
         out.update(engine.bounds.summary())
+        # outages of the SuperLink: how many, how long; the jobs they lost are no client's failure
+        out.update(link.summary(), **{"jobs-lost-to-outage": engine.stats.outage_jobs,
+                                      "jobs-resent-after-outage": engine.stats.outage_resent})
         if checkpoints is not None:
             out.update(checkpoints.summary())
         if resumed_from is not None:
@@ -229,19 +235,28 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
 
     if recorder is not None:
         recorder.summary_source = summary
+    # Flower's ServerApp process exits on a signal (Ctrl-C, a stop, or its own SIGINT once the SuperLink refuses the
+    # run's task, e.g. after an outage) and kills itself 5 s later, maybe before `finally` below runs: summary.json is
+    # written first, from Flower's exit handlers (no-op once the run has ended; cleared then, so nothing stays held)
+    on_exit = [lambda: _summary_on_exit(engine, recorder, summary, link)] if recorder is not None else []
+    if on_exit:
+        add_exit_handler(lambda: on_exit and on_exit[0](), run_before_force_exit=True)
     if strategy.overrides("aggregate_train"):  # Flower's hook, called at the method's aggregation step
         strategy.aggregation_hook = TrainHook(codec, flower.keys,
                                               lambda: _round_of_step(engine, config.round_arrivals),
                                               lambda client: engine.roster.nodes[client])
     try:
-        with _sigterm_interrupts():
+        with _sigterm_interrupts(), link.watching():  # Flower's own Grid retries inside a call: counted there
             engine.run()
         train_metrics.close(engine.state.rounds(config.round_arrivals)[1])
     except BaseException as exc:  # the reason goes into summary.json; the exception goes on to the caller
-        engine.stop_reason = stop_reason_of(exc)
+        note = link.outage_note() if isinstance(exc, (KeyboardInterrupt, SystemExit)) else ""  # Flower's own stop
+        engine.stop_reason = stop_reason_of(exc) + note
         flwr_log(logging.ERROR, "%s stopped: %s", name, engine.stop_reason)
         raise
     finally:
+        link.end()  # a pull still waiting in a thread returns; the Grid is the app's again
+        on_exit.clear()
         strategy.aggregation_hook = None  # a Flower loop of the app's own may use the strategy next
         if recorder is not None:
             recorder.write_summary(summary())
@@ -272,6 +287,15 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     for line in str(result).splitlines():  # Flower's closing report, keyed by round
         flwr_log(logging.INFO, "\t%s", line)
     return result
+
+
+def _summary_on_exit(engine: AsyncEngine, recorder: RunRecorder, summary: Callable[[], dict], link: Link) -> None:
+    """Flower's exit on a signal while the run goes on: summary.json says so (and names a recent SuperLink outage)."""
+    if engine.stop_reason == "running":
+        out = summary()
+        out["stop-reason"] = ("interrupted (the ServerApp process is exiting on a signal: Ctrl-C, a stop, or Flower's "
+                              "own)" + link.outage_note())
+        recorder.write_summary(out)
 
 
 def _round_of_step(engine: AsyncEngine, per_round: int) -> int:
@@ -318,8 +342,8 @@ def stop_reason_of(exc: BaseException) -> str:
         return f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'})"
     if isinstance(exc, SystemExit):  # Flower's ServerApp process exits so on SIGINT / SIGTERM ("Task stopped")
         return f"interrupted (the process was told to exit, code {exc.code}: Ctrl-C, a signal or a stop)"
-    kind = {ClientAppsFailing: "all nodes failing", NothingToDispatch: "no node to dispatch to"}.get(type(exc),
-                                                                                                  "error")
+    kind = {ClientAppsFailing: "all nodes failing", NothingToDispatch: "no node to dispatch to",
+            SuperLinkUnreachable: "superlink unreachable"}.get(type(exc), "error")
     return f"{kind}: {type(exc).__name__}: {str(exc)[:300]}"
 
 

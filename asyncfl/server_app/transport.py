@@ -1,4 +1,5 @@
-"""Grid plumbing shared by the engine, the launcher and the gossip relay: waiting for nodes and for a reply.
+"""Grid plumbing shared by the engine, the launcher and the gossip relay: waiting for nodes and for a reply, and
+riding out a SuperLink outage (:class:`Link`).
 
 Every wait polls the Grid at a pace that leaves the producer its CPU
 (:class:`~asyncfl.server_app.pacing.PollPacer`: Flower's simulation runtime shares
@@ -7,12 +8,24 @@ its link state with the ServerApp under one lock).
 
 from __future__ import annotations
 
+import logging
+import math
+import sys
+import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 from typing import Callable
 
-from flwr.app import Message
+from flwr.app import Error, Message, Metadata
+from flwr.app.message import make_message
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
 
+from asyncfl.errors import ConfigError, RunFailed
 from asyncfl.server_app.pacing import PollPacer
+
+log = logging.getLogger("asyncfl.engine")
 
 #: Seconds between looks at the connected nodes while waiting for more.
 NODE_POLL_S = 0.2
@@ -58,3 +71,264 @@ def wait_for_reply(grid, message_id: str, timeout: float, pacer: PollPacer | Non
             return replies[0]
         pacer.wait(time.perf_counter() - started, 0)
     return None
+
+
+# ------------------------------------------------------------------------------------------------ outages
+#: A SuperLink that cannot be reached for longer than this many job-timeouts ends the run ("superlink unreachable").
+OUTAGE_JOB_TIMEOUTS = 3
+#: Seconds between two tries of a Grid call while the SuperLink cannot be reached: the first wait, doubling up to
+#: the longest (never more than an eighth of the outage limit, so the run ends within 1/8 of it).
+RETRY_FIRST_S, RETRY_MAX_S = 0.2, 10.0
+#: HTTP statuses a gateway or a starting server answers while the SuperLink is away (Flower's own Grid retries them).
+GATEWAY_STATUSES = (502, 503, 504)
+#: Flower's error codes for a message or reply the SuperLink does not have (a restart loses what it held in memory;
+#: a message past its TTL) and for a node that missed its heartbeats.
+UNAVAILABLE_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
+
+
+class SuperLinkUnreachable(RunFailed):
+    """The SuperLink could not be reached for longer than the outage limit (:data:`OUTAGE_JOB_TIMEOUTS` x
+    ``job-timeout``)."""
+
+
+def outage_limit(job_timeout: float) -> float:
+    """Seconds a run waits for an unreachable SuperLink before it ends: :data:`OUTAGE_JOB_TIMEOUTS` x ``job-timeout``
+    (a job-timeout of ``inf`` waits for ever, as Flower's own Grid does)."""
+    return OUTAGE_JOB_TIMEOUTS * job_timeout
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether a Grid call failed because the SuperLink cannot be reached now (connection refused or reset, a
+    timeout, a gateway's 502/503/504; httpx as Flower 1.42's Grid uses, gRPC as earlier ones did), rather than
+    because it refused the request."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    httpx, grpc = sys.modules.get("httpx"), sys.modules.get("grpc")  # an error of a library never loaded is none
+    if httpx is not None:
+        if isinstance(exc, (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)):
+            return True
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code in GATEWAY_STATUSES
+    if grpc is not None and isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return False
+
+
+def unavailable_reply(message_id: str, reason: str) -> Message:
+    """The error reply Flower's Grid gives for a reply that cannot be had (code ``MESSAGE_UNAVAILABLE``)."""
+    metadata = Metadata(run_id=0, message_id="", src_node_id=SUPERLINK_NODE_ID, dst_node_id=SUPERLINK_NODE_ID,
+                        reply_to_message_id=message_id, group_id="", created_at=time.time(), ttl=0,
+                        message_type=SYSTEM_MESSAGE_TYPE)
+    return make_message(metadata=metadata, error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=reason))
+
+
+class Link:
+    """The Grid as a run uses it: a call that finds the SuperLink unreachable waits and tries again.
+
+    During an outage every Grid call (``get_node_ids``, ``push_messages``, ``pull_messages``) waits, backing off
+    from :data:`RETRY_FIRST_S` to :data:`RETRY_MAX_S`, and tries again; all waiting calls try again as soon as one
+    gets through. The outages are counted (how many, seconds, failed tries) and kept as spans, so that a job out
+    during one is known not to have failed by its client's doing (:meth:`down_during`) and its timeout does not
+    run while the SuperLink is away (:meth:`down_seconds_since`). An outage longer than ``limit`` seconds raises
+    :class:`SuperLinkUnreachable` from every call until :meth:`end`, after which calls answer as a SuperLink with
+    nothing: no node, no message taken, every reply asked for unavailable (so a run can write its last row and
+    close its federated evaluation without it).
+
+    Flower 1.42's own Grid (``HttpGrid``) retries a connection error inside the call, without end: its calls
+    then block rather than raise. :meth:`watching` hooks into its retries (the Grid's ``RetryInvoker``), so the
+    outage is counted and limited there too.
+
+    Parameters
+    ----------
+    grid : GridLike
+        Flower's Grid, or anything with its three calls; every other attribute is the Grid's.
+    limit : float
+        Seconds of outage after which the run ends (:func:`outage_limit`); ``inf``: never.
+    """
+
+    def __init__(self, grid, limit: float) -> None:
+        if not limit > 0:  # NaN too
+            raise ConfigError(f"the SuperLink outage limit is {limit!r} s: it must be > 0 ({OUTAGE_JOB_TIMEOUTS} x "
+                              "job-timeout; a job-timeout must be a number of seconds > 0)")
+        self.inner, self.limit = grid, float(limit)
+        self.outages, self.retries, self.outage_seconds = 0, 0, 0.0
+        self.spans: deque[tuple[float, float]] = deque(maxlen=256)  # (start, end), time.monotonic(): past outages
+        self._longest_wait = max(min(RETRY_MAX_S, self.limit / 8), 1e-3)
+        self._lock = threading.Lock()
+        self._up = threading.Event()
+        self._up.set()
+        self._down_since: float | None = None
+        self._gave_up: str | None = None
+        self._ended = False
+        self.refused = False  # the SuperLink refused the run's credentials (HTTP 401), seen in Flower's retries
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet
+            raise AttributeError(name)
+        return getattr(self.inner, name)  # the rest of Flower's Grid (run, get_nodes, ...) as it is
+
+    # ------------------------------------------------------------------ Grid calls
+    def get_node_ids(self):
+        return self._call(self.inner.get_node_ids, (), lambda: [])
+
+    def push_messages(self, messages):
+        return self._call(self.inner.push_messages, (list(messages),), lambda: [])
+
+    def pull_messages(self, message_ids):
+        ids = list(message_ids)
+        return self._call(self.inner.pull_messages, (ids,), lambda: [
+            unavailable_reply(message_id, f"the SuperLink could not be reached: {self._gave_up}")
+            for message_id in ids])
+
+    def _call(self, call, args: tuple, nothing):
+        wait = min(RETRY_FIRST_S, self._longest_wait)
+        while True:
+            if self._ended:
+                return nothing()
+            self._raise_if_given_up()
+            started = time.monotonic()
+            try:
+                result = call(*args)
+            except Exception as exc:
+                if self._ended:
+                    return nothing()
+                if not is_unreachable(exc):
+                    raise
+                self._failed(exc)
+                self._up.wait(wait)  # a call that gets through meanwhile wakes every waiting one
+                wait = min(2 * wait, self._longest_wait)
+                continue
+            self._reached(started)
+            return result
+
+    # ------------------------------------------------------------------ outages
+    def _failed(self, exc: BaseException) -> None:
+        """A try found the SuperLink unreachable: an outage begins (or goes on); past the limit, the run ends."""
+        now = time.monotonic()
+        with self._lock:
+            self.retries += 1
+            if self._down_since is None:
+                self._down_since = now
+                self.outages += 1
+                self._up.clear()
+                log.warning("the SuperLink cannot be reached (%s: %s): waiting for it, up to %.0fs (%d x job-timeout); "
+                            "jobs out meanwhile are not counted as their clients' failures", type(exc).__name__,
+                            str(exc)[:200], self.limit, OUTAGE_JOB_TIMEOUTS)
+            down = now - self._down_since
+            if down > self.limit and self._gave_up is None:
+                self._gave_up = (f"no Grid call got through for {down:.0f}s, longer than the outage limit of "
+                                 f"{self.limit:g}s ({OUTAGE_JOB_TIMEOUTS} x job-timeout); last error: "
+                                 f"{type(exc).__name__}: {str(exc)[:200]}")
+        self._raise_if_given_up()
+
+    def _reached(self, started: float) -> None:
+        """A call that began at ``started`` got through: an outage that began before it is over."""
+        if self._down_since is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._down_since is None or started < self._down_since:
+                return  # a call from before the outage says nothing of now
+            self.spans.append((self._down_since, now))
+            self.outage_seconds += now - self._down_since
+            log.info("the SuperLink is reachable again after %.1fs (%d failed tries so far); jobs it lost are sent "
+                     "again", now - self._down_since, self.retries)
+            self._down_since = None
+            self._up.set()
+
+    def _raise_if_given_up(self) -> None:
+        if self._gave_up is not None and not self._ended:
+            raise SuperLinkUnreachable(self._gave_up)
+
+    def down_during(self, since: float) -> bool:
+        """Whether the SuperLink was unreachable at some moment from ``since`` (``time.monotonic()``) to now."""
+        with self._lock:
+            return self._down_since is not None or any(end >= since for _, end in self.spans)
+
+    def down_seconds_since(self, since: float) -> float:
+        """Seconds the SuperLink was unreachable from ``since`` (``time.monotonic()``) to now."""
+        with self._lock:
+            total = sum(end - max(start, since) for start, end in self.spans if end > since)
+            if self._down_since is not None:
+                total += time.monotonic() - max(self._down_since, since)
+        return total
+
+    def recovery_wait(self) -> float:
+        """Seconds left of the outage limit since the last outage ended (0 long after one, or with none): how
+        long nodes may take to come back to a restarted SuperLink."""
+        with self._lock:
+            if self._down_since is not None or not self.spans or math.isinf(self.limit):
+                return 0.0
+            return max(0.0, self.spans[-1][1] + self.limit - time.monotonic())
+
+    def outage_note(self) -> str:
+        """For the stop reason of a run ended by a signal during an outage or soon after one (within the outage
+        limit): Flower 1.42's SuperLink fails a ServerApp task that sent no heartbeat for 60 s (2 x 30 s), then
+        refuses its token, and Flower stops the process itself (SIGINT); "" otherwise."""
+        refused = ("; the SuperLink refused the run's task token (HTTP 401), on which Flower stops the ServerApp: it "
+                   "fails a task that sent it no heartbeat for 60s" if self.refused else "")
+        with self._lock:
+            now = time.monotonic()
+            if self._down_since is not None:
+                return f"; during a SuperLink outage ({now - self._down_since:.0f}s so far){refused}"
+            if not self.spans or now - self.spans[-1][1] > (self.limit if math.isfinite(self.limit) else 600.0):
+                return refused
+            start, end = self.spans[-1]
+        return f"; {now - end:.0f}s after a SuperLink outage of {end - start:.0f}s{refused}"
+
+    def end(self) -> None:
+        """The run is over: calls answer at once as a SuperLink with nothing (and no longer raise)."""
+        self._ended = True
+        self._up.set()
+
+    def summary(self) -> dict:
+        """``summary.json``'s outage figures (an outage still going on counts up to now)."""
+        with self._lock:
+            seconds = self.outage_seconds + (time.monotonic() - self._down_since if self._down_since is not None
+                                             else 0.0)
+            return {"superlink-outages": self.outages, "superlink-outage-seconds": round(seconds, 3),
+                    "superlink-failed-tries": self.retries}
+
+    @contextmanager
+    def watching(self):
+        """While the block runs, learn of the retries Flower's own Grid makes inside a call (its ``RetryInvoker``:
+        ``on_backoff`` after a failed try, ``on_success``), so an outage it waits out is counted, and limited,
+        here too; the Grid's own hooks still run first. ``should_giveup`` is watched for a 401 (the SuperLink no
+        longer accepts the run's task, on which Flower 1.42 stops the process: :meth:`outage_note` says so). A
+        Grid without one is used as it is."""
+        invoker = getattr(self.inner, "_retry_invoker", None)
+        if invoker is None or not all(hasattr(invoker, hook) for hook in ("on_backoff", "on_success", "should_giveup")):
+            yield self
+            return
+        backoff, success, giveup = invoker.on_backoff, invoker.on_success, invoker.should_giveup
+
+        def should_giveup(exc: Exception) -> bool:  # Flower stops its own process on a 401, inside this call
+            response = getattr(exc, "response", None)
+            if getattr(response, "status_code", None) == 401:
+                self.refused = True
+            return giveup(exc) if giveup is not None else False
+
+        def on_backoff(state) -> None:
+            if backoff is not None:
+                backoff(state)
+            if self._ended:
+                raise SuperLinkUnreachable("the run is over")  # ends the Grid's retries; the call answers nothing
+            if state.exception is not None and is_unreachable(state.exception):
+                self._failed(state.exception)
+
+        def on_success(state) -> None:
+            if success is not None:
+                success(state)
+            if state.tries > 1:  # this call failed, then got through: the SuperLink is back (a first try that
+                self._reached(time.monotonic())  # began before an outage says nothing; the Link's own call tells)
+
+        invoker.on_backoff, invoker.on_success, invoker.should_giveup = on_backoff, on_success, should_giveup
+        try:
+            yield self
+        finally:
+            invoker.on_backoff, invoker.on_success, invoker.should_giveup = backoff, success, giveup
+
+
+def guarded(grid, job_timeout: float) -> Link:
+    """``grid`` as a :class:`Link` (itself if it is one), its outage limit :func:`outage_limit` of ``job_timeout``."""
+    return grid if isinstance(grid, Link) else Link(grid, outage_limit(job_timeout))
