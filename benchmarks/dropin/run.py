@@ -220,7 +220,8 @@ def run_cell(cell: dict) -> dict:
     else:
         from asyncfl.errors import ClientAppsFailing
 
-        with tempfile.TemporaryDirectory() as folder, attacker_pace(cell):  # metrics.csv: each evaluation's time
+        with tempfile.TemporaryDirectory() as folder, attacker_pace(cell), \
+                bound_weight_ablated(cell):  # metrics.csv: each evaluation's time
             try:
                 summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
                                          output_dir=folder, run_name="run",
@@ -267,6 +268,23 @@ def attacker_pace(cell: dict):
         yield
     finally:
         engine.delay_sampler = original
+
+
+@contextlib.contextmanager
+def bound_weight_ablated(cell: dict):
+    """With ``"bound-weight": False`` in the cell, the update bound compares each update's norm alone, not the
+    strategy's staleness weight x norm (the ablation of asyncfl.server_app.participants.relative_weight)."""
+    if cell.get("bound-weight", True):
+        yield
+        return
+    import asyncfl.server_app.participants as participants
+
+    original = participants.relative_weight
+    participants.relative_weight = lambda strategy, arrival: 1.0
+    try:
+        yield
+    finally:
+        participants.relative_weight = original
 
 
 def run_cells(run: Callable[[dict], dict], todo: list[dict], path: Path, workers: int) -> Iterator[dict]:
@@ -359,6 +377,8 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=0, help="how many nodes make the --attack")
     parser.add_argument("--attacker-speed", type=float, default=1.0, help="the --attack's nodes finish each job "
                         "this many times sooner than drawn (asynchronous strategies; a synchronous round waits anyway)")
+    parser.add_argument("--no-bound-weight", action="store_true", help="ablation: the update bound on each update's "
+                        "norm alone, not the strategy's staleness weight x norm")
     parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
     args = parser.parse_args()
     for name in args.strategies:
@@ -368,6 +388,8 @@ def main() -> None:
     drill = {"attack": args.attack, "attackers": args.attackers} if args.attack else {}
     if args.attacker_speed != 1.0:
         drill["speed"] = args.attacker_speed
+    if args.no_bound_weight:
+        drill["bound-weight"] = False
     todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays, **drill} for seed in args.seeds
             for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:
