@@ -114,9 +114,11 @@ class RunOptions(Knobs):
         How many of the newest checkpoints to keep (default 1: each is written whole under a temporary name
         and renamed, so the newest is complete; the older ones only cost disk). ``checkpoint-keep``.
     update_norm_bound : float
-        Bound each arriving update's norm at this multiple of the recent updates' median norm (the model's
-        own norm before three updates are known): no single reply moves the model far, so one faulty node
-        cannot send it to chance (:mod:`asyncfl.server_app.update_bound`). 0 = off. ``update-norm-bound``.
+        Bound each arriving update's movement of the model (its norm x the strategy's staleness weight for it)
+        at this multiple of the recent clients' median movement (a tenth of the model's own norm before three
+        clients are known), less for a client over its share of the recent updates: no single node moves the
+        model far, so one faulty node cannot send it to chance (:mod:`asyncfl.server_app.update_bound`).
+        0 = off. ``update-norm-bound``.
     update_norm_action : {"clip", "reject"}
         An update beyond the bound is scaled back to it (``clip``) or rejected with reason ``update-norm``.
         ``update-norm-action``.

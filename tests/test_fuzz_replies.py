@@ -147,14 +147,14 @@ def test_mutated_replies_never_end_a_run_and_each_is_counted_by_its_reason(make)
     initial = _initial()
     result = make().start(grid, ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=0,
                           train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=5,
-                          max_arrivals=2400, concurrency=8)
+                          max_arrivals=1500, concurrency=8)
     summary = result.summary
     rejected = Counter(summary["rejected-by-reason"])
     expected = Counter(MUTATIONS[name][1] for (_, name) in seen if MUTATIONS[name][1] is not None)
     pushed_train = sum(m.metadata.message_type == "train" for m in grid.pushed)
     abandoned = pushed_train - summary["arrivals"] - sum(rejected.values())
 
-    assert len(seen) >= 500 and summary["arrivals"] == 2400  # the run reached its stop
+    assert len(seen) >= 350 and summary["arrivals"] == 1500  # the run reached its stop (3 x 350: over 1,000 in all)
     assert 0 <= abandoned <= 8  # the jobs still in flight at the stop; every other reply counted
     assert set(rejected) <= set(expected)
     for reason, count in expected.items():  # each mutated reply's rejection under its reason (bar the abandoned)
