@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from asyncfl.errors import ConfigError
 from asyncfl.strategies import AFLDW, Arrival, FedAsync, FedAvg, FedBuff
 from asyncfl.strategies.registry import strategy_class
 from asyncfl.strategies.afl_dw import afl_dw_step
@@ -170,5 +171,7 @@ def test_afl_dw_downweights_by_one_minus_beta():
 
 
 def test_registry_unknown_name():
-    with pytest.raises(ValueError, match="fedavg, fedasync, fedbuff, afl-dw"):
+    # the same class and wording as the run-config parser's for the same mistake; still a ValueError
+    with pytest.raises(ConfigError, match="strategy='fedprox' is not valid; choose one of: fedavg, fedasync, fedbuff, afl-dw"):
         strategy_class("fedprox")
+    assert issubclass(ConfigError, ValueError)

@@ -26,13 +26,13 @@ def count_parameters(model: nn.Module) -> int:
 class MaxPool2x2(nn.Module):
     """2x2 max-pooling, stride 2, as ``nn.MaxPool2d(2)``; forward-only CPU passes use the channels-last kernel.
 
-    On these CPUs Torch's default (NCHW) max-pool forward was the slowest op of
-    inference (FedRevive's teacher passes): 178 ms for a 256x32x28x28 batch
-    against 69 ms through the channels-last kernel including the layout copies;
-    the BN CNN's no-grad forward of 32 samples went from ~17 to ~7-13 ms. With
-    gradients the channels-last backward was slower, so training keeps the
-    plain kernel. Outputs and gradients are bitwise the same either way
-    (tested), and the result is handed back in the usual layout.
+    On the CPUs measured, Torch's default (NCHW) max-pool forward was the slowest
+    op of inference (FedRevive's teacher passes) and the channels-last kernel was
+    faster, layout copies included (measured: benchmarks/fedrevive/README.md,
+    "FedRevive server overhead"). With gradients the channels-last backward was
+    slower, so training keeps the plain kernel. Outputs and gradients are
+    bitwise the same either way (tested), and the result is handed back in the
+    usual layout.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

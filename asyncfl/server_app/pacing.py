@@ -3,9 +3,9 @@
 A pull of ``k`` message ids costs the SuperLink (or, in a simulation, the link
 state that Flower's simulation runtime shares with the ServerApp, under one
 lock) work in ``k``. Polling thousands of pending ids every few milliseconds
-starves the runtime that produces the replies: in a 10,000-node identity
-discovery the simulation process ran at 94 % of a core, mostly inside our
-pulls, while the two Ray workers answering the queries idled at a third of one.
+starves the runtime that produces the replies: the simulation process spends
+its core inside our pulls while the Ray workers answering them idle (measured in
+a 10,000-node identity discovery: docs/scale.md, benchmarks/scale/README.md).
 So after every pull the caller waits at least ``duty`` times what that pull
 took (pulling then takes at most ``1 / (1 + duty)`` of the wall time, whatever
 ``k`` is), and, while nothing arrives, a backoff that doubles from ``first`` to

@@ -5,8 +5,8 @@ Flower's ``Grid.pull_messages`` returns a reply only once all its objects
 the pull keeps retrying until the SuperLink's object-push session expires
 (``OBJECT_PUSH_SESSION_TTL_SECONDS`` = 180 s in Flower 1.41 and 1.42) and only then
 yields an error message. A batch pull that contains that reply blocks every
-other reply with it; measured on loopback: a killed SuperNode stalled the
-engine for ~3 minutes.
+other reply with it until the session expires (measured on loopback with a
+killed SuperNode: docs/deployment.md).
 
 So in wall-clock runs each in-flight message is pulled on its own, by a small
 pool of daemon threads. A stuck pull occupies one worker; the others keep

@@ -25,9 +25,9 @@ AMSGrad steps the trained entries only. BatchNorm running statistics and counter
 not trained by gradients (the paper's models carry none); they take FedBuff's stable
 step on the buffered mean update, as FedBuff moves them. Normalised, a statistic moved
 by about ``eta`` per step whatever its value (0.06 in a 60-step run, from a running
-variance of 1). On a BatchNorm CNN in 15 rounds FADAS ended at 0.888 instead of 0.855
-with ``beta1 = 0.9``, and at 0.933 with 0.5 (FedAvg 0.970); in 40 rounds it ends within
-a point of FedAvg (0.972, FedAvg 0.976).
+variance of 1). On a BatchNorm CNN FedBuff's step on them did better than AMSGrad's
+(measured: docs/methods.md, the ``fadas`` row; benchmarks/dropin/README.md, "FADAS: half
+the server momentum, BatchNorm statistics at FedBuff's step").
 """
 
 from __future__ import annotations

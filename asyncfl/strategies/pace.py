@@ -70,10 +70,10 @@ def cache_lag(concurrency: int, updates_per_step: int) -> float:
     CA2FL adds the mean of every client's cached update at each step until the client's next
     update replaces it, about ``K`` arrivals later, so an update's weight is spread over those
     arrivals instead of landing once. On the scalar recursion with equal speeds the largest
-    stable step then equals the stable pace of a delay ``d + K / 2 - B / 4``, within 3 % for
-    ``K`` from 6 to 100 at ``B = K / 4`` (at ``K = 100, B = 10`` 2.7 % above the edge, where the plain
-    pace of FedBuff is 0.3 % above it), and below it for larger buffers (``tests/test_pace.py`` runs
-    the recursion through :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is
+    stable step then is close to the stable pace of a delay ``d + K / 2 - B / 4`` at ``B = K / 4``,
+    and below it for larger buffers (how close, measured on the recursion for ``K`` from 6 to 100:
+    docs/methods.md, "Default server steps"; ``tests/test_pace.py`` runs the recursion through
+    :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is
     0.69 times FedBuff's; at FedBuff's step CA2FL oscillated (docs/methods.md).
     """
     return max(0.0, concurrency / 2 - updates_per_step / 4)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from asyncfl.errors import ConfigError
+
 if TYPE_CHECKING:
     from asyncfl.strategies.base import Strategy
 
@@ -44,10 +46,11 @@ def strategy_class(name: str) -> type["Strategy"]:
 
     Raises
     ------
-    ValueError
-        For a name that is not registered, listing the valid ones.
+    ConfigError
+        For a name that is not registered, listing the valid ones (a ``ValueError``, as the
+        run-config parser raises for the same mistake).
     """
     if name not in STRATEGY_CLASSES:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGY_CLASSES)}")
+        raise ConfigError(f"strategy={name!r} is not valid; choose one of: {', '.join(STRATEGY_CLASSES)}")
     module, _, attribute = STRATEGY_CLASSES[name].partition(":")
     return getattr(import_module(module), attribute)

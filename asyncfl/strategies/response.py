@@ -33,8 +33,7 @@ import numpy as np
 from asyncfl.strategies.arrival import Arrival
 
 #: The bound trusts ``lambda_hat`` up to this factor: the secant along the server's moves under-reads
-#: the largest response (FedBuff at FedAvg's pace oscillated with equal speeds while its ``lambda_hat``
-#: read 0.5-0.9, so the response that oscillated was at least 1.3).
+#: the largest response (measured: docs/methods.md, "Default server steps").
 RESPONSE_SAFETY = 3.0
 #: The smallest bound, 1: a client that moves the model to its own optimum without overshooting, so the step
 #: grows to at most twice the stable pace. A floor of 0.5 (four times) let AFL-DW, which steps per arrival,

@@ -63,7 +63,7 @@ class GICompensationConfig(FedAvgConfig):
         Switch back at the first ``E1 > E2`` (the paper) or when the mean over the last comparisons says so.
     switch_margin : float
         Switch only when ``E2 < switch_margin * E1`` (default 0.9, the reference code's ``e2 < 0.9 * e1``;
-        1 = the paper's text, which switched at versions 81-86 of 150 in our mnist5k study).
+        1 = the paper's text, which switched early in our mnist5k study: benchmarks/gi/README.md).
     uniqueness : bool
         Apply the Eq. 7-8 test (False: invert every stale update).
     inversion_workers : int
@@ -242,8 +242,8 @@ class GICompensation(FedAvg):
                 self._invert(job, self.layout.model, params, buffers)
         else:
             # One torch thread per inversion, also when a round has a single one, so results never depend on
-            # how many ran side by side. LeNet-5 inversions on 2 cores: 2 workers x 1 thread took 0.55x the
-            # one-at-a-time time on one thread, 2 workers x 2 threads 1.4x one at a time on 2 threads.
+            # how many ran side by side; single-threaded workers were also the fastest (measured:
+            # benchmarks/server_methods/README.md, "GI compensation: inversions side by side").
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:

@@ -3,8 +3,8 @@
 ``x <- x + eta_s [ (1 - beta) Delta + beta Delta_KD ]`` does what the paper says only where
 ``beta`` is large and ``Delta_KD`` is not negligible next to ``Delta`` (its Sec. 3.2 and App. G
 read the two halves' effects apart). These are the two quantities that tell whether a run is
-in that regime (issue 29: with 20 jobs in flight and ``tau_max`` 150, ``beta`` averaged 0.05,
-and the KD half was ~0.5 % of each step); both go into the run's summary.
+in that regime (a ``tau_max`` far above the jobs in flight keeps ``beta`` small and the KD half
+negligible; measured: benchmarks/fedrevive-fmnist/README.md); both go into the run's summary.
 """
 
 from __future__ import annotations
