@@ -140,5 +140,8 @@ def test_tls_and_supernode_auth_in_containers_and_a_superlink_restart_mid_run(do
     assert any(a.startswith("--superexec-auth-secret-file=") for a in superlink_command)
     assert all(p.stat().st_mode & 0o077 == 0 for p in deployment.material.iterdir() if p.suffix != ".pub")
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["arrivals"] == 12 and summary["clients"] == 2
-    assert len(runs) == 1 and runs[0]["status"] == "finished:completed", runs
+    said = {key: summary.get(key) for key in ("arrivals", "clients", "stop-reason", "rejected-by-reason",
+                                                "superlink-outages", "superlink-outage-seconds", "jobs-lost-to-outage",
+                                                "jobs-resent-after-outage")}
+    assert summary["arrivals"] == 12 and summary["clients"] == 2, (said, runs, "".join(lines[-40:]))
+    assert len(runs) == 1 and runs[0]["status"] == "finished:completed", (said, runs)

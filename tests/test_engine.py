@@ -774,3 +774,30 @@ def test_every_run_end_says_why_in_summary_json(tmp_path):
         FedBuff(fraction_evaluate=0.0).start(FakeGrid(3, broken), initial, run_name="failing", **common)
     summary = json.loads((tmp_path / "failing" / "summary.json").read_text())
     assert summary["stop-reason"].startswith("all nodes failing: ClientAppsFailing: the last 20 jobs all failed")
+
+
+def test_a_later_unavailable_error_for_a_pulled_reply_does_not_replace_it():
+    """The threaded puller may pull a job's id again after the SuperLink delivered (and deleted) its reply; the
+    second pull answers Flower's MESSAGE_UNAVAILABLE error. While the reply waits in the inbox for its turn, that
+    error must not overwrite it (a reply the client computed would be counted lost)."""
+    from flwr.app import Metadata, RecordDict
+    from flwr.app.message import make_message
+
+    from asyncfl.server_app.transport import unavailable_reply
+
+    class TwoPulls:
+        def __init__(self, *answers):
+            self.answers = list(answers)
+
+        def poll(self, waiting):
+            return self.answers.pop(0) if self.answers else []
+
+    engine = make_engine(FakeGrid(2, plus_one), Recording(), max_arrivals=2)
+    metadata = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=0, reply_to_message_id="job-x",
+                        group_id="", created_at=time.time(), ttl=60.0, message_type="train")
+    computed = make_message(metadata=metadata, content=RecordDict())
+    engine.state.in_flight["job-x"] = engine.state.in_flight["job-y"] = object()  # job-y keeps the engine pulling
+    engine._puller = TwoPulls([computed], [unavailable_reply("job-x", "deleted after delivery")])
+    assert engine._pull() == 1
+    engine._pull()  # the error the re-pull queued in the first poll comes out with the next one
+    assert engine.state.inbox["job-x"] is computed

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_ins_message
+from flwr.supercore.inflatable.inflatable_utils import ObjectPushError, ObjectUnavailableError
 from flwr.supercore.retry import RetryInvoker, exponential
 
 from asyncfl import FedBuff
@@ -295,3 +296,32 @@ def test_flowers_simulation_grid_is_still_recognised_through_the_link():
     clock = WallClock(delays=None)
     clock.puller(Link(InMemoryGrid.__new__(InMemoryGrid), 1.0), concurrency=2)
     assert clock.simulation_workers is not None
+
+
+class LostObjectsGrid(FakeGrid):
+    """A SuperLink restarted between a message and its objects: the 4th push raises Flower's ObjectPushError (its
+    push session gone) and the 6th pull Flower's ObjectUnavailableError (a reply's objects gone)."""
+
+    def __init__(self, n, handler):
+        super().__init__(n, handler)
+        self.pushes = self.pulls = 0
+
+    def push_messages(self, messages):
+        self.pushes += 1
+        if self.pushes == 4:
+            raise ObjectPushError("obj", 1, "session")
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        if self.pulls == 6:
+            raise ObjectUnavailableError("obj")
+        return super().pull_messages(message_ids)
+
+
+def test_a_message_whose_objects_the_superlink_lost_is_lost_not_the_run(tmp_path):
+    result = _start(LostObjectsGrid(2, honest), tmp_path)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop-reason"] == result.summary["stop-reason"] == "max-arrivals 8 reached"
+    assert summary["arrivals"] == 8 and summary["superlink-outages"] >= 1
+    assert set(summary["rejected-by-reason"]) <= {"push-refused"}  # the lost push; no client counted failing

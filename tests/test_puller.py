@@ -72,3 +72,31 @@ def test_forgotten_messages_start_young_again():
     puller.poll(["m"])
     _settle(puller, 3)
     assert grid.pulls == {"m": 3}
+
+
+def test_a_message_whose_reply_was_pulled_is_not_pulled_again():
+    """The SuperLink deletes a job once its reply is pulled; pulling the id again only brings Flower's
+    MESSAGE_UNAVAILABLE error (and costs a request)."""
+    import threading as _threading
+
+    class Grid:
+        def __init__(self):
+            self.pulls, self.done = [], _threading.Event()
+
+        def pull_messages(self, ids):
+            self.pulls.extend(ids)
+            self.done.set()
+            return [object()]
+
+    grid, now = Grid(), [0.0]
+    puller = ThreadedPuller(grid, workers=1, clock=lambda: now[0])
+    puller.poll(["m"])
+    assert grid.done.wait(10)
+    deadline = time.monotonic() + 10
+    got = []
+    while not got and time.monotonic() < deadline:
+        got = puller.poll(["m"])
+    now[0] += 100.0  # long past any interval: an id not yet delivered would be pulled again
+    puller.poll(["m"])
+    assert puller._requests.empty() and "m" not in puller._pending  # no second pull asked for
+    assert grid.pulls == ["m"] and len(got) == 1

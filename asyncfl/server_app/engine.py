@@ -262,7 +262,9 @@ class AsyncEngine:
         replies = self._puller.poll(waiting) if self._puller is not None else self.grid.pull_messages(waiting)
         for reply in replies:
             reply_to = reply.metadata.reply_to_message_id
-            if reply_to in state.in_flight:
+            # the first reply stays: a later one for the same job (a second pull after the SuperLink delivered
+            # and deleted it) can only be Flower's "message unavailable" error, which must not replace it
+            if reply_to in state.in_flight and reply_to not in state.inbox:
                 state.inbox[reply_to] = reply
                 state.pulled_at[reply_to] = time.monotonic()
                 got += 1

@@ -58,6 +58,7 @@ class ThreadedPuller:
         self._requests: queue.Queue[str] = queue.Queue()
         self._replies: queue.Queue[Message] = queue.Queue()
         self._pending: set[str] = set()  # queued or being pulled
+        self._delivered: set[str] = set()  # a pull returned its reply: the SuperLink deleted it, never pull it again
         self._last_try: dict[str, float] = {}
         self._first_seen: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -75,6 +76,8 @@ class ThreadedPuller:
             message_id = self._requests.get()
             try:
                 for reply in self.grid.pull_messages([message_id]):
+                    with self._lock:
+                        self._delivered.add(message_id)
                     self._replies.put(reply)
             except Exception:  # a failed pull is retried on a later poll
                 self.errors += 1
@@ -90,7 +93,7 @@ class ThreadedPuller:
         with self._lock:
             for message_id in waiting:
                 first = self._first_seen.setdefault(message_id, now)
-                if message_id in self._pending:
+                if message_id in self._pending or message_id in self._delivered:
                     continue
                 last = self._last_try.get(message_id)
                 if last is not None and now - last < self.interval(now - first):
@@ -109,3 +112,4 @@ class ThreadedPuller:
         with self._lock:
             self._last_try.pop(message_id, None)
             self._first_seen.pop(message_id, None)
+            self._delivered.discard(message_id)

@@ -21,6 +21,7 @@ from flwr.app import Error, Message, Metadata
 from flwr.app.message import make_message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
+from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectPushError, ObjectUnavailableError
 
 from asyncfl.errors import ConfigError, RunFailed
 from asyncfl.server_app.pacing import PollPacer
@@ -84,6 +85,11 @@ GATEWAY_STATUSES = (502, 503, 504)
 #: Flower's error codes for a message or reply the SuperLink does not have (a restart loses what it held in memory;
 #: a message past its TTL) and for a node that missed its heartbeats.
 UNAVAILABLE_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
+
+
+#: Flower's errors for a message whose objects the SuperLink no longer has or would not take (a push session or
+#: objects lost in a restart): the message is lost, the run goes on.
+OBJECT_ERRORS = (ObjectPushError, ObjectPullError, ObjectUnavailableError)
 
 
 class SuperLinkUnreachable(RunFailed):
@@ -172,13 +178,27 @@ class Link:
         return self._call(self.inner.get_node_ids, (), lambda: [])
 
     def push_messages(self, messages):
-        return self._call(self.inner.push_messages, (list(messages),), lambda: [])
+        try:
+            return self._call(self.inner.push_messages, (list(messages),), lambda: [])
+        except OBJECT_ERRORS as exc:  # a SuperLink restarted mid-push lost the push session: nothing was taken
+            self._lost_objects(exc)
+            return []  # the dispatcher counts the jobs push-refused; their clients get new ones
 
     def pull_messages(self, message_ids):
         ids = list(message_ids)
-        return self._call(self.inner.pull_messages, (ids,), lambda: [
-            unavailable_reply(message_id, f"the SuperLink could not be reached: {self._gave_up}")
-            for message_id in ids])
+        try:
+            return self._call(self.inner.pull_messages, (ids,), lambda: [
+                unavailable_reply(message_id, f"the SuperLink could not be reached: {self._gave_up}")
+                for message_id in ids])
+        except OBJECT_ERRORS as exc:  # a reply whose objects a restarted SuperLink no longer has: lost
+            self._lost_objects(exc)
+            return [unavailable_reply(message_id, f"{type(exc).__name__}: {exc}") for message_id in ids]
+
+    def _lost_objects(self, exc: BaseException) -> None:
+        """A message's objects were lost by the SuperLink (a restart between a message and its objects): counted as
+        an outage moment, so that the jobs out then are not their clients' failures."""
+        self._failed(exc)
+        self._reached(time.monotonic())
 
     def _call(self, call, args: tuple, nothing):
         wait = min(RETRY_FIRST_S, self._longest_wait)
