@@ -3,23 +3,17 @@ verdict column recomputed from the stored runs (no training)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
+
 
 
 @pytest.fixture(scope="module")
 def verdicts():
-    spec = importlib.util.spec_from_file_location("fidelity_verdicts", ROOT / "benchmarks" / "verdicts.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/verdicts.py", "fidelity_verdicts")
 
 
 @pytest.mark.parametrize(

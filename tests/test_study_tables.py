@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _matrix():
-    spec = importlib.util.spec_from_file_location("study_matrix", ROOT / "benchmarks" / "matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/matrix.py", "study_matrix")
 
 
 def _run(runs_dir: Path, name: str, accuracies: list[float]) -> None:
@@ -148,14 +144,7 @@ def test_a_study_whose_grid_has_not_run_says_so(tmp_path, monkeypatch):
 
 
 def _wall_clock():
-    sys.path.insert(0, str(ROOT / "benchmarks" / "dropin"))
-    try:
-        spec = importlib.util.spec_from_file_location("wall_clock", ROOT / "benchmarks" / "dropin" / "wall_clock.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks" / "dropin"))
+    return load_script("benchmarks/dropin/wall_clock.py", "wall_clock")
 
 
 @pytest.mark.parametrize("example", ["quickstart-pytorch", "advanced-pytorch"])
@@ -189,10 +178,7 @@ def test_the_wall_clock_study_swaps_only_the_strategy_of_each_shipped_example(ex
 
 
 def _partial_runs():
-    spec = importlib.util.spec_from_file_location("partial_runs", ROOT / "benchmarks" / "partial_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/partial_runs.py", "partial_runs")
 
 
 def test_runs_stopped_early_are_compared_at_a_time_each_reached_and_paired_by_seed(tmp_path):

@@ -48,10 +48,12 @@ def no_outage(since: float) -> float:
     return 0.0
 
 
-def timed_out(job: "Job", timeout: float, outage_seconds_since: Callable[[float], float]) -> bool:
-    """Whether ``job`` has been out longer than ``timeout`` wall seconds, not counting those the SuperLink could
-    not be reached (a job cannot come back then)."""
-    age = time.monotonic() - job.sent_wall
+def timed_out(job: "Job", timeout: float, outage_seconds_since: Callable[[float], float],
+              now_wall: float | None = None) -> bool:
+    """Whether ``job`` has been out longer than ``timeout`` wall seconds at ``now_wall`` (``time.monotonic()``;
+    read here when not given), not counting those the SuperLink could not be reached (a job cannot come back
+    then)."""
+    age = (time.monotonic() if now_wall is None else now_wall) - job.sent_wall
     return age > timeout and age - outage_seconds_since(job.sent_wall) > timeout
 
 
@@ -204,8 +206,9 @@ class WallClock:
             self.recent_durations.append(job.finish - job.start)
             del inbox[message_id]
             return job, reply
+        now_wall = time.monotonic()  # one reading for every job out (thousands, at every pick)
         for job in in_flight.values():
-            if timed_out(job, timeout, self.outage_seconds_since):
+            if timed_out(job, timeout, self.outage_seconds_since, now_wall):
                 job.finish = self.now(last_event)
                 return job, None
         return None
