@@ -115,7 +115,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="Flower app folder (default: . where it holds a pyproject.toml, else asyncfl's built-in app)")
     run.add_argument("--num-supernodes", type=int, default=None,
                      help=f"simulated clients (default: {DEFAULT_SUPERNODES}, or the resumed run's)")
-    run.add_argument("--cpus-per-client", type=float, default=1, help="Ray CPUs per ClientApp (default: 1)")
+    run.add_argument("--cpus-per-client", type=float, default=1.0,
+                     help="Ray CPUs per ClientApp, a whole number (Flower's client-resources-num-cpus; default: 1)")
+    run.add_argument("--ray-cpus", type=int, default=None,
+                     help="CPUs Ray may hand out (Flower's init-args-num-cpus; default: this machine's cores): more "
+                          "than the cores runs that many ClientApps at once, e.g. for nodes that wait (device_speed)")
     run.add_argument("--ray-address", default=None,
                      help="attach the simulation to a running Ray cluster (HEAD:6379, as for 'ray start "
                           "--address') instead of starting Ray on this machine")
@@ -191,8 +195,16 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     """``asyncfl run``: every check first (one line each), then the SuperLink, Ray and ``flwr run``."""
     if args.num_supernodes is not None and args.num_supernodes < 1:
         parser.error(f"--num-supernodes must be >= 1, got {args.num_supernodes}")
-    if not math.isfinite(args.cpus_per_client) or args.cpus_per_client <= 0:
-        parser.error(f"--cpus-per-client must be a finite number > 0, got {args.cpus_per_client:g}")
+    if not math.isfinite(args.cpus_per_client) or args.cpus_per_client < 1 or not args.cpus_per_client.is_integer():
+        parser.error(f"--cpus-per-client must be a whole number >= 1 (Flower gives a simulated ClientApp whole CPUs), "
+                     f"got {args.cpus_per_client:g}; to run more ClientApps at once than there are cores, raise "
+                     "--ray-cpus")
+    if args.ray_cpus is not None and args.ray_cpus < args.cpus_per_client:
+        parser.error(f"--ray-cpus must be >= --cpus-per-client ({args.cpus_per_client:g}: Ray would start no "
+                     f"ClientApp), got {args.ray_cpus}")
+    if args.ray_cpus is not None and args.ray_address:
+        parser.error("--ray-cpus is for the Ray this command starts; an attached cluster (--ray-address) has its own "
+                     "CPUs: leave one of them out")
     if args.ray_address:
         try:
             check_ray_address(args.ray_address)
@@ -204,8 +216,8 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     fused, run_config, num_supernodes = (_resumed if args.resume is not None else _fresh)(parser, args)
     started = time.time()
     try:
-        return run_app(args.app, run_config, num_supernodes, args.cpus_per_client, ray_address=args.ray_address,
-                       workdir=workdir)
+        return run_app(args.app, run_config, num_supernodes, int(args.cpus_per_client), ray_address=args.ray_address,
+                       workdir=workdir, ray_cpus=args.ray_cpus)
     except KeyboardInterrupt:
         print(interrupted_message(workdir, fused, started), file=sys.stderr)
         return 130

@@ -479,10 +479,14 @@ def test_a_bad_ray_address_is_refused_before_a_resume_writes_anything(tmp_path, 
     assert not nothing_starts and not (run / "resume").exists()
 
 
-@pytest.mark.parametrize("argv, says", [(["run", "--cpus-per-client", "nan"], "--cpus-per-client must be a finite"),
+@pytest.mark.parametrize("argv, says", [(["run", "--cpus-per-client", "nan"], "--cpus-per-client must be a whole"),
+                                        (["run", "--cpus-per-client", "0.25"], "raise --ray-cpus"),
+                                        (["run", "--ray-cpus", "0"], "--ray-cpus must be >= --cpus-per-client"),
+                                        (["run", "--cpus-per-client", "2", "--ray-cpus", "1"], "Ray would start no"),
+                                        (["run", "--ray-cpus", "8", "--ray-address", "auto"], "leave one of them out"),
                                         (["run", "-c", "lr=inf"], "lr=inf must be a finite number > 0"),
                                         (["run", "-c", "lr=nan"], "lr=nan must be a finite number > 0")])
-def test_non_finite_numbers_are_refused(capsys, nothing_starts, argv, says):
+def test_numbers_flower_cannot_take_are_refused(capsys, nothing_starts, argv, says):
     assert says in _refused(capsys, argv) and not nothing_starts
 
 
@@ -490,3 +494,33 @@ def test_non_finite_numbers_are_refused(capsys, nothing_starts, argv, says):
 def test_a_seed_flower_cannot_carry_is_refused_before_anything_starts(capsys, nothing_starts, seed):
     line = _refused(capsys, ["run", "-c", f"seed={seed}"])
     assert f"seed = {seed} is out of range" in line and not nothing_starts
+
+
+def test_ray_cpus_reaches_flowers_federation_config_and_whole_cpus_per_client(monkeypatch, tmp_path):
+    # Prepare: the SuperLink and flwr replaced by recorders.
+    from asyncfl.deploy import simulation
+
+    commands = []
+
+    class Link:
+        def __init__(self, *args):
+            self.log_path = tmp_path / "superlink.log"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def env(self):
+            return {}
+
+    monkeypatch.setattr(simulation, "LocalSuperLink", Link)
+    monkeypatch.setattr(simulation.subprocess, "call", lambda command, **kwargs: commands.append(command) or 1)
+    # Act: with and without ray_cpus.
+    simulation.run_app(ROOT, [], 8, 1, ray_cpus=8)
+    simulation.run_app(ROOT, [], 8, 2)
+    # Assert: Flower's own keys, integers as its federation config types them.
+    federations = [c[c.index("--federation-config") + 1] for c in commands]
+    assert federations == ["num-supernodes=8 client-resources-num-cpus=1 init-args-num-cpus=8",
+                           "num-supernodes=8 client-resources-num-cpus=2"]

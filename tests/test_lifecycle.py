@@ -228,7 +228,7 @@ def test_a_ray_address_nobody_answers_at_is_refused_in_one_line_before_anything_
         port = probe.getsockname()[1]
     monkeypatch.setattr(simulation, "LocalSuperLink", lambda *a, **k: pytest.fail("a SuperLink was started"))
     # Execute
-    code = simulation.run_app(ROOT, [], 2, 1.0, ray_address=f"127.0.0.1:{port}")
+    code = simulation.run_app(ROOT, [], 2, 1, ray_address=f"127.0.0.1:{port}")
     # Assert
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err

@@ -69,8 +69,8 @@ class LocalSuperLink:
             shutil.rmtree(self.flwr_home, ignore_errors=True)
 
 
-def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: float, extra_env=None,
-            ray_address: str | None = None, workdir: Path | None = None) -> int:
+def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_client: int, extra_env=None,
+            ray_address: str | None = None, workdir: Path | None = None, ray_cpus: int | None = None) -> int:
     """``flwr run`` the app in ``app_dir`` on a private simulation SuperLink; returns the exit code.
 
     With ``ray_address`` the simulation attaches to that Ray cluster (``RAY_ADDRESS`` in the
@@ -78,7 +78,9 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
     Ray of its own (``RAY_ADDRESS=local``) even where ``ray start`` left a cluster running,
     which Ray would otherwise attach to. The ServerApp works in ``workdir`` (default: the app
     folder), where relative output paths land. The SuperLink's log, ``<app>/.flwr/superlink-<port>.log``,
-    is kept only when the run did not end well (a log per finished run filled the disk).
+    is kept only when the run did not end well (a log per finished run filled the disk). ``ray_cpus``
+    (Flower's ``init-args-num-cpus``) is how many CPUs the Ray it starts may hand out: with
+    ``cpus_per_client`` 1, that many ClientApps run at once, also more than the machine's cores.
     """
     if ray_address:
         try:
@@ -89,8 +91,10 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
     app_dir = app_dir.resolve()
     ray_env = {"RAY_ADDRESS": ray_address or "local"}
     with LocalSuperLink((workdir or app_dir).resolve(), app_dir / ".flwr", ray_env) as link:
-        command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
-                   "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+        federation = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}"
+        if ray_cpus is not None:
+            federation += f" init-args-num-cpus={ray_cpus}"
+        command = [flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--federation-config", federation]
         for item in run_config:
             command += ["--run-config", item]
         env = link.env()

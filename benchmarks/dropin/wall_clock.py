@@ -123,7 +123,7 @@ def without_mod(source: str) -> str:
 
 
 def run_cell(example: str, strategy: str, run: int, client_mod: bool = True, start_options: str = "",
-             cpus_per_client: float = 1.0) -> dict:
+             cpus_per_client: int = 1) -> dict:
     """One ``asyncfl run`` of ``example`` with ``strategy`` swapped in; the cell with its accuracy curve."""
     module, nodes, overrides = EXAMPLES[example]
     if "{subset}" in overrides:
@@ -199,7 +199,7 @@ def main() -> None:
                         help="take asyncfl's report_train_seconds mod out of the copy's ClientApp")
     parser.add_argument("--start-options", default="",
                         help="keywords for an asyncfl strategy's start(), as Python: \"concurrency=4\"")
-    parser.add_argument("--cpus-per-client", type=float, default=1.0,
+    parser.add_argument("--cpus-per-client", type=int, default=1,
                         help="Ray CPUs per ClientApp (Flower's own default is 2: one actor on 2 cores)")
     parser.add_argument("--reference", type=Path, default=HERE / "wall-clock" / "cells.jsonl",
                         help="cells with Flower's FedAvg, where --out has none (default: wall-clock/cells.jsonl)")
