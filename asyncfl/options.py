@@ -344,7 +344,9 @@ def _resumed(default: Any = dataclasses.MISSING) -> Any:
 class EngineConfig:
     """The options resolved for one run: what :class:`~asyncfl.server_app.engine.AsyncEngine` reads.
 
-    Built by :meth:`RunOptions.engine_config`, which checks everything a user sets. A field
+    Built by :meth:`RunOptions.engine_config`, which checks everything a user sets; it has no
+    defaults of its own (every default is :class:`RunOptions`'s), so a run built elsewhere
+    cannot get settings no user runs. A field
     that is an option has the option's name (its run-config key: :meth:`RunOptions.key_of`);
     the values are resolved (``concurrency`` an integer, ``delays`` a model). The rest come
     from the run: ``max_rounds`` is Flower's ``num_rounds``, ``job_timeout`` its ``timeout``,
@@ -364,22 +366,22 @@ class EngineConfig:
     delay_preset: str = _resumed()
     delays: DelayModel | RuntimeCategories | IntertwinedDelays
     progress: bool
-    emulate_delay_scale: float = _resumed(0.0)
-    overlap_server_compute: bool = _resumed(False)
-    dispatch_hold: float = _resumed(0.0)
-    server_time_scale: float = _resumed(0.0)
-    round_deadline: float = _resumed(0.0)
-    pipeline_late_clients: bool = _resumed(False)
-    max_rounds: int = 0  # stop after this many rounds (0 = no cap); Flower's num_rounds
-    evaluate_every: int = _resumed(0)  # also evaluate every this many rounds (0 = by clock only)
+    emulate_delay_scale: float = _resumed()
+    overlap_server_compute: bool = _resumed()
+    dispatch_hold: float = _resumed()
+    server_time_scale: float = _resumed()
+    round_deadline: float = _resumed()
+    pipeline_late_clients: bool = _resumed()
+    max_rounds: int  # stop after this many rounds (0 = no cap); Flower's num_rounds
+    evaluate_every: int = _resumed()  # also evaluate every this many rounds (0 = by clock only)
     # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
     # FedAvg would train); 0: a round is a server version (synchronous strategies)
-    round_arrivals: int = _resumed(0)
-    identify_nodes: bool = _resumed(True)  # ask nodes for partition id and size (query messages) before the first job
-    jobs_per_client: int = _resumed(1)  # wall clock: jobs a client may have out at once (> 1 queues its next job)
-    update_norm_bound: float = _resumed(0.0)  # bound each update's norm at this x the recent median (0 = off)
-    update_norm_action: str = _resumed("clip")  # or "reject"
-    cap_in_flight: bool = False  # wall clock: jobs in flight capped at the measured parallelism + 1
+    round_arrivals: int = _resumed()
+    identify_nodes: bool = _resumed()  # ask nodes for partition id and size (query messages) before the first job
+    jobs_per_client: int = _resumed()  # wall clock: jobs a client may have out at once (> 1 queues its next job)
+    update_norm_bound: float = _resumed()  # bound each update's movement at this x the recent median (0 = off)
+    update_norm_action: str = _resumed()  # "clip" or "reject"
+    cap_in_flight: bool  # wall clock: jobs in flight capped at the measured parallelism + 1
 
     @classmethod
     def resume_fields(cls) -> tuple[str, ...]:

@@ -34,13 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncfl.client_app.training import train_local  # noqa: E402
-from asyncfl.config import EngineConfig  # noqa: E402
 from asyncfl.data import load_dataset, partition_indices  # noqa: E402
 from asyncfl.models import build_model  # noqa: E402
 from asyncfl.server_app.codec import ModelCodec  # noqa: E402
 from asyncfl.server_app.engine import AsyncEngine  # noqa: E402
+from asyncfl.options import RunOptions  # noqa: E402
 from asyncfl.server_app.evaluation import state_as_numpy  # noqa: E402
-from asyncfl.simulation.presets import DELAY_PRESETS  # noqa: E402
 from asyncfl.strategies.registry import strategy_class  # noqa: E402
 from asyncfl.strategies.resources import StrategyResources  # noqa: E402
 from benchmarks.cpu_usage import TreeCpu, machine_busy_seconds  # noqa: E402
@@ -185,11 +184,11 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
     for name in names:
         cls = strategy_class(name)
         strategy = cls.from_config(cls.config_class.from_run_config(run_config), resources)
-        config = EngineConfig(clock="virtual", concurrency=10,
-                              max_arrivals=max(20, arrivals // 10) if name in distilling else arrivals, max_time=0.0,
-                              evaluate_every_time=1e9, target_accuracy=(), job_timeout=60.0, wait_for_nodes=0.0, seed=0,
-                              delay_preset="fedrevive-default", delays=DELAY_PRESETS["fedrevive-default"],
-                              progress=False)
+        # the engine alone: no evaluation, no update bound (its cost is measured on its own)
+        config = RunOptions(clock="virtual", max_arrivals=max(20, arrivals // 10) if name in distilling else arrivals,
+                            evaluate_every=0, evaluate_every_time=1e9, delays="fedrevive-default",
+                            update_norm_bound=0.0).engine_config(num_rounds=0, timeout=60.0, concurrency=10,
+                                                                 round_arrivals=0, node_wait=0.0)
         engine = AsyncEngine(InstantGrid(50), strategy, codec, codec.flatten(list(state.values())),
                              config, {}, lambda m: (0.0, 0.0))
         stats = engine.run()

@@ -27,14 +27,22 @@ FIXED = DelayModel(
 )
 
 
+#: engine settings that come from the run, not from RunOptions (Flower's start() or the nodes that came)
+_FROM_THE_RUN = {"concurrency": "concurrency", "round_arrivals": "round_arrivals", "job_timeout": "timeout",
+                 "wait_for_nodes": "node_wait", "max_rounds": "num_rounds"}
+
+
 def engine_config(**overrides) -> EngineConfig:
-    base = dict(
-        clock="virtual", concurrency=3, max_arrivals=6, max_time=0.0, evaluate_every_time=1.0,
-        target_accuracy=(), job_timeout=5.0, wait_for_nodes=0.0, seed=7, delay_preset="custom",
-        delays=FIXED, progress=False,
-    )
-    base.update(overrides)
-    return EngineConfig(**base)
+    """The engine's settings through the users' door, ``RunOptions.engine_config`` as ``Strategy.start``
+    builds them: the tests' clock, delays and stops; every other option a user's default."""
+    options = dict(clock="virtual", max_arrivals=6, evaluate_every_time=1.0, seed=7, delays=FIXED, progress=False)
+    run = dict(concurrency=3, timeout=5.0, node_wait=0.0, num_rounds=0, round_arrivals=0)
+    for name, value in overrides.items():
+        if name in _FROM_THE_RUN:
+            run[_FROM_THE_RUN[name]] = value
+        else:
+            options[name] = value
+    return RunOptions(**options).engine_config(**run)
 
 
 def plus_one(node, message):
@@ -212,7 +220,8 @@ def test_same_seed_same_evaluations_different_seed_differs():
 
 
 def test_max_virtual_time_stops_at_the_limit():
-    engine = make_engine(FakeGrid(3, plus_one), FedBuff(buffer_size=1), max_arrivals=0, max_time=2.5, concurrency=1)
+    engine = make_engine(FakeGrid(3, plus_one), FedBuff(buffer_size=1), max_arrivals=0, max_time=2.5, concurrency=1,
+                         evaluate_every=0)  # the clock's points only (rounds add rows of their own)
     stats = engine.run()
     assert stats.arrivals == 2
     assert engine.now == 2.5
@@ -489,7 +498,7 @@ def three_rounds_late_run(**overrides):
     spec = IntertwinedDelays(affected_class=5, delayed_clients=2, staleness=3)
     strategy = RoundRecording()
     grid = FakeGrid(6, plus_one, label_counts=counts)
-    engine = make_engine(grid, strategy, delays=spec, delay_preset="intertwined", concurrency=6, round_deadline=1.0,
+    engine = make_engine(grid, strategy, delays=spec, concurrency=6, round_deadline=1.0,
                          max_arrivals=0, max_time=6.0, **overrides)
     engine.run()
     on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
@@ -581,7 +590,7 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
 
     grid = FakeGrid(2, plus_one, release=release)
     engine = make_engine(grid, Recording(), clock="wall", concurrency=4, max_arrivals=6, job_timeout=3600.0,
-                         jobs_per_client=jobs_per_client)
+                         jobs_per_client=jobs_per_client, cap_in_flight=False)
     if jobs_per_client == 1:
         engine.discover_clients()
         engine._top_up()
@@ -607,11 +616,11 @@ def test_jobs_per_client_above_one_needs_the_wall_clock():
 def test_jobs_per_client_waits_only_for_the_nodes_that_fill_the_slots(caplog):
     # 2 nodes with 2 jobs each fill a concurrency of 4: nothing to wait for (the wait used to run out its 60 s)
     caplog.set_level("INFO")
-    engine = make_engine(FakeGrid(2, plus_one), Recording(), clock="wall", concurrency=4, jobs_per_client=2,
+    engine = make_engine(FakeGrid(2, plus_one), Recording(), clock="wall", concurrency=4, jobs_per_client=2, cap_in_flight=False,
                          wait_for_nodes=60.0)
     engine.discover_clients()
     assert "waiting up to" not in caplog.text
-    lonely = make_engine(FakeGrid(1, plus_one), Recording(), clock="wall", concurrency=4, jobs_per_client=2,
+    lonely = make_engine(FakeGrid(1, plus_one), Recording(), clock="wall", concurrency=4, jobs_per_client=2, cap_in_flight=False,
                          wait_for_nodes=0.2)
     lonely.discover_clients()
     assert "1 node(s) connected, 2 fill the concurrency of 4" in caplog.text

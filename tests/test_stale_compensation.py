@@ -95,10 +95,9 @@ def test_w_pred_sends_late_clients_a_look_ahead_and_compensates_from_it():
 def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
     from collections import OrderedDict
 
-    from asyncfl.config import EngineConfig
+    from asyncfl.options import RunOptions
     from asyncfl.server_app.codec import ModelCodec
     from asyncfl.server_app.engine import AsyncEngine
-    from asyncfl.simulation.presets import DELAY_PRESETS
     from asyncfl.strategies.base import Strategy
     from tests.fake_grid import FakeGrid, trained_reply
 
@@ -118,9 +117,8 @@ def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
     def plus_one(node, message):
         return trained_reply(message, codec.to_record(codec.decode(message.content.array_records["arrays"]) + 1.0))
 
-    config = EngineConfig(clock="virtual", concurrency=2, max_arrivals=2, max_time=0.0, evaluate_every_time=1.0,
-                          target_accuracy=(), job_timeout=5.0, wait_for_nodes=0.0, seed=0, delay_preset="uniform-speed",
-                          delays=DELAY_PRESETS["uniform-speed"], progress=False)
+    config = RunOptions(clock="virtual", max_arrivals=2, evaluate_every_time=1.0, delays="uniform-speed").engine_config(
+        num_rounds=0, timeout=5.0, concurrency=2, round_arrivals=0, node_wait=0.0)
     strategy = LookAhead()
     AsyncEngine(FakeGrid(2, plus_one), strategy, codec, np.zeros(2, np.float32), config, {},
                 lambda m: (0.0, 0.0)).run()
