@@ -153,65 +153,132 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
                    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, options: RunOptions,
                    run_config: dict | None = None, callbacks: Sequence[Callback] = ()) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); ``options`` were checked
-    when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent."""
+    when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent.
+
+    1. check what Flower's arguments add to the options, wait for the first nodes, resolve the engine's settings;
+    2. build the run's parts (:class:`_Run`: the engine, its link to the SuperLink, evaluation, run folder);
+    3. run the engine until a stop, summary.json written however it ends;
+    4. pack Flower's ``Result`` with the summary, and log the closing lines.
+    """
     options.check_run(num_rounds, timeout)
     options.check_strategy(type(strategy), strategy.name)
     check_overrides(strategy)
     log_through_flower()
-    node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
-    asynchronous = not strategy.synchronous
-    codec, initial = codec_and_model(initial_arrays)
-    flower = strategy.flower
-    name = strategy.name
-    nodes = _wait_for_first_nodes(grid, flower.min_available_nodes, node_wait)
-    cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
-    config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=options.concurrency or cohort,
-                                   round_arrivals=cohort if asynchronous else 0, node_wait=node_wait,
-                                   auto_hold=strategy.auto_dispatch_hold)
-    server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
-    train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
-    # from here on every Grid call waits out a SuperLink outage, up to 3 x job-timeout (asyncfl.server_app.transport)
-    link = Link(grid, outage_limit(timeout))
-    federated = (FederatedEvaluation(link, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
-                                     callbacks) if flower.evaluates_on_clients else None)
-    resume, resumed_from = None, None
-    if options.resume_from:
-        resumed_from, resume, skipped = checkpoint.newest_readable(options.resume_from)
-        for problem in skipped:
-            flwr_log(logging.WARNING, "%s: resuming from the newest one that reads, %s", problem, resumed_from.name)
-        resume["journal"] = checkpoint.read_journal(resumed_from)
-        checkpoint.check_fits(resume, strategy, codec, config)  # before anything in a run folder changes
-    folder = _run_folder(options, name, resumed_from)
-    recorder = None
-    if folder is not None:
-        recorder = RunRecorder(folder, run_config or _run_settings(name, config, flower, num_rounds),
-                               config.target_accuracy, options.progress, options.max_arrivals, options.max_time,
-                               resuming=resume is not None, clock=options.clock)
-    checkpoints = None
-    if options.checkpoint_every:
-        if not strategy.checkpointable:
-            raise CheckpointError(f"checkpoint_every={options.checkpoint_every}: {name} does not say what its state "
-                                  "is (state_attributes, or state_dict/load_state_dict), so it cannot be checkpointed")
-        where = options.checkpoint_dir or (folder / checkpoint.FOLDER if folder is not None else None)
-        checkpoints = checkpoint.Checkpoints(Path(where).expanduser().resolve(), options.checkpoint_every,
-                                             options.checkpoint_keep)
-    engine = AsyncEngine(link, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
-                         keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
-                         checkpoints=checkpoints, resume=resume, callbacks=callbacks)
-    # how many of those jobs the nodes can hold is said once the engine has waited for its nodes (Dispatcher)
-    flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): concurrency %d, %d node(s) connected so far; stop at %s",
-             name, options.clock, config.concurrency, len(nodes),
-             _stops_text(num_rounds, options.max_arrivals, options.max_time, config.round_arrivals,
-                         flower.fraction_train))
-    started = time.monotonic()
+    run = _Run.build(strategy, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn,
+                     options, run_config, callbacks)
+    run.execute()
+    result = AsyncResult(
+        arrays=run.codec.to_record(run.engine.global_model),
+        train_metrics_clientapp=run.train_metrics.by_round,
+        evaluate_metrics_clientapp=run.federated.by_round if run.federated is not None else {},
+        evaluate_metrics_serverapp=run.server_eval.by_round if run.server_eval is not None else {},
+        summary=run.summary(),
+    )
+    run.log_closing(result)
+    return result
 
-    affected = getattr(config.delays, "affected_class", None)  # the intertwined scenario's late class
 
-    def summary() -> dict:
+@dataclass
+class _Run:
+    """One ``start()`` call's parts: what the engine runs with, and what its summary and closing lines read."""
+
+    name: str
+    strategy: Strategy
+    options: RunOptions
+    config: EngineConfig
+    codec: ModelCodec
+    link: Link
+    engine: AsyncEngine
+    train_metrics: TrainMetrics
+    server_eval: ServerEvaluation | None
+    federated: FederatedEvaluation | None
+    recorder: RunRecorder | None
+    checkpoints: checkpoint.Checkpoints | None
+    resumed_from: Path | None
+    started: float = 0.0
+
+    @classmethod
+    def build(cls, strategy: Strategy, grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
+              train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None, evaluate_fn,
+              options: RunOptions, run_config: dict | None, callbacks: Sequence[Callback]) -> "_Run":
+        """Wait for the first nodes, resolve the settings against them, and build every part of the run."""
+        node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
+        asynchronous = not strategy.synchronous
+        codec, initial = codec_and_model(initial_arrays)
+        flower = strategy.flower
+        nodes = _wait_for_first_nodes(grid, flower.min_available_nodes, node_wait)
+        cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
+        config = options.engine_config(num_rounds=num_rounds, timeout=timeout,
+                                       concurrency=options.concurrency or cohort,
+                                       round_arrivals=cohort if asynchronous else 0, node_wait=node_wait,
+                                       auto_hold=strategy.auto_dispatch_hold)
+        server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
+        train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
+        # from here on every Grid call waits out a SuperLink outage, up to 3 x job-timeout (transport.Link)
+        link = Link(grid, outage_limit(timeout))
+        federated = (FederatedEvaluation(link, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
+                                         callbacks) if flower.evaluates_on_clients else None)
+        resume, resumed_from = _resume_state(options, strategy, codec, config)
+        folder = _run_folder(options, strategy.name, resumed_from)
+        recorder = None
+        if folder is not None:
+            recorder = RunRecorder(folder, run_config or _run_settings(strategy.name, config, flower, num_rounds),
+                                   config.target_accuracy, options.progress, options.max_arrivals, options.max_time,
+                                   resuming=resume is not None, clock=options.clock)
+        checkpoints = _checkpoints(options, strategy, folder)
+        engine = AsyncEngine(link, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
+                             keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
+                             checkpoints=checkpoints, resume=resume, callbacks=callbacks)
+        # how many of those jobs the nodes can hold is said once the engine has waited for its nodes (Dispatcher)
+        flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): concurrency %d, %d node(s) connected so far; "
+                 "stop at %s", strategy.name, options.clock, config.concurrency, len(nodes),
+                 _stops_text(num_rounds, options.max_arrivals, options.max_time, config.round_arrivals,
+                             flower.fraction_train))
+        return cls(strategy.name, strategy, options, config, codec, link, engine, train_metrics, server_eval,
+                   federated, recorder, checkpoints, resumed_from, time.monotonic())
+
+    def execute(self) -> None:
+        """Run the engine until a stop; however it ends (a stop, an error, a signal), summary.json says why."""
+        engine, recorder, strategy = self.engine, self.recorder, self.strategy
+        if recorder is not None:
+            recorder.summary_source = self.summary
+        # Flower's ServerApp process exits on a signal (Ctrl-C, a stop, or its own SIGINT once the SuperLink refuses
+        # the run's task, e.g. after an outage) and kills itself 5 s later, maybe before `finally` below runs:
+        # summary.json is written first, from Flower's exit handlers (no-op once the run has ended; cleared then,
+        # so nothing stays held)
+        on_exit = [lambda: _summary_on_exit(engine, recorder, self.summary, self.link)] if recorder is not None else []
+        if on_exit:
+            add_exit_handler(lambda: on_exit and on_exit[0](), run_before_force_exit=True)
+        if strategy.overrides("aggregate_train"):  # Flower's hook, called at the method's aggregation step
+            strategy.aggregation_hook = TrainHook(self.codec, strategy.flower.keys,
+                                                  lambda: _round_of_step(engine, self.config.round_arrivals),
+                                                  lambda client: engine.roster.nodes[client])
+        try:
+            with _sigterm_interrupts(), self.link.watching():  # Flower's own Grid retries inside a call: counted
+                engine.run()
+            self.train_metrics.close(engine.state.rounds(self.config.round_arrivals)[1])
+        except BaseException as exc:  # the reason goes into summary.json; the exception goes on to the caller
+            note = self.link.outage_note() if isinstance(exc, (KeyboardInterrupt, SystemExit)) else ""  # Flower's
+            engine.stop_reason = stop_reason_of(exc) + note
+            flwr_log(logging.ERROR, "%s stopped: %s", self.name, engine.stop_reason)
+            raise
+        finally:
+            self.link.end()  # a pull still waiting in a thread returns; the Grid is the app's again
+            on_exit.clear()
+            strategy.aggregation_hook = None  # a Flower loop of the app's own may use the strategy next
+            if recorder is not None:
+                recorder.write_summary(self.summary())
+                recorder.write_clients(engine.stats.by_client)
+                recorder.plot()
+
+    def summary(self) -> dict:
+        """``summary.json`` (and ``AsyncResult.summary``) as of now."""
+        engine, config, strategy = self.engine, self.config, self.strategy
         rows = engine.stats.evaluations
+        affected = getattr(config.delays, "affected_class", None)  # the intertwined scenario's late class
         extra = {**(strategy.summary() or {}), **(affected_class_summary(rows, affected) if affected is not None else {})}
-        out = run_summary(name, engine.stats, engine.versions.version, extra, engine.now, rows,
-                          config.target_accuracy, started)
+        out = run_summary(self.name, engine.stats, engine.versions.version, extra, engine.now, rows,
+                          config.target_accuracy, self.started)
         # rounds: from 1 as Flower's, a partial last one included (rounds-complete: the whole ones)
         out["rounds-complete"], out["rounds"] = engine.state.rounds(config.round_arrivals)
         out["updates-per-round"] = config.round_arrivals or None  # None: a round is a server version
@@ -220,73 +287,66 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
         if hasattr(engine.delays, "counts"):
             out["delay-categories"] = engine.delays.counts()
         out["server-peak-rss-mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        if federated is not None and federated.rejected:
-            out["evaluate-rejected-by-reason"] = dict(sorted(federated.rejected.items()))
+        if self.federated is not None and self.federated.rejected:
+            out["evaluate-rejected-by-reason"] = dict(sorted(self.federated.rejected.items()))
         out.update(engine.bounds.summary())
         # outages of the SuperLink: how many, how long; the jobs they lost are no client's failure
-        out.update(link.summary(), **{"jobs-lost-to-outage": engine.stats.outage_jobs,
-                                      "jobs-resent-after-outage": engine.stats.outage_resent})
-        if checkpoints is not None:
-            out.update(checkpoints.summary())
-        if resumed_from is not None:
-            out["resumed-from"] = str(resumed_from)
+        out.update(self.link.summary(), **{"jobs-lost-to-outage": engine.stats.outage_jobs,
+                                           "jobs-resent-after-outage": engine.stats.outage_resent})
+        if self.checkpoints is not None:
+            out.update(self.checkpoints.summary())
+        if self.resumed_from is not None:
+            out["resumed-from"] = str(self.resumed_from)
         out["stop-reason"], out["finished"] = _how_it_ended(engine.stop_reason)
         return out
 
-    if recorder is not None:
-        recorder.summary_source = summary
-    # Flower's ServerApp process exits on a signal (Ctrl-C, a stop, or its own SIGINT once the SuperLink refuses the
-    # run's task, e.g. after an outage) and kills itself 5 s later, maybe before `finally` below runs: summary.json is
-    # written first, from Flower's exit handlers (no-op once the run has ended; cleared then, so nothing stays held)
-    on_exit = [lambda: _summary_on_exit(engine, recorder, summary, link)] if recorder is not None else []
-    if on_exit:
-        add_exit_handler(lambda: on_exit and on_exit[0](), run_before_force_exit=True)
-    if strategy.overrides("aggregate_train"):  # Flower's hook, called at the method's aggregation step
-        strategy.aggregation_hook = TrainHook(codec, flower.keys,
-                                              lambda: _round_of_step(engine, config.round_arrivals),
-                                              lambda client: engine.roster.nodes[client])
-    try:
-        with _sigterm_interrupts(), link.watching():  # Flower's own Grid retries inside a call: counted there
-            engine.run()
-        train_metrics.close(engine.state.rounds(config.round_arrivals)[1])
-    except BaseException as exc:  # the reason goes into summary.json; the exception goes on to the caller
-        note = link.outage_note() if isinstance(exc, (KeyboardInterrupt, SystemExit)) else ""  # Flower's own stop
-        engine.stop_reason = stop_reason_of(exc) + note
-        flwr_log(logging.ERROR, "%s stopped: %s", name, engine.stop_reason)
-        raise
-    finally:
-        link.end()  # a pull still waiting in a thread returns; the Grid is the app's again
-        on_exit.clear()
-        strategy.aggregation_hook = None  # a Flower loop of the app's own may use the strategy next
-        if recorder is not None:
-            recorder.write_summary(summary())
-            recorder.write_clients(engine.stats.by_client)
-            recorder.plot()
-    result = AsyncResult(
-        arrays=codec.to_record(engine.global_model),
-        train_metrics_clientapp=train_metrics.by_round,
-        evaluate_metrics_clientapp=federated.by_round if federated is not None else {},
-        evaluate_metrics_serverapp=server_eval.by_round if server_eval is not None else {},
-        summary=summary(),
-    )
-    s = result.summary
-    per_round = _rounds_text(s["rounds"], s["rounds-complete"], s["arrivals"], config.round_arrivals)
-    held = f", {s['held-dispatches']} dispatch(es) held for the next version" if s.get("held-dispatches") else ""
-    if config.clock == "wall" and s.get("client-train-s-mean") is not None and s.get("job-round-trip-s-mean"):
-        held += (f", jobs trained {s['client-train-s-mean']:.2f}s of a {s['job-round-trip-s-mean']:.2f}s round trip "
-                 "(means)")
-    if s.get("in-flight-cap-mean") is not None:
-        held += (f", jobs in flight capped at {s['in-flight-cap-mean']:.1f} (mean; least {s['in-flight-cap-min']}) "
-                 f"of concurrency {config.concurrency} (cap-in-flight)")
-    flwr_log(logging.INFO, "%s finished in %.1fs (%s): %s, %d arrivals, %d server versions, %d rejected, "
-             "mean staleness %.2f%s", name, s["wall-seconds"], s["stop-reason"], per_round,
-             s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
-    if server_eval is not None and recorder is not None and len(engine.stats.evaluations) > len(server_eval.by_round):
-        flwr_log(logging.INFO, "%d server-side evaluations, the last of each round below; every one: %s",
-                 len(engine.stats.evaluations), recorder.folder / "metrics.csv")
-    for line in str(result).splitlines():  # Flower's closing report, keyed by round
-        flwr_log(logging.INFO, "\t%s", line)
-    return result
+    def log_closing(self, result: AsyncResult) -> None:
+        """The closing lines: how the run ended and its figures in one line, then Flower's report by round."""
+        s, config = result.summary, self.config
+        per_round = _rounds_text(s["rounds"], s["rounds-complete"], s["arrivals"], config.round_arrivals)
+        held = f", {s['held-dispatches']} dispatch(es) held for the next version" if s.get("held-dispatches") else ""
+        if config.clock == "wall" and s.get("client-train-s-mean") is not None and s.get("job-round-trip-s-mean"):
+            held += (f", jobs trained {s['client-train-s-mean']:.2f}s of a {s['job-round-trip-s-mean']:.2f}s round "
+                     "trip (means)")
+        if s.get("in-flight-cap-mean") is not None:
+            held += (f", jobs in flight capped at {s['in-flight-cap-mean']:.1f} (mean; least {s['in-flight-cap-min']}) "
+                     f"of concurrency {config.concurrency} (cap-in-flight)")
+        flwr_log(logging.INFO, "%s finished in %.1fs (%s): %s, %d arrivals, %d server versions, %d rejected, "
+                 "mean staleness %.2f%s", self.name, s["wall-seconds"], s["stop-reason"], per_round,
+                 s["arrivals"], s["server-versions"], s["rejected-updates"], s["staleness-mean"], held)
+        evaluations = len(self.engine.stats.evaluations)
+        if self.server_eval is not None and self.recorder is not None and evaluations > len(self.server_eval.by_round):
+            flwr_log(logging.INFO, "%d server-side evaluations, the last of each round below; every one: %s",
+                     evaluations, self.recorder.folder / "metrics.csv")
+        for line in str(result).splitlines():  # Flower's closing report, keyed by round
+            flwr_log(logging.INFO, "\t%s", line)
+
+
+def _resume_state(options: RunOptions, strategy: Strategy, codec: ModelCodec,
+                  config: EngineConfig) -> tuple[dict | None, Path | None]:
+    """``(the checkpoint's state with its journal, its path)`` to resume from; checked against this run before
+    anything in a run folder changes. ``(None, None)`` for a fresh run."""
+    if not options.resume_from:
+        return None, None
+    resumed_from, resume, skipped = checkpoint.newest_readable(options.resume_from)
+    for problem in skipped:
+        flwr_log(logging.WARNING, "%s: resuming from the newest one that reads, %s", problem, resumed_from.name)
+    resume["journal"] = checkpoint.read_journal(resumed_from)
+    checkpoint.check_fits(resume, strategy, codec, config)
+    return resume, resumed_from
+
+
+def _checkpoints(options: RunOptions, strategy: Strategy, folder: Path | None) -> checkpoint.Checkpoints | None:
+    """Where and how often the run's state is written (``checkpoint_every``); None when never."""
+    if not options.checkpoint_every:
+        return None
+    if not strategy.checkpointable:
+        raise CheckpointError(f"checkpoint_every={options.checkpoint_every}: {strategy.name} does not say what its "
+                              "state is (state_attributes, or state_dict/load_state_dict), so it cannot be "
+                              "checkpointed")
+    where = options.checkpoint_dir or (folder / checkpoint.FOLDER if folder is not None else None)
+    return checkpoint.Checkpoints(Path(where).expanduser().resolve(), options.checkpoint_every,
+                                  options.checkpoint_keep)
 
 
 def _summary_on_exit(engine: AsyncEngine, recorder: RunRecorder, summary: Callable[[], dict], link: Link) -> None:
