@@ -1,7 +1,8 @@
 """Real deployments: SuperLink and SuperNode processes over Flower's transport (slow; a few only).
 
-One loopback run exercises the fault paths together: a SuperNode that returns
-NaN, one killed mid-run, one that joins mid-run. Another puts the SuperLink and
+One loopback run exercises the fault paths together: the SuperLink crashed and the
+run resumed from its checkpoint, a SuperNode that returns NaN, one killed mid-run,
+one that joins mid-run. Another puts the SuperLink and
 the SuperNodes in separate network namespaces (emulated hosts) with TLS; one
 checks that SuperNode authentication keeps out a node whose key is not registered.
 """
@@ -63,38 +64,71 @@ def _finish(process: subprocess.Popen, lines: list[str], timeout: float) -> None
     assert process.returncode == 0, "".join(lines[-60:])
 
 
-def test_loopback_deployment_survives_nan_a_crash_and_a_late_joiner(tmp_path):
-    # Prepare: 4 SuperNodes of 5 partitions, all busy; partition 3 returns NaN weights; partition 4 joins later.
+def _wait_for_checkpoint(run: Path, process: subprocess.Popen, seconds: float) -> None:
+    """Wait until ``run`` has a checkpoint on disk (or the run ended, or time ran out)."""
+    deadline = time.monotonic() + seconds
+    while not list((run / "checkpoints").glob("checkpoint-v*.npz")) and time.monotonic() < deadline \
+            and process.poll() is None:
+        time.sleep(1.0)
+
+
+def test_loopback_deployment_survives_a_superlink_restart_nan_a_crash_and_a_late_joiner(tmp_path):
+    # Prepare: 4 SuperNodes of 5 partitions, all busy; partition 3 returns NaN weights; a checkpoint every version.
     # Every job trains for 4 s (emulated), but on this 2-core machine a deployed job's round trip is 10-20 s
     # (Flower spawns a ClientApp process per message: imports, 4 at once), so a job counts as lost only after
-    # 60 s without a reply. Flower notices a SIGKILLed SuperNode once its heartbeats stop (about a minute), and
-    # the 21 arrivals after the crash take longer than that, so the crashed node's job is counted either way.
+    # 60 s without a reply. One deployment for all the faults: a SuperLink and its nodes take a minute to start.
     out = tmp_path / "outputs"
-    overrides = (f"{SMALL} strategy='fedbuff' concurrency=4 max-arrivals=24 job-timeout=60.0 "
+    run = out / "faults"
+    overrides = (f"{SMALL} strategy='fedbuff' concurrency=4 max-arrivals=26 job-timeout=60.0 checkpoint-every=1 "
                  "delay-model='uniform-speed' emulate-delay-scale=4.0 "
                  f"output-dir='{out}' run-name='faults'")
     with LocalDeployment(ROOT, 4, num_partitions=5, node_config={3: "fault=nan"}, workdir=tmp_path / "deploy") as dep:
         flwr = dep.submit([overrides])
         lines: list[str] = []
         _collect(flwr, lines)
-        # Act: once the run is under way, crash partition 1 and start partition 4.
-        deadline = _wait_for_arrivals(out / "faults", 3, flwr, 400)
+        # Act 1: once the run has arrivals and a checkpoint, crash the SuperLink (its ServerApp dies with it) and
+        # bring it back on the same database; the same run submitted again with resume-from goes on from its
+        # newest checkpoint and its journal, with the nodes the checkpoint knows.
+        _wait_for_arrivals(run, 3, flwr, 400)
+        _wait_for_checkpoint(run, flwr, 120)
+        assert _arrivals_so_far(run) >= 3 and list((run / "checkpoints").glob("checkpoint-v*.npz")), \
+            "".join(lines[-40:])
+        dep.restart_superlink()
+        written = list(csv.DictReader(open(run / "metrics.csv")))
+        if flwr.poll() is None:  # the streaming client of the dead run is of no further use
+            os.killpg(flwr.pid, 15)
+            flwr.wait(timeout=30)
+        second = dep.submit([f"{overrides} resume-from='{run}'"])
+        lines2: list[str] = []
+        _collect(second, lines2)
+        # Act 2: once the resumed run is under way, crash partition 1 and start partition 4. Flower notices a
+        # SIGKILLed SuperNode once its heartbeats stop (about a minute); the 20 or so arrivals after the crash take
+        # longer than that, so the crashed node's job is counted either way.
+        restarted_at = int(float(written[-1]["arrivals"])) if written else 0
+        _wait_for_arrivals(run, restarted_at + 3, second, 400)
         dep.kill_supernode(1)
         dep.add_supernode(4)
-        _finish(flwr, lines, timeout=max(60.0, deadline - time.monotonic() + 200))
-    # Assert: the run completed, NaN updates were rejected, the joiner became a client.
-    run = out / "faults"
+        _finish(second, lines2, timeout=600)
+    # Assert: the run completed in its folder from a checkpoint; nothing accepted before the restart was lost (its
+    # rows are still there); NaN updates were rejected; the crashed node's job was counted (every node is busy at
+    # concurrency 4: lost whichever way, dropped off the SuperLink's list, or its half-uploaded reply expired into
+    # an error); the joiner became a client.
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["arrivals"] == 24
+    assert summary["arrivals"] == 26 and summary["resumed-from"].startswith(str(run))
+    # (the folder's own record above, not the streamed log, which can end before the ServerApp's last lines)
+    assert Path(summary["resumed-from"]).name.startswith("checkpoint-v"), "".join(lines2)[-3000:]
     reasons = summary["rejected-by-reason"]
     assert reasons.get("non-finite", 0) >= 1
-    # The crashed node's job (every node is busy at concurrency 4) is counted as lost, whichever way it ended:
-    # the node dropped off the SuperLink's list, or its half-uploaded reply expired into an error.
-    assert reasons.get("node-offline", 0) + reasons.get("lost", 0) + reasons.get("error-reply", 0) >= 1
+    assert reasons.get("node-offline", 0) + reasons.get("lost", 0) + reasons.get("error-reply", 0) >= 1, reasons
     assert summary["clients"] == 5
     assert summary["best-accuracy"] > 0.2
-    config = json.loads((run / "config.json").read_text())
-    assert config["engine"]["clock"] == "wall"
+    assert json.loads((run / "config.json").read_text())["engine"]["clock"] == "wall"
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    arrivals = [int(float(r["arrivals"])) for r in rows]
+    assert arrivals == sorted(arrivals) and arrivals[-1] == 26
+    before = [(r["time"], r["arrivals"], r["accuracy"]) for r in written]
+    assert [(r["time"], r["arrivals"], r["accuracy"]) for r in rows][: len(before)] == before
+    assert dep.database.exists()
 
 
 @pytest.fixture
@@ -205,38 +239,3 @@ def test_compose_topology_runs_as_plain_processes(tmp_path):
             process.stop()
     summary = json.loads((out / "compose" / "summary.json").read_text())
     assert summary["arrivals"] == 4 and summary["clients"] == 2
-
-
-def test_superlink_restart_keeps_written_results_and_the_run_resumes_from_its_checkpoint(tmp_path):
-    # Prepare: a run on 2 SuperNodes that checkpoints every version (FedAsync: one per accepted update).
-    out = tmp_path / "outputs"
-    run = f"{SMALL} strategy='fedasync' concurrency=2 max-arrivals=10 checkpoint-every=2 output-dir='{out}' run-name='run'"
-    with LocalDeployment(ROOT, 2, workdir=tmp_path / "deploy") as dep:
-        flwr = dep.submit([run])
-        lines: list[str] = []
-        _collect(flwr, lines)
-        _wait_for_arrivals(out / "run", 5, flwr, 300)
-        assert _arrivals_so_far(out / "run") >= 5, "".join(lines[-40:])
-        # Act: crash the SuperLink (its ServerApp dies with it) and bring it back on the same database.
-        dep.restart_superlink()
-        written = list(csv.DictReader(open(out / "run" / "metrics.csv")))
-        if flwr.poll() is None:  # the streaming client of the dead run is of no further use
-            os.killpg(flwr.pid, 15)
-            flwr.wait(timeout=30)
-        # the same run submitted again with resume-from goes on from its newest checkpoint and its journal
-        second = dep.submit([f"{run} resume-from='{out / 'run'}'"])
-        lines2: list[str] = []
-        _collect(second, lines2)
-        _finish(second, lines2, timeout=400)
-    # Assert: the run completed in its folder; nothing it had accepted was lost (its rows are still there, the
-    # replayed journal brought the count back to at least what the dead run had scored); the SuperNodes served it.
-    summary = json.loads((out / "run" / "summary.json").read_text())
-    assert summary["arrivals"] == 10 and summary["resumed-from"].startswith(str(out / "run"))
-    # (the folder's own record above, not the streamed log, which can end before the ServerApp's last lines)
-    assert Path(summary["resumed-from"]).name.startswith("checkpoint-v"), "".join(lines2)[-3000:]
-    rows = list(csv.DictReader(open(out / "run" / "metrics.csv")))
-    arrivals = [int(float(r["arrivals"])) for r in rows]
-    assert arrivals == sorted(arrivals) and arrivals[-1] == 10
-    before = [(r["time"], r["arrivals"], r["accuracy"]) for r in written]
-    assert [(r["time"], r["arrivals"], r["accuracy"]) for r in rows][: len(before)] == before
-    assert dep.database.exists()
