@@ -1,0 +1,370 @@
+"""Sooner on the wall clock: Flower's examples through real ``flwr run`` on an emulated fleet whose devices differ.
+
+Issue 59's study. Each run copies an example of ``examples/`` and changes only what a user would:
+the strategy import (Flower's ``FedAvg``, asyncfl's ``FedBuff``, ``FedAsync`` or ``CA2FL``: the
+swap of ``benchmarks/dropin/wall_clock.py``) and one mod added to the ClientApp,
+``asyncfl.client_app.device_speed.device_speed`` (docs/device_speed.md), in **nominal** mode: node
+*i* takes ``s_i × device-seconds`` of wall time per train job, waiting out what its handler did not
+use, with the slowdowns ``s_i`` dealt by the profile (``quarter-5x-slower``: 2 of 8 nodes 5x
+slower, the rest lognormal around 1). The emulated fleet's times are therefore fixed before the
+run, and so is its **ideal update rate**, ``Σ_i 1 / (s_i × device-seconds)`` for nodes that always
+hold a job; a synchronous round's ideal time is its slowest node's ``max_i s_i × device-seconds``.
+
+Two modes, the same app and settings:
+
+- ``simulation``: ``asyncfl run`` (``flwr run`` on a private simulation SuperLink, Ray), with
+  ``--cpus-per-client 1 --ray-cpus <nodes>`` (Flower's ``client-resources-num-cpus=1
+  init-args-num-cpus=<nodes>``), so Ray starts one actor per node and a waiting node holds no
+  worker another node needs (Flower gives a ClientApp whole CPUs only: a fraction is refused);
+- ``loopback``: a SuperLink and one SuperNode process per node on 127.0.0.1
+  (``asyncfl.deploy.local.LocalDeployment``), ``flwr run`` against it.
+
+The server-side evaluation is timed (the copy wraps ``evaluate_fn``: seconds since ``start()`` was
+called, per evaluation), so a cell has its accuracy against wall time. asyncfl's own figures come from
+``Result.summary`` (rejections by reason, lost replies, round trips, jobs in flight). Cells are
+appended to ``<out>/cells.jsonl`` as they finish; runs are interleaved over strategies (Flower's FedAvg
+first in each run), so every strategy sees the machine in the same state, and a stopped study resumes.
+
+Usage::
+
+    .venv/bin/python benchmarks/wall_sooner/study.py --mode simulation --runs 3
+    .venv/bin/python benchmarks/wall_sooner/study.py --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "dropin"))
+sys.path.insert(0, str(ROOT))
+
+from wall_clock import EXAMPLES, FOLDER, fmnist_subset, swapped  # noqa: E402
+
+from asyncfl.client_app.device_speed import DeviceProfile  # noqa: E402
+
+STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync", "ca2fl")
+MODES = ("simulation", "loopback")
+EVALUATE = "evaluate_fn=global_evaluate"
+CLIENT_APP = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re.M)
+TIMED = '''
+
+def _timed(evaluate, path={path!r}):
+    """The study's wrapper: each server-side evaluation's seconds since start() was called, with its accuracy."""
+    import json as _json
+    import time as _time
+    started = _time.monotonic()
+
+    def timed(server_round, arrays):
+        metrics = evaluate(server_round, arrays)
+        with open(path, "a") as out:
+            out.write(_json.dumps({{"round": int(server_round), "t": round(_time.monotonic() - started, 3),
+                                   "accuracy": float(metrics["accuracy"])}}) + "\\n")
+        return metrics
+    return timed
+'''
+SUMMARY = ("\n    _summary = getattr(result, 'summary', None)\n"
+           "    if _summary is not None:\n"
+           "        open({path!r}, 'w').write(_json.dumps(_summary, default=str))\n")
+
+
+def server_source(source: str, strategy: str, timeline: Path, summary: Path, accuracy: Path,
+                  start_options: str = "") -> str:
+    """``server_app.py`` with the strategy swapped (``start_options``: keywords for asyncfl's ``start()``), its
+    evaluation timed and asyncfl's summary written."""
+    if strategy == "ca2fl":  # the swap knows FedAsync; CA2FL is the same one-name change
+        source = re.sub(r"^(from asyncfl import [^\n]*)\bFedBuff\b", r"\1CA2FL as FedBuff", source, count=1, flags=re.M)
+        strategy = "fedbuff"
+    source = swapped(source, strategy, accuracy, start_options)
+    if EVALUATE not in source:
+        raise SystemExit(f"the example's server_app.py has no {EVALUATE!r}: update {Path(__file__).name}")
+    source = source.replace(EVALUATE, "evaluate_fn=_timed(global_evaluate)", 1)
+    return source.rstrip("\n") + SUMMARY.format(path=str(summary)) + TIMED.format(path=str(timeline))
+
+
+def client_source(source: str) -> str:
+    """``client_app.py`` with the ``device_speed`` mod added after ``report_train_seconds``."""
+    if not CLIENT_APP.search(source):
+        raise SystemExit(f"the example's client_app.py has no {CLIENT_APP.pattern[1:]!r}: update {Path(__file__).name}")
+    return CLIENT_APP.sub("from asyncfl.client_app.device_speed import device_speed\n\n"
+                          "app = ClientApp(mods=[report_train_seconds, device_speed])", source)
+
+
+def declare_device_keys(pyproject: Path, profile: str, seconds: float, seed: int) -> None:
+    """Declare the mod's run-config keys in the copy's ``[tool.flwr.app.config]`` (Flower refuses undeclared keys)."""
+    text = pyproject.read_text()
+    header = "[tool.flwr.app.config]\n"
+    if header not in text:
+        raise SystemExit(f"{pyproject} has no {header.strip()}: update {Path(__file__).name}")
+    keys = f'device-profile = "{profile}"\ndevice-seconds = {seconds!r}\ndevice-seed = {seed}\n'
+    pyproject.write_text(text.replace(header, header + keys, 1))
+
+
+def ideal(profile: str, nodes: int, seconds: float, seed: int) -> dict:
+    """The emulated fleet's ideal update rate (every node always holding a job) and a synchronous round's time."""
+    fleet = DeviceProfile.parse(profile).fleet(nodes, seed)
+    return {"fleet": [round(s, 3) for s in fleet], "ideal-updates-per-s": sum(1 / (s * seconds) for s in fleet),
+            "ideal-round-s": max(fleet) * seconds}
+
+
+def runtime_bound(fleet: list[float], seconds: float, workers: int, in_flight: int | None = None,
+                  horizon: float = 20_000.0) -> float:
+    """Updates per second when at most ``workers`` ClientApps run at once, first come first served.
+
+    Flower's simulation runtime runs ClientApps on ``min(32, cores + 4)`` threads (a
+    ``ThreadPoolExecutor()`` with Python's default size), whatever the number of Ray actors: on
+    2 cores, 6 at once. Every node re-submits the moment its job ends (``in_flight`` < nodes: that
+    many jobs out, the freed one going to the node idle longest). An event simulation over ``horizon``
+    seconds; with ``workers`` >= the nodes it is the fleet's ideal rate.
+    """
+    import heapq
+
+    times = [s * seconds for s in fleet]
+    out = len(fleet) if in_flight is None else min(in_flight, len(fleet))
+    waiting = list(range(out))  # FIFO of jobs not yet started (node ids)
+    idle = list(range(out, len(fleet)))  # nodes without a job
+    running: list[tuple[float, int]] = []
+    now, done = 0.0, 0
+    while True:
+        while waiting and len(running) < workers:
+            node = waiting.pop(0)
+            heapq.heappush(running, (now + times[node], node))
+        now, node = heapq.heappop(running)
+        if now > horizon:
+            return done / horizon
+        done += 1
+        if idle:  # the freed slot goes to the node that has waited longest for one
+            idle.append(node)
+            node = idle.pop(0)
+        waiting.append(node)
+
+
+def round_bound(fleet: list[float], seconds: float, workers: int, samples: int = 2000) -> float:
+    """A synchronous round's mean time when its jobs (every node's) queue for ``workers`` first come first served.
+
+    The runtime takes them in an order that changes from run to run (its nodes' ids), so the mean over
+    ``samples`` random orders (seeded): each order's time is when the last job ends.
+    """
+    import heapq
+    import random
+
+    order = random.Random(0)
+    times = [s * seconds for s in fleet]
+    total = 0.0
+    for _ in range(samples):
+        queue = order.sample(times, len(times))
+        ends = [0.0] * min(workers, len(times))
+        for job in queue:
+            heapq.heappush(ends, heapq.heappop(ends) + job)
+        total += max(ends)
+    return total / samples
+
+
+def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
+                           str(nodes), "--cpus-per-client", "1", "--ray-cpus", str(nodes), "-c", overrides],
+                          capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
+    from asyncfl.deploy.local import LocalDeployment
+
+    with LocalDeployment(app, nodes, workdir=Path(cwd) / "deploy") as deployment:
+        flwr = deployment.submit([overrides])
+        try:
+            output, _ = flwr.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(flwr.pid, 15)
+            output, _ = flwr.communicate(timeout=30)
+            return 124, output
+        return flwr.returncode, output
+
+
+def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, seconds: float, rounds: int,
+             seed: int, start_options: str = "", async_rounds: int | None = None) -> dict:
+    """One run of ``example`` with ``strategy`` on the emulated fleet; the cell with its timed accuracy curve.
+
+    ``rounds`` is the equal-work point (Flower's FedAvg runs that many); an asynchronous strategy runs
+    ``async_rounds`` (default ``rounds``), so its curve goes on past equal work and the time it takes to
+    reach FedAvg's final accuracy can be read from it; ``final`` is read at ``rounds`` either way.
+    """
+    module, nodes, overrides = EXAMPLES[example]
+    run_rounds = rounds if strategy == "flower-fedavg" or async_rounds is None else async_rounds
+    if run_rounds < rounds:
+        raise SystemExit(f"--async-rounds {run_rounds} < --rounds {rounds}: the equal-work point would not be reached")
+    overrides = re.sub(r"num-server-rounds=\d+ ?", "", overrides) + f" num-server-rounds={run_rounds}"
+    if "{subset}" in overrides:
+        overrides = overrides.replace("{subset}", str(fmnist_subset(ROOT / "benchmarks" / "dropin" / ".fmnist-subset")))
+    with tempfile.TemporaryDirectory() as folder:
+        app = Path(folder) / example
+        shutil.copytree(ROOT / "examples" / FOLDER.get(example, example), app,
+                        ignore=shutil.ignore_patterns(".flwr", "*.pt", "outputs"))
+        timeline, summary, accuracy = (Path(folder) / name for name in ("timeline.jsonl", "summary.json",
+                                                                        "accuracy.json"))
+        server_app = app / module
+        server_app.write_text(server_source(server_app.read_text(), strategy, timeline, summary, accuracy,
+                                                 start_options))
+        client_app = server_app.with_name("client_app.py")
+        client_app.write_text(client_source(client_app.read_text()))
+        declare_device_keys(app / "pyproject.toml", profile, seconds, seed)
+        if FOLDER.get(example, example) == "advanced-pytorch":
+            overrides += f" save-dir='{Path(folder) / 'saved'}'"
+        runner = _run_simulation if mode == "simulation" else _run_loopback
+        started = time.perf_counter()
+        code, output = runner(app, nodes, overrides, folder, timeout=3600)
+        wall = time.perf_counter() - started
+        if code != 0 or not timeline.exists():
+            raise SystemExit(f"{example} / {strategy} / {mode} run {run} failed (rc {code}):\n{output[-4000:]}")
+        points = [json.loads(line) for line in timeline.read_text().splitlines()]
+        facts = json.loads(summary.read_text()) if summary.exists() else {}
+    cohort = _cohort(example, nodes)
+    updates = rounds * cohort
+    at_equal_work = [p for p in points if p["round"] == rounds]
+    if not at_equal_work:
+        raise SystemExit(f"{example} / {strategy} / {mode} run {run} has no evaluation of round {rounds}: {points[-3:]}")
+    equal = at_equal_work[-1]
+    last = equal["t"]
+    # the steady rate: from the first round's evaluation on (Ray's actors or the SuperNodes' first ClientApp
+    # processes start before it: imports, data), rounds of `cohort` updates each
+    first = next((p for p in points if p["round"] >= 1), None)
+    if first is None:
+        raise SystemExit(f"{example} / {strategy} / {mode} run {run} evaluated no round: {points}")
+    kept = ("arrivals", "rejected-updates", "rejected-by-reason", "staleness-mean", "client-train-s-mean",
+            "job-round-trip-s-mean", "in-flight-cap-mean", "held-dispatches", "stop-reason")
+    return {"example": example, "strategy": strategy, "run": run, "mode": mode, "profile": profile,
+            **({"start-options": start_options} if start_options else {}),
+            "device-seconds": seconds, "device-seed": seed, "rounds": rounds, "run-rounds": run_rounds,
+            "updates": updates,
+            **ideal(profile, nodes, seconds, seed),
+            **({"runtime-workers": min(32, (os.cpu_count() or 1) + 4)} if mode == "simulation" else {}),
+            "timeline": [[p["round"], p["t"], round(p["accuracy"], 4)] for p in points],
+            "final": round(equal["accuracy"], 4), "train-seconds": last, "process-seconds": round(wall, 1),
+            "last-accuracy": round(points[-1]["accuracy"], 4), "updates-per-s": updates / last,
+            "first-round-s": first["t"],
+            "steady-updates-per-s": (equal["round"] - first["round"]) * cohort / max(last - first["t"], 1e-9),
+            **{key: facts[key] for key in kept if key in facts}}
+
+
+def _cohort(example: str, nodes: int) -> int:
+    """Client updates per round: the example's fraction-train of its nodes (Flower's FedAvg samples that many)."""
+    fraction = 0.25 if FOLDER.get(example, example) == "advanced-pytorch" else 1.0
+    return max(int(fraction * nodes), 2)
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def time_to(timeline: list[list[float]], target: float) -> float | None:
+    """Seconds until the first evaluation at or above ``target``; None if never."""
+    return next((t for _, t, accuracy in timeline if accuracy >= target), None)
+
+
+def _ideal_rates(cell: dict, cohort: int) -> tuple[float, float]:
+    """(the ideal updates/s of the emulated fleet, the bound of the runtime the cell ran in) for ``cell``'s
+    strategy: asynchronous, every node always holding a job; Flower's FedAvg, a cohort per round, a round
+    lasting its slowest node's time (ideal) or its jobs' time on the runtime's workers (bound)."""
+    # (cells written before the field was: simulation on this study's 2-core host)
+    workers = cell.get("runtime-workers") or (6 if cell["mode"] == "simulation" else len(cell["fleet"]))
+    if cell["strategy"] == "flower-fedavg":
+        return (cohort / cell["ideal-round-s"],
+                cohort / round_bound(cell["fleet"], cell["device-seconds"], workers))
+    return cell["ideal-updates-per-s"], runtime_bound(cell["fleet"], cell["device-seconds"], workers)
+
+
+def table(rows: list[dict]) -> str:
+    """Per example, mode and strategy: final accuracy, wall time to Flower's FedAvg's mean final accuracy (and its
+    share of FedAvg's mean time, for the mean and the slowest run), updates per second after the first round
+    against the fleet's ideal and the runtime's bound, rejected replies."""
+    lines = ["| example | mode | strategy | runs | final (mean; worst) | − FedAvg | s to FedAvg's final (mean; slowest) "
+             "| share of FedAvg's s (mean; slowest) | s to equal work (first round) | updates/s after the first round "
+             "| share of the ideal | share of the runtime's bound | rejected replies |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for example in EXAMPLES:
+        for mode in MODES:
+            fedavg = [r for r in rows if (r["example"], r["mode"], r["strategy"]) == (example, mode, "flower-fedavg")]
+            if not fedavg:
+                continue
+            target = statistics.mean(r["final"] for r in fedavg)
+            fedavg_s = statistics.mean(r["train-seconds"] for r in fedavg)
+            for strategy in STRATEGIES:
+                cells = [r for r in rows if (r["example"], r["mode"], r["strategy"]) == (example, mode, strategy)]
+                if not cells:
+                    continue
+                finals = [r["final"] for r in cells]
+                # FedAvg's own runs: their whole time (the target is their mean final accuracy)
+                reach = [r["train-seconds"] if strategy == "flower-fedavg" else time_to(r["timeline"], target)
+                         for r in cells]
+                reached = [t for t in reach if t is not None]
+                if reached:
+                    slowest = "never" if len(reached) < len(reach) else f"{max(reached):.0f}"
+                    slowest_share = "never" if len(reached) < len(reach) else f"{max(reached) / fedavg_s:.2f}"
+                    reach_text = f"{statistics.mean(reached):.0f}; {slowest}"
+                    share = f"{statistics.mean(reached) / fedavg_s:.2f}; {slowest_share}"
+                else:
+                    reach_text = share = "never"
+                rate = statistics.mean(r["steady-updates-per-s"] for r in cells)
+                fleet, bound = _ideal_rates(cells[0], _cohort(example, len(cells[0]["fleet"])))
+                rejected = sum(r.get("rejected-updates", 0) for r in cells)
+                lines.append(
+                    f"| {example} | {mode} | {strategy} | {len(cells)} | {statistics.mean(finals):.3f}; "
+                    f"{min(finals):.3f} | {statistics.mean(finals) - target:+.3f} | {reach_text} | {share} "
+                    f"| {statistics.mean(r['train-seconds'] for r in cells):.0f} "
+                    f"({statistics.mean(r['first-round-s'] for r in cells):.0f}) | {rate:.2f} | {rate / fleet:.2f} "
+                    f"| {rate / bound:.2f} | {rejected if strategy != 'flower-fedavg' else '–'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", nargs="+", default=["quickstart-pytorch"], choices=list(EXAMPLES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--mode", choices=MODES, default="simulation")
+    parser.add_argument("--runs", type=int, default=3, help="runs per cell (the wall clock is not seeded)")
+    parser.add_argument("--profile", default="quarter-5x-slower")
+    parser.add_argument("--device-seconds", type=float, default=3.0,
+                        help="a speed-1 node's seconds per train job (nominal mode)")
+    parser.add_argument("--device-seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=20, help="num-server-rounds (FedAvg's rounds; equal updates)")
+    parser.add_argument("--async-rounds", type=int, default=None,
+                        help="num-server-rounds of the asynchronous strategies (default: --rounds), to see when they "
+                             "reach FedAvg's final accuracy; their final accuracy is read at --rounds")
+    parser.add_argument("--start-options", default="",
+                        help="keywords for an asyncfl strategy's start(), as Python (\"dispatch_hold=0.0\"): an "
+                             "ablation, stored in its own --out folder")
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
+    args = parser.parse_args()
+    DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
+    path = args.out / "cells.jsonl"
+    done = {(r["example"], r["mode"], r["strategy"], r["run"]) for r in load(path)}
+    todo = [(e, s, run) for e in args.examples for run in range(1, args.runs + 1) for s in args.strategies
+            if (e, args.mode, s, run) not in done]
+    if not args.table:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for example, strategy, run in todo:
+            row = run_cell(example, strategy, run, args.mode, args.profile, args.device_seconds, args.rounds,
+                           args.device_seed, args.start_options, args.async_rounds)
+            with path.open("a") as out:
+                out.write(json.dumps(row) + "\n")
+            print(f"{example} {args.mode} {strategy} run {run}: final {row['final']:.3f} in {row['train-seconds']:.0f} s "
+                  f"({row['steady-updates-per-s']:.2f} updates/s after the first round, fleet's ideal "
+                  f"{row['ideal-updates-per-s']:.2f}); "
+                  f"rejected {row.get('rejected-by-reason', {})}", flush=True)
+    print(table(load(path)))
+
+
+if __name__ == "__main__":
+    main()

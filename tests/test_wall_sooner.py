@@ -1,0 +1,75 @@
+"""The wall-clock fleet study (benchmarks/wall_sooner): its ideal rates by hand, its app copy, its stored table."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.scripts import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def study():
+    sys.path.insert(0, str(ROOT / "benchmarks" / "dropin"))  # the study reuses the drop-in study's swap
+    try:
+        yield load_script("benchmarks/wall_sooner/study.py", "wall_sooner_study")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "dropin"))
+
+
+def test_the_runtime_bound_by_hand(study):
+    # two nodes, jobs of 1 s and 2 s: in parallel 1 + 1/2 updates/s; one worker alternates them, 2 jobs per 3 s
+    assert study.runtime_bound([1.0, 2.0], 1.0, workers=2) == pytest.approx(1.5, rel=1e-3)
+    assert study.runtime_bound([1.0, 2.0], 1.0, workers=1) == pytest.approx(2 / 3, rel=1e-3)
+    # three 1 s nodes on two workers: the workers never idle, 2 updates/s
+    assert study.runtime_bound([1.0, 1.0, 1.0], 1.0, workers=2) == pytest.approx(2.0, rel=1e-3)
+    # one job out for two nodes: one at a time, each node in turn
+    assert study.runtime_bound([1.0, 3.0], 1.0, workers=2, in_flight=1) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_the_ideal_of_a_quarter_5x_slower_fleet_is_its_sum_of_rates(study):
+    ideal = study.ideal("quarter-5x-slower", 8, 3.0, 0)
+    assert sorted(ideal["fleet"])[-2:] == [5.0, 5.0] and ideal["ideal-round-s"] == 15.0
+    assert ideal["ideal-updates-per-s"] == pytest.approx(sum(1 / (3.0 * s) for s in ideal["fleet"]), rel=1e-3)
+    assert study.runtime_bound(ideal["fleet"], 3.0, workers=8) == pytest.approx(ideal["ideal-updates-per-s"], rel=1e-2)
+
+
+def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tmp_path):
+    example = ROOT / "examples" / "quickstart-pytorch" / "pytorchexample"
+    for strategy, imported in (("ca2fl", "CA2FL as FedBuff"), ("fedasync", "FedAsync as FedBuff"),
+                               ("flower-fedavg", "FedAvg as FedBuff")):
+        server = study.server_source((example / "server_app.py").read_text(), strategy, tmp_path / "t.jsonl",
+                                     tmp_path / "s.json", tmp_path / "a.json",
+                                     "" if strategy == "flower-fedavg" else "dispatch_hold=0.0")
+        compile(server, "server_app.py", "exec")
+        assert imported in server and "evaluate_fn=_timed(global_evaluate)" in server
+        assert ("dispatch_hold=0.0" in server) == (strategy != "flower-fedavg")
+    client = study.client_source((example / "client_app.py").read_text())
+    compile(client, "client_app.py", "exec")
+    assert "mods=[report_train_seconds, device_speed]" in client
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text((example.parent / "pyproject.toml").read_text())
+    study.declare_device_keys(pyproject, "quarter-5x-slower", 3.0, 0)
+    import tomllib
+
+    config = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
+    assert (config["device-profile"], config["device-seconds"], config["device-seed"]) == ("quarter-5x-slower", 3.0, 0)
+
+
+def test_time_to_a_target_is_the_first_evaluation_at_or_above_it(study):
+    timeline = [[0, 1.0, 0.1], [1, 5.0, 0.7], [2, 9.0, 0.69], [3, 12.0, 0.8]]
+    assert study.time_to(timeline, 0.7) == 5.0 and study.time_to(timeline, 0.75) == 12.0
+    assert study.time_to(timeline, 0.9) is None
+
+
+def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
+    readme = (ROOT / "benchmarks" / "wall_sooner" / "README.md").read_text()
+    tables = re.findall(r"<!-- table from (\S+) -->\n(.*?)\n<!-- /table -->", readme, re.S)
+    assert len(tables) == 2
+    for cells, stored in tables:
+        assert stored == study.table(study.load(ROOT / "benchmarks" / "wall_sooner" / cells)), cells
