@@ -184,7 +184,6 @@ class _Run:
 
     name: str
     strategy: Strategy
-    options: RunOptions
     config: EngineConfig
     codec: ModelCodec
     link: Link
@@ -234,7 +233,7 @@ class _Run:
                  "stop at %s", strategy.name, options.clock, config.concurrency, len(nodes),
                  _stops_text(num_rounds, options.max_arrivals, options.max_time, config.round_arrivals,
                              flower.fraction_train))
-        return cls(strategy.name, strategy, options, config, codec, link, engine, train_metrics, server_eval,
+        return cls(strategy.name, strategy, config, codec, link, engine, train_metrics, server_eval,
                    federated, recorder, checkpoints, resumed_from, time.monotonic())
 
     def execute(self) -> None:
