@@ -125,7 +125,9 @@ class RunOptions(Knobs):
     resume_from : str, optional
         Go on from a checkpoint: a checkpoint file, a folder of them or a run folder (its newest).
         The strategy, model layout and scheduling settings must be the checkpoint's (a mismatch is
-        refused, saying what differs); stops may change, so a finished run can be extended. The
+        refused, saying what differs); stops may change, so a finished run can be extended. What the
+        first nodes decide in a fresh run (the cohort a round stands for, an unset ``concurrency``) is
+        the checkpoint's, and the run waits (``wait_for_nodes``) for all the checkpoint's clients. The
         run folder defaults to the checkpoint's. ``resume-from``.
     """
 

@@ -337,6 +337,29 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_nothing_is_overwritten(tm
     assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
+def test_a_resumed_run_waits_for_all_the_checkpoints_clients_not_only_those_its_concurrency_needs(tmp_path):
+    import threading
+
+    # Prepare: a run of 6 clients at concurrency 2 dies; when it resumes, one node connects late.
+    folder = tmp_path / "run"
+    with pytest.raises(Crash):
+        _start(FedBuff(buffer_size=3), _grid(crash_after=20), folder, checkpoint_every=2, concurrency=2)
+    grid = _grid()
+    late = grid.nodes.pop()
+    joins = threading.Timer(0.5, lambda: grid.nodes.append(late))
+    # Act: resume (2 nodes would fill its concurrency; the checkpoint knows 6).
+    joins.start()
+    try:
+        result = FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
+                                              delays="fedrevive-default", seed=5, max_arrivals=40, concurrency=2,
+                                              evaluate_every_time=1.0, wait_for_nodes=60.0, resume_from=str(folder))
+    finally:
+        joins.cancel()
+    # Assert: it waited for the late node and went on with all six, from the checkpoint.
+    assert result.summary["clients"] == NODES and result.summary["arrivals"] == 40
+    assert "resumed-from" in result.summary
+
+
 def test_checkpoints_are_written_atomically_and_only_the_newest_are_kept(tmp_path):
     store = checkpoint.Checkpoints(tmp_path, every=2, keep=2)
     assert store.due(2) and not store.due(1)

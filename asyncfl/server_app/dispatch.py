@@ -46,18 +46,27 @@ class Dispatcher:
         self.slots = Slots(roster, config.jobs_per_client, config.pipeline_late_clients and strategy.synchronous,
                            clock.nodes_come_and_go)
 
-    def discover_clients(self) -> list[int]:
+    def discover_clients(self, resumed_clients: int = 0) -> list[int]:
         """Wait for nodes, ask each for its ``partition-id`` and fix the client order.
 
         Clients are ordered by partition id, so a seeded run picks the same data
         whatever node ids the SuperLink assigned. Nodes that do not answer the
-        query (e.g. stock ClientApps) follow, ordered by node id.
+        query (e.g. stock ClientApps) follow, ordered by node id. A resumed run
+        (``resumed_clients``: the checkpoint's) waits for all of its clients, not only
+        for those that fill the concurrency: it can go on only with the same ones.
         """
         wanted = -(-self.config.concurrency // self.config.jobs_per_client)  # nodes that fill every slot
-        nodes = wait_for_nodes(self.grid, wanted, self.config.wait_for_nodes, on_wait=lambda connected: log.info(
-            "%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) for more, "
-            "or until none joined for %.0fs", connected, wanted, self.config.concurrency,
-            self.config.wait_for_nodes, NODE_SETTLE_S), settle=NODE_SETTLE_S)
+        if resumed_clients > wanted:
+            nodes = wait_for_nodes(self.grid, resumed_clients, self.config.wait_for_nodes,
+                                   on_wait=lambda connected: log.info(
+                                       "resuming a run of %d client(s), %d node(s) connected: waiting up to %.0fs "
+                                       "(wait-for-nodes) for the others", resumed_clients, connected,
+                                       self.config.wait_for_nodes))
+        else:
+            nodes = wait_for_nodes(self.grid, wanted, self.config.wait_for_nodes, on_wait=lambda connected: log.info(
+                "%d node(s) connected, %d fill the concurrency of %d: waiting up to %.0fs (wait-for-nodes) for more, "
+                "or until none joined for %.0fs", connected, wanted, self.config.concurrency,
+                self.config.wait_for_nodes, NODE_SETTLE_S), settle=NODE_SETTLE_S)
         if not nodes:
             raise NoNodesConnected(f"no SuperNode connected within wait-for-nodes={self.config.wait_for_nodes}s")
         if len(nodes) < wanted:

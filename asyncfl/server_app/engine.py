@@ -171,7 +171,7 @@ class AsyncEngine:
     def run(self) -> EngineStats:
         """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
         if not len(self.roster):
-            self.dispatcher.discover_clients()
+            self.dispatcher.discover_clients(len(self._resume["clients"]["sizes"]) if self._resume else 0)
         self._tell_owners()
         self.bounds.start(list(self.roster.sizes))
         self.strategy.trained_entries = self.codec.trained_entries()

@@ -207,9 +207,14 @@ class _Run:
         flower = strategy.flower
         nodes = _wait_for_first_nodes(grid, flower.min_available_nodes, node_wait)
         cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
-        config = options.engine_config(num_rounds=num_rounds, timeout=timeout,
-                                       concurrency=options.concurrency or cohort,
-                                       round_arrivals=cohort if asynchronous else 0, node_wait=node_wait,
+        resume, resumed_from = _read_resume(options)
+        concurrency, round_arrivals = options.concurrency or cohort, cohort if asynchronous else 0
+        if resume is not None:  # what the first nodes would decide was decided by the run that wrote the checkpoint
+            saved = checkpoint.saved_settings(resume)
+            concurrency = options.concurrency or saved.get("concurrency", concurrency)
+            round_arrivals = saved.get("round_arrivals", round_arrivals)
+        config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=concurrency,
+                                       round_arrivals=round_arrivals, node_wait=node_wait,
                                        auto_hold=strategy.auto_dispatch_hold)
         server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
         train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
@@ -217,7 +222,8 @@ class _Run:
         link = Link(grid, outage_limit(timeout))
         federated = (FederatedEvaluation(link, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
                                          callbacks) if flower.evaluates_on_clients else None)
-        resume, resumed_from = _resume_state(options, strategy, codec, config)
+        if resume is not None:
+            checkpoint.check_fits(resume, strategy, codec, config)  # before anything in a run folder changes
         folder = _run_folder(options, strategy.name, resumed_from)
         recorder = None
         if folder is not None:
@@ -321,17 +327,14 @@ class _Run:
             flwr_log(logging.INFO, "\t%s", line)
 
 
-def _resume_state(options: RunOptions, strategy: Strategy, codec: ModelCodec,
-                  config: EngineConfig) -> tuple[dict | None, Path | None]:
-    """``(the checkpoint's state with its journal, its path)`` to resume from; checked against this run before
-    anything in a run folder changes. ``(None, None)`` for a fresh run."""
+def _read_resume(options: RunOptions) -> tuple[dict | None, Path | None]:
+    """``(the checkpoint's state with its journal, its path)`` to resume from; ``(None, None)`` for a fresh run."""
     if not options.resume_from:
         return None, None
     resumed_from, resume, skipped = checkpoint.newest_readable(options.resume_from)
     for problem in skipped:
         flwr_log(logging.WARNING, "%s: resuming from the newest one that reads, %s", problem, resumed_from.name)
     resume["journal"] = checkpoint.read_journal(resumed_from)
-    checkpoint.check_fits(resume, strategy, codec, config)
     return resume, resumed_from
 
 
