@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="Ray CPUs per ClientApp, a whole number (Flower's client-resources-num-cpus; default: 1)")
     run.add_argument("--ray-cpus", type=int, default=None,
                      help="CPUs Ray may hand out (Flower's init-args-num-cpus; default: this machine's cores): more "
-                          "than the cores runs that many ClientApps at once, e.g. for nodes that wait (device_speed)")
+                          "than the cores starts that many ClientApp actors, e.g. for nodes that wait (device_speed); "
+                          "Flower's simulation runs at most cores + 4 of them at once")
     run.add_argument("--ray-address", default=None,
                      help="attach the simulation to a running Ray cluster (HEAD:6379, as for 'ray start "
                           "--address') instead of starting Ray on this machine")

@@ -291,6 +291,9 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> Goss
     if engine.clock != "virtual" or engine.max_time <= 0:
         raise ConfigError(f"{strategy} runs on the gossip relay's virtual clock: set clock = 'virtual' and "
                           "max-virtual-time > 0 (the horizon)")
+    if cfg.get("resume-from"):  # (checkpoint-every has a default in the built-in app: a gossip run writes none)
+        raise ConfigError(f"resume-from={cfg['resume-from']!r}: the gossip relay ({strategy}) keeps no checkpoints "
+                          "and cannot resume; drop the key")
     if strategy != "divshare" and int(cfg["divshare.copies"]) != 1:
         raise ConfigError(f"divshare.copies={cfg['divshare.copies']!r} is a setting of strategy 'divshare', but this "
                           f"run's strategy is '{strategy}', which ignores it: drop the key or set strategy='divshare'")

@@ -360,6 +360,36 @@ def test_a_resumed_run_waits_for_all_the_checkpoints_clients_not_only_those_its_
     assert "resumed-from" in result.summary
 
 
+def test_a_resume_waits_for_a_late_node_also_when_every_node_fills_its_concurrency_and_a_refusal_keeps_the_folder(
+        tmp_path):
+    import threading
+
+    # Prepare: a run of 6 clients (concurrency 6, Flower's fraction_train=1.0) dies.
+    folder = _broken_run(tmp_path)
+    written = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    grid = _grid()
+    late = grid.nodes.pop()
+    # Act: resume with one node 2.5 s late (longer than the 2 s a fresh run's discovery settles in) ...
+    joins = threading.Timer(2.5, lambda: grid.nodes.append(late))
+    joins.start()
+    try:
+        result = _resume(FedBuff(buffer_size=3), folder, wait_for_nodes=60.0)
+    finally:
+        joins.cancel()
+    # ... and once more with that node gone for good.
+    gone = _grid()
+    gone.nodes.pop()
+    refused_folder = _broken_run(tmp_path / "again")
+    before = {p.name: p.read_bytes() for p in refused_folder.iterdir() if p.is_file()}
+    with pytest.raises(CheckpointError, match=r"after waiting up to 1s .*raise wait-for-nodes"):
+        FedBuff(buffer_size=3).start(gone, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
+                                     delays="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0,
+                                     wait_for_nodes=1.0, resume_from=str(refused_folder))
+    # Assert: the first resume waited and went on with all six; the refused one left the dead run's files as they were.
+    assert result.summary["clients"] == NODES and result.summary["arrivals"] == 40 and written
+    assert {p.name: p.read_bytes() for p in refused_folder.iterdir() if p.is_file()} == before
+
+
 def test_checkpoints_are_written_atomically_and_only_the_newest_are_kept(tmp_path):
     store = checkpoint.Checkpoints(tmp_path, every=2, keep=2)
     assert store.due(2) and not store.due(1)

@@ -93,6 +93,8 @@ def test_divshare_copies_send_each_fragment_to_that_many_neighbours(tmp_path):
                           "divshare.copies": 3})
     with pytest.raises(ConfigError, match="setting of strategy 'divshare'.*'pushcen'"):
         parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "divshare.copies": 2})
+    with pytest.raises(ConfigError, match="resume-from='runs/x': the gossip relay .pushcen. keeps no checkpoints"):
+        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "resume-from": "runs/x"})
 
 
 def test_same_seed_same_gossip_metrics(tmp_path):

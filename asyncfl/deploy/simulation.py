@@ -80,7 +80,8 @@ def run_app(app_dir: Path, run_config: list[str], num_supernodes: int, cpus_per_
     folder), where relative output paths land. The SuperLink's log, ``<app>/.flwr/superlink-<port>.log``,
     is kept only when the run did not end well (a log per finished run filled the disk). ``ray_cpus``
     (Flower's ``init-args-num-cpus``) is how many CPUs the Ray it starts may hand out: with
-    ``cpus_per_client`` 1, that many ClientApps run at once, also more than the machine's cores.
+    ``cpus_per_client`` 1, that many ClientApp actors, also more than the machine's cores (Flower's
+    simulation runtime still runs at most ``min(32, cores + 4)`` ClientApps at once).
     """
     if ray_address:
         try:

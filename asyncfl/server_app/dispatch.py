@@ -56,8 +56,9 @@ class Dispatcher:
         for those that fill the concurrency: it can go on only with the same ones.
         """
         wanted = -(-self.config.concurrency // self.config.jobs_per_client)  # nodes that fill every slot
-        if resumed_clients > wanted:
-            nodes = wait_for_nodes(self.grid, resumed_clients, self.config.wait_for_nodes,
+        if resumed_clients:  # no settling on fewer: the resumed run can go on only with the same clients
+            wanted = max(wanted, resumed_clients)
+            nodes = wait_for_nodes(self.grid, wanted, self.config.wait_for_nodes,
                                    on_wait=lambda connected: log.info(
                                        "resuming a run of %d client(s), %d node(s) connected: waiting up to %.0fs "
                                        "(wait-for-nodes) for the others", resumed_clients, connected,

@@ -205,13 +205,20 @@ class _Run:
         asynchronous = not strategy.synchronous
         codec, initial = codec_and_model(initial_arrays)
         flower = strategy.flower
+        resume, resumed_from = _read_resume(options)  # a wrong resume_from fails before any wait
+        if options.checkpoint_every and not strategy.checkpointable:
+            raise CheckpointError(f"checkpoint_every={options.checkpoint_every}: {strategy.name} does not say what "
+                                  "its state is (state_attributes, or state_dict/load_state_dict), so it cannot be "
+                                  "checkpointed")
         nodes = _wait_for_first_nodes(grid, flower.min_available_nodes, node_wait)
         cohort = flower.train_nodes(len(nodes))  # what Flower's FedAvg would train per round on these nodes
-        resume, resumed_from = _read_resume(options)
         concurrency, round_arrivals = options.concurrency or cohort, cohort if asynchronous else 0
         if resume is not None:  # what the first nodes would decide was decided by the run that wrote the checkpoint
             saved = checkpoint.saved_settings(resume)
             concurrency = options.concurrency or saved.get("concurrency", concurrency)
+            if asynchronous and saved.get("round_arrivals", round_arrivals) != round_arrivals:
+                flwr_log(logging.INFO, "resuming: a round is %d updates, as in the checkpoint's run (%d with the "
+                         "%d node(s) connected now)", saved["round_arrivals"], round_arrivals, len(nodes))
             round_arrivals = saved.get("round_arrivals", round_arrivals)
         config = options.engine_config(num_rounds=num_rounds, timeout=timeout, concurrency=concurrency,
                                        round_arrivals=round_arrivals, node_wait=node_wait,
@@ -230,7 +237,7 @@ class _Run:
             recorder = RunRecorder(folder, run_config or _run_settings(strategy.name, config, flower, num_rounds),
                                    config.target_accuracy, options.progress, options.max_arrivals, options.max_time,
                                    resuming=resume is not None, clock=options.clock)
-        checkpoints = _checkpoints(options, strategy, folder)
+        checkpoints = _checkpoints(options, folder)
         engine = AsyncEngine(link, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                              keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
                              checkpoints=checkpoints, resume=resume, callbacks=callbacks)
@@ -258,11 +265,13 @@ class _Run:
             strategy.aggregation_hook = TrainHook(self.codec, strategy.flower.keys,
                                                   lambda: _round_of_step(engine, self.config.round_arrivals),
                                                   lambda client: engine.roster.nodes[client])
+        refused = False  # a resume refused (other nodes): the folder stays the dead run's, untouched
         try:
             with _sigterm_interrupts(), self.link.watching():  # Flower's own Grid retries inside a call: counted
                 engine.run()
             self.train_metrics.close(engine.state.rounds(self.config.round_arrivals)[1])
         except BaseException as exc:  # the reason goes into summary.json; the exception goes on to the caller
+            refused = isinstance(exc, CheckpointError)
             note = self.link.outage_note() if isinstance(exc, (KeyboardInterrupt, SystemExit)) else ""  # Flower's
             engine.stop_reason = stop_reason_of(exc) + note
             flwr_log(logging.ERROR, "%s stopped: %s", self.name, engine.stop_reason)
@@ -271,7 +280,7 @@ class _Run:
             self.link.end()  # a pull still waiting in a thread returns; the Grid is the app's again
             on_exit.clear()
             strategy.aggregation_hook = None  # a Flower loop of the app's own may use the strategy next
-            if recorder is not None:
+            if recorder is not None and not refused:
                 recorder.write_summary(self.summary())
                 recorder.write_clients(engine.stats.by_client)
                 recorder.plot()
@@ -338,14 +347,10 @@ def _read_resume(options: RunOptions) -> tuple[dict | None, Path | None]:
     return resume, resumed_from
 
 
-def _checkpoints(options: RunOptions, strategy: Strategy, folder: Path | None) -> checkpoint.Checkpoints | None:
+def _checkpoints(options: RunOptions, folder: Path | None) -> checkpoint.Checkpoints | None:
     """Where and how often the run's state is written (``checkpoint_every``); None when never."""
     if not options.checkpoint_every:
         return None
-    if not strategy.checkpointable:
-        raise CheckpointError(f"checkpoint_every={options.checkpoint_every}: {strategy.name} does not say what its "
-                              "state is (state_attributes, or state_dict/load_state_dict), so it cannot be "
-                              "checkpointed")
     where = options.checkpoint_dir or (folder / checkpoint.FOLDER if folder is not None else None)
     return checkpoint.Checkpoints(Path(where).expanduser().resolve(), options.checkpoint_every,
                                   options.checkpoint_keep)

@@ -60,8 +60,9 @@ def resume_from(engine: AsyncEngine, tree: dict) -> None:
     if tree["clients"]["sizes"] != sizes:
         raise CheckpointError(
             f"the checkpoint was made with {len(tree['clients']['sizes'])} client(s) of sizes "
-            f"{tree['clients']['sizes'][:8]}..., this run has {len(sizes)} of sizes {sizes[:8]}...: "
-            "resume with the same nodes and data")
+            f"{tree['clients']['sizes'][:8]}..., this run has {len(sizes)} of sizes {sizes[:8]}... after waiting "
+            f"up to {engine.config.wait_for_nodes:.0f}s for them (wait-for-nodes): resume with the same nodes and data "
+            "(raise wait-for-nodes while nodes are still reconnecting)")
     engine.strategy.load_state_dict(tree["strategy"])
     jobs = engine.state.restore(tree)
     parts = stateful_parts(engine)
