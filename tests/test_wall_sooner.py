@@ -30,6 +30,10 @@ def test_the_runtime_bound_by_hand(study):
     assert study.runtime_bound([1.0, 1.0, 1.0], 1.0, workers=2) == pytest.approx(2.0, rel=1e-3)
     # one job out for two nodes: one at a time, each node in turn
     assert study.runtime_bound([1.0, 3.0], 1.0, workers=2, in_flight=1) == pytest.approx(0.5, rel=1e-3)
+    # a synchronous round on 2 workers, longest first: 3 | 1 + 1 -> 3 s; 2 + 1 | 2 + 1 -> 3 s; 8 jobs on 8: the slowest
+    assert study.round_bound([3.0, 1.0, 1.0], 1.0, workers=2) == 3.0
+    assert study.round_bound([1.0, 2.0, 1.0, 2.0], 1.0, workers=2) == 3.0
+    assert study.round_bound([1.0, 5.0, 1.0], 3.0, workers=8) == 15.0
 
 
 def test_the_ideal_of_a_quarter_5x_slower_fleet_is_its_sum_of_rates(study):

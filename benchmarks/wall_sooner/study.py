@@ -150,25 +150,15 @@ def runtime_bound(fleet: list[float], seconds: float, workers: int, in_flight: i
         waiting.append(node)
 
 
-def round_bound(fleet: list[float], seconds: float, workers: int, samples: int = 2000) -> float:
-    """A synchronous round's mean time when its jobs (every node's) queue for ``workers`` first come first served.
-
-    The runtime takes them in an order that changes from run to run (its nodes' ids), so the mean over
-    ``samples`` random orders (seeded): each order's time is when the last job ends.
-    """
+def round_bound(fleet: list[float], seconds: float, workers: int) -> float:
+    """A synchronous round's time when its jobs (every node's) queue for ``workers`` first come first served, the
+    longest first (the order that ends soonest here; Flower's runtime takes them in its own fixed order)."""
     import heapq
-    import random
 
-    order = random.Random(0)
-    times = [s * seconds for s in fleet]
-    total = 0.0
-    for _ in range(samples):
-        queue = order.sample(times, len(times))
-        ends = [0.0] * min(workers, len(times))
-        for job in queue:
-            heapq.heappush(ends, heapq.heappop(ends) + job)
-        total += max(ends)
-    return total / samples
+    ends = [0.0] * min(workers, len(fleet))
+    for job in sorted((s * seconds for s in fleet), reverse=True):
+        heapq.heappush(ends, heapq.heappop(ends) + job)
+    return max(ends)
 
 
 def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
