@@ -50,6 +50,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "dropin"))
 sys.path.insert(0, str(ROOT))
 
+from advanced_example import load  # noqa: E402  (the stored cells' reader)
 from wall_clock import EXAMPLES, FOLDER, fmnist_subset, swapped  # noqa: E402
 
 from asyncfl.client_app.device_speed import DeviceProfile  # noqa: E402
@@ -248,13 +249,13 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
 
 
 def _cohort(example: str, nodes: int) -> int:
-    """Client updates per round: the example's fraction-train of its nodes (Flower's FedAvg samples that many)."""
-    fraction = 0.25 if FOLDER.get(example, example) == "advanced-pytorch" else 1.0
+    """Client updates per round: the example's fraction-train (its pyproject; Flower's 1.0 where it sets none) of
+    its nodes, at least 2 (Flower's FedAvg samples that many)."""
+    import tomllib
+
+    pyproject = ROOT / "examples" / FOLDER.get(example, example) / "pyproject.toml"
+    fraction = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"].get("fraction-train", 1.0)
     return max(int(fraction * nodes), 2)
-
-
-def load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def time_to(timeline: list[list[float]], target: float) -> float | None:
