@@ -82,6 +82,30 @@ def digits_accuracy(arrays: ArrayRecord) -> float:
     return float(((x @ arrays["w"].numpy() + arrays["b"].numpy()).argmax(axis=1) == y).mean())
 
 
+def toy_trusted_step(version: int, arrays: ArrayRecord) -> ArrayRecord:
+    """The toy learner's program on the server (``trusted_train_fn``): its trusted data is the target itself."""
+    w = arrays["w"].numpy()
+    return ArrayRecord({"w": Array((w + np.float32(0.2) * (TARGET - w)).astype(np.float32))})
+
+
+TRUSTED_ROWS = 120
+
+
+def digits_trusted_steps(version: int, arrays: ArrayRecord) -> ArrayRecord:
+    """The digits program on the server (``trusted_train_fn``): 5 gradient steps on the first TRUSTED_ROWS training
+    rows (the server's own clean copy; the clients' partitions hold them too, the test rows are never used)."""
+    x, y, _, _ = digits_split()
+    x, y = x[:TRUSTED_ROWS], y[:TRUSTED_ROWS]
+    w, b = arrays["w"].numpy().copy(), arrays["b"].numpy().copy()
+    for _ in range(5):
+        gw, gb = softmax_gradient(w, b, x, y)
+        w -= np.float32(0.5) * gw.astype(np.float32)
+        b -= np.float32(0.5) * gb.astype(np.float32)
+    return ArrayRecord({"w": Array(w), "b": Array(b)})
+
+
+TRUSTED = {"toy": toy_trusted_step, "digits": digits_trusted_steps}
+
 APPS = {
     "toy": (toy_app, lambda: ArrayRecord({"w": Array(TOY_START.copy())}),
             lambda arrays: 1.0 - float(np.linalg.norm(arrays["w"].numpy() - TARGET)

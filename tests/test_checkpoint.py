@@ -249,8 +249,17 @@ def test_a_resumed_buffer_without_its_arrivals_is_refused_not_aggregated(tmp_pat
                                               evaluate_every_time=1.0, resume_from=str(tmp_path / "run"))
 
 
+def _trusted_step(version, arrays):
+    """The server's program on its trusted data: towards 0.5, with noise seeded by the version (as a resumed run
+    must draw it again)."""
+    w = arrays["w"].numpy()
+    noise = np.random.default_rng(version).normal(0.0, 0.05, w.shape).astype(np.float32)
+    return ArrayRecord({"w": Array(w + np.float32(0.3) * (np.float32(0.5) - w) + noise), "steps": arrays["steps"]})
+
+
 RUNS = {
     "fedbuff": (lambda: FedBuff(buffer_size=3), {}),
+    "fedasync-trusted-direction": (lambda: FedAsync(), {"trusted_train_fn": _trusted_step}),
     "fedbuff-aggregate-train": (lambda: AggregatingFedBuff(buffer_size=3), {}),
     "fedasync-overlap": (lambda: FedAsync(), {"overlap_server_compute": True}),
     "fedavg-deadline-pipelined": (lambda: FedAvg(), {"round_deadline": 1.5, "pipeline_late_clients": True}),
@@ -280,6 +289,9 @@ def test_a_crashed_run_resumes_to_the_same_metrics_and_model(name, crash_after, 
     assert {r: dict(m) for r, m in resumed.evaluate_metrics_serverapp.items()} == \
         {r: dict(m) for r, m in whole.evaluate_metrics_serverapp.items()}
     assert resumed.summary["resumed-from"].startswith(str(tmp_path / "broken"))
+    for key in ("trusted-direction-checked", "trusted-direction-projected"):
+        assert resumed.summary.get(key) == whole.summary.get(key)
+    assert "trusted_train_fn" not in options or whole.summary["trusted-direction-projected"] > 0
 
 
 def test_a_finished_run_resumed_with_a_later_stop_equals_the_longer_run(tmp_path):

@@ -28,7 +28,7 @@ def test_start_keeps_flowers_seven_parameters_and_takes_options_by_name():
     parameters = list(inspect.signature(asyncfl.FedBuff.start).parameters)
     assert parameters[1:8] == ["grid", "initial_arrays", "num_rounds", "timeout", "train_config", "evaluate_config",
                                "evaluate_fn"]
-    assert parameters[8:] == ["options", "run_config", "callbacks", "option_keywords"]
+    assert parameters[8:] == ["options", "run_config", "callbacks", "trusted_train_fn", "option_keywords"]
 
 
 def test_an_unknown_option_is_named_with_the_valid_ones_before_any_message():

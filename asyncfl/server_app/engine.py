@@ -41,6 +41,7 @@ from asyncfl.server_app.resume import resume_from, snapshot
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
 from asyncfl.server_app.transport import SuperLinkUnreachable, guarded
+from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
@@ -87,6 +88,8 @@ class AsyncEngine:
         A checkpoint's state (:func:`asyncfl.server_app.checkpoint.read`): the run goes on from it.
     callbacks : sequence of Callback
         Told of every new server version and every scored evaluation (:mod:`asyncfl.callbacks`).
+    trusted_direction : TrustedDirection, optional
+        The server's descent on its trusted data, which every update is checked against (``trusted_train_fn``).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class AsyncEngine:
         checkpoints: Checkpoints | None = None,
         resume: dict | None = None,
         callbacks: Sequence[Callback] = (),
+        trusted_direction: TrustedDirection | None = None,
     ) -> None:
         grid = self.grid = guarded(grid, config.job_timeout)
         self.strategy = strategy
@@ -125,7 +129,7 @@ class AsyncEngine:
         self._puller = self.clock.puller(grid, config.concurrency)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.bounds = ParticipantBounds(config.update_norm_bound, config.update_norm_action, codec.bound_groups(),
-                                        self.dispatcher.slots, strategy)
+                                        self.dispatcher.slots, strategy, trusted_direction)
         self.callbacks = list(callbacks)
         self._last_told: tuple[int, int] | None = None
         self._owners_told = 0

@@ -29,12 +29,13 @@ from flwr.supercore.exit import add_exit_handler
 
 from asyncfl.callbacks import Callback
 from asyncfl.options import EngineConfig, RunOptions
-from asyncfl.errors import CheckpointError, ClientAppsFailing, NoNodesConnected, NothingToDispatch
+from asyncfl.errors import CheckpointError, ClientAppsFailing, ConfigError, NoNodesConnected, NothingToDispatch
 from asyncfl.server_app import checkpoint
 from asyncfl.server_app.client_metrics import TrainMetrics, rounds_from_state, rounds_state
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.federated_eval import FederatedEvaluation
+from asyncfl.server_app.trusted_direction import TrustedDirection, TrustedTrainFn
 from asyncfl.server_app.transport import Link, SuperLinkUnreachable, outage_limit, wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary
 from asyncfl.server_app.scoring import ModelState
@@ -151,7 +152,8 @@ def _wait_for_first_nodes(grid, minimum: int, timeout: float) -> list[int]:
 def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
                    train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
                    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, options: RunOptions,
-                   run_config: dict | None = None, callbacks: Sequence[Callback] = ()) -> AsyncResult:
+                   run_config: dict | None = None, callbacks: Sequence[Callback] = (),
+                   trusted_train_fn: TrustedTrainFn | None = None) -> AsyncResult:
     """Run ``strategy`` on ``grid`` until a stop condition (see :meth:`Strategy.start`); ``options`` were checked
     when they were made, and with ``num_rounds`` and ``timeout`` here, before the first message is sent.
 
@@ -162,10 +164,13 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     """
     options.check_run(num_rounds, timeout)
     options.check_strategy(type(strategy), strategy.name)
+    if trusted_train_fn is not None and not callable(trusted_train_fn):
+        raise ConfigError(f"trusted_train_fn={trusted_train_fn!r} must be a function (server_version, ArrayRecord) -> "
+                          "ArrayRecord that trains the model on the server's trusted data, or None")
     check_overrides(strategy)
     log_through_flower()
     run = _Run.build(strategy, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn,
-                     options, run_config, callbacks)
+                     options, run_config, callbacks, trusted_train_fn)
     run.execute()
     result = AsyncResult(
         arrays=run.codec.to_record(run.engine.global_model),
@@ -199,7 +204,8 @@ class _Run:
     @classmethod
     def build(cls, strategy: Strategy, grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
               train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None, evaluate_fn,
-              options: RunOptions, run_config: dict | None, callbacks: Sequence[Callback]) -> "_Run":
+              options: RunOptions, run_config: dict | None, callbacks: Sequence[Callback],
+              trusted_train_fn: TrustedTrainFn | None = None) -> "_Run":
         """Wait for the first nodes, resolve the settings against them, and build every part of the run."""
         node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
         asynchronous = not strategy.synchronous
@@ -240,7 +246,9 @@ class _Run:
         checkpoints = _checkpoints(options, folder)
         engine = AsyncEngine(link, strategy, codec, initial, config, dict(train_config or {}), server_eval, recorder,
                              keys=flower.keys, train_metrics=train_metrics, federated_eval=federated,
-                             checkpoints=checkpoints, resume=resume, callbacks=callbacks)
+                             checkpoints=checkpoints, resume=resume, callbacks=callbacks,
+                             trusted_direction=TrustedDirection(trusted_train_fn, codec, config.concurrency + 1)
+                             if trusted_train_fn is not None else None)
         # how many of those jobs the nodes can hold is said once the engine has waited for its nodes (Dispatcher)
         flwr_log(logging.INFO, "Starting %s (asyncfl, %s clock): concurrency %d, %d node(s) connected so far; "
                  "stop at %s", strategy.name, options.clock, config.concurrency, len(nodes),

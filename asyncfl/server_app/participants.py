@@ -4,7 +4,10 @@ A node may be faulty or hostile (``docs/security.md``): an arrival whose update 
 rejected, its example count is capped (:mod:`~asyncfl.server_app.count_bound`), its update's norm is
 bounded per participant (:mod:`~asyncfl.server_app.update_bound`), and a node over its share of the
 recent updates gets no new job while others are out (the dispatcher's slots ask :meth:`over_share`).
-All of it is on with ``update-norm-bound`` (default 3) and off at 0, except the overflow check.
+All of it is on with ``update-norm-bound`` (default 3) and off at 0, except the overflow check. With a
+``trusted_train_fn`` the update first loses any component against the server's own descent on its trusted
+data (:mod:`~asyncfl.server_app.trusted_direction`), and the norm bound holds what remains of such an update to
+the median movement.
 """
 
 from __future__ import annotations
@@ -15,8 +18,13 @@ import numpy as np
 
 from asyncfl.server_app.count_bound import ExampleCountCeiling
 from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.server_app.update_bound import UpdateNormBound
 from asyncfl.strategies.arrival import Arrival
+
+#: The norm bound's multiple for an update that pointed against the server's trusted descent (lost that component):
+#: the participants' median movement itself (:mod:`~asyncfl.server_app.trusted_direction`; None: the run's multiple).
+AGAINST_DESCENT_MULTIPLE: float | None = 1.0
 
 
 def relative_weight(strategy, arrival: Arrival) -> float:
@@ -46,10 +54,14 @@ class ParticipantBounds:
     strategy : Strategy
         The run's strategy: how much it weights each update (:func:`relative_weight`), and whether it is
         asynchronous (a synchronous round gives every node one job anyway: no hold-back).
+    direction : TrustedDirection, optional
+        The server's descent on its trusted data (``trusted_train_fn``), applied before the norm bound.
     """
 
-    def __init__(self, multiple: float, action: str, groups, slots, strategy) -> None:
+    def __init__(self, multiple: float, action: str, groups, slots, strategy,
+                 direction: TrustedDirection | None = None) -> None:
         self.multiple = multiple
+        self.direction = direction
         self.strategy = strategy
         asynchronous = not strategy.synchronous
         self.norm = UpdateNormBound(multiple, action, groups) if multiple else None
@@ -68,13 +80,20 @@ class ParticipantBounds:
         """``arrival`` as a strategy may take it (its count capped, its update bounded), or its rejection."""
         if not np.isfinite(arrival.delta).all():  # finite weights whose difference from the base overflows float32
             return RejectedReply("non-finite", "the update (weights - base) overflows float32")
+        against = False
+        if self.direction is not None:
+            arrival, against = self.direction.apply(arrival)
         if self.count is not None:
             arrival = self.count.apply(arrival)
-        return self.norm.apply(arrival, relative_weight(self.strategy, arrival)) if self.norm is not None else arrival
+        if self.norm is None:
+            return arrival
+        return self.norm.apply(arrival, relative_weight(self.strategy, arrival),
+                               AGAINST_DESCENT_MULTIPLE if against else None)
 
     def summary(self) -> dict:
-        """The bounds' figures for ``summary.json`` (none when the bound is off)."""
+        """The bounds' figures for ``summary.json`` (none when they are off)."""
+        out = self.direction.summary() if self.direction is not None else {}
         if self.norm is None:
-            return {}
-        out = {**self.norm.summary(), "over-share-held-back": self.slots.held_back_checks}
+            return out
+        out.update(self.norm.summary(), **{"over-share-held-back": self.slots.held_back_checks})
         return {**out, **(self.count.summary() if self.count is not None else {})}

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("asyncfl.engine")
 
 #: Parts whose state checkpoints written before them lack (they start fresh on resume).
-PARTS_ADDED_LATER = ("update_bound", "count_ceiling")
+PARTS_ADDED_LATER = ("update_bound", "count_ceiling", "trusted_direction")
 
 
 def stateful_parts(engine: AsyncEngine) -> dict[str, object]:
@@ -39,7 +39,8 @@ def stateful_parts(engine: AsyncEngine) -> dict[str, object]:
     state_attributes); the recorder last, so that it cuts its files back only once all else fitted."""
     parts = {"delays": engine.delays, "scoring": engine.scoring, "train_metrics": engine.train_metrics,
              "federated_eval": engine.federated_eval, "evaluate_fn": engine.evaluate_fn,
-             "update_bound": engine.bounds.norm, "count_ceiling": engine.bounds.count, "recorder": engine.recorder}
+             "update_bound": engine.bounds.norm, "count_ceiling": engine.bounds.count,
+             "trusted_direction": engine.bounds.direction, "recorder": engine.recorder}
     return {name: part for name, part in parts.items()
             if part is not None and (hasattr(part, "state_dict") or hasattr(type(part), "state_attributes"))}
 

@@ -209,12 +209,15 @@ class UpdateNormBound:
         for client in self.recent_clients:
             self._add(client, 1)
 
-    def apply(self, arrival: Arrival, weight: float = 1.0) -> Arrival | RejectedReply:
+    def apply(self, arrival: Arrival, weight: float = 1.0, multiple: float | None = None) -> Arrival | RejectedReply:
         """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection.
 
         ``weight``: how much the strategy lets this update move the model next to a fresh update
-        (:func:`asyncfl.server_app.participants.relative_weight`); what is bounded is ``weight x norm``."""
+        (:func:`asyncfl.server_app.participants.relative_weight`); what is bounded is ``weight x norm``.
+        ``multiple``: a tighter multiple for this update's trained entries than the run's (one that pointed against
+        the server's trusted descent is held to the median: :mod:`~asyncfl.server_app.trusted_direction`)."""
         delta, client = arrival.delta, arrival.client_index
+        trained_multiple = self.multiple if multiple is None else min(float(multiple), self.multiple)
         rate = self.rate_ratio(client)
         weight = max(float(weight), 1.0 / self.multiple**2)  # a light update still has a finite norm bound
         scales = []
@@ -226,22 +229,23 @@ class UpdateNormBound:
             if reference <= 0 and not known:  # an all-zero model and no history yet: nothing to judge by
                 self._remember(g, client, movement)
                 continue
-            ceiling = self.multiple * reference  # a zero median (updates that no longer move) bounds at zero
+            multiple = trained_multiple if g == 0 else self.multiple  # group 0: the trained entries
+            ceiling = multiple * reference  # a zero median (updates that no longer move) bounds at zero
             self._remember(g, client, min(movement, ceiling))
             if reference > 0:
                 self.largest_ratio = max(self.largest_ratio, movement / reference)
             bound = ceiling / rate**2  # r x the updates, each at 1/r^2: 1/r of the movement per unit of time
             if movement > bound:
-                scales.append((mask, bound / movement, norm, reference))
+                scales.append((mask, bound / movement, norm, reference, multiple))
         self._count(client)
         if not scales:
             return arrival
         self.rate_limited += rate > 1
         if self.action == "reject":
             self.rejected += 1
-            _, _, norm, reference = scales[0]
+            _, _, norm, reference, multiple = scales[0]
             return RejectedReply("update-norm", f"update norm {norm:.4g} x weight {weight:.3g} exceeds "
-                                                f"{self.multiple:g} x the reference {reference:.4g} (the recent "
+                                                f"{multiple:g} x the reference {reference:.4g} (the recent "
                                                 f"clients' median of norm x weight)"
                                                 + (f" / {rate:.3g}^2 (the client's share of recent updates)"
                                                    if rate > 1 else ""))

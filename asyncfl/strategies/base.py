@@ -41,9 +41,8 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     keeps it (the engine owns the model). Knobs are the fields of :attr:`config_class` (validated
     there); the constructor takes them as keywords and keeps the checked values in :attr:`config`.
 
-    Every strategy also takes Flower ``FedAvg``'s keyword arguments (``fraction_train``,
-    ``min_available_nodes``, ``weighted_by_key``, ...: :mod:`asyncfl.strategies.flower_options`
-    says what each means in an asynchronous run); :meth:`start` has Flower's signature.
+    Every strategy also takes Flower ``FedAvg``'s keyword arguments (``fraction_train``, ``min_available_nodes``,
+    ...: :mod:`asyncfl.strategies.flower_options` says what each means here); :meth:`start` has Flower's signature.
     """
 
     #: The method's knobs: a :class:`StrategyConfig` dataclass beside the class.
@@ -63,14 +62,11 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     @classmethod
     def from_config(cls, config: StrategyConfig, resources: "StrategyResources | None" = None,
                     **flower_options: Any) -> "Strategy":
-        """The built-in app's way in: this strategy from its parsed run-config section.
-
-        Methods that run a network on the server override this to take their model and
-        data from ``resources`` (the built-in app's model zoo and dataset).
-        """
+        """The built-in app's way in: this strategy from its parsed run-config section. Methods that run a network
+        on the server override this to take their model and data from ``resources`` (the built-in app's)."""
         if not isinstance(config, cls.config_class):
-            raise TypeError(f"{cls.__name__}.from_config needs a {cls.config_class.__name__}, "
-                            f"got {type(config).__name__}")
+            raise TypeError(f"{cls.__name__}.from_config needs {cls.config_class.__name__}, not "
+                            f"{type(config).__name__}")
         return cls(**config.keywords(), **flower_options)
 
     @property
@@ -130,6 +126,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         options: "RunOptions | None" = None,
         run_config: dict | None = None,
         callbacks: "Sequence[Callback]" = (),
+        trusted_train_fn: "Callable[[int, ArrayRecord], ArrayRecord] | None" = None,
         **option_keywords: Any,
     ) -> "AsyncResult":
         """Run this strategy asynchronously on ``grid``: Flower's ``Strategy.start`` parameters, plus run options.
@@ -163,6 +160,9 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         callbacks : sequence of asyncfl.Callback, optional
             Told of every new server version and every evaluation (logging, an experiment
             tracker, best-model files): :mod:`asyncfl.callbacks`.
+        trusted_train_fn : callable, optional
+            ``(server_version, ArrayRecord) -> ArrayRecord``: the model trained on data the server trusts;
+            each update then loses any component against that descent (:mod:`~asyncfl.server_app.trusted_direction`).
         **option_keywords
             Any :class:`~asyncfl.options.RunOptions` field by name (``clock="virtual"``,
             ``delays="fedrevive-default"``, ``seed=1``, ...), changing ``options`` or the defaults.
@@ -184,7 +184,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
         self.__dict__["_starting"] = True  # Flower's hooks are the engine's from here (not a custom loop's)
         try:
             return start_strategy(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
-                                  evaluate_fn, run_options, run_config, callbacks)
+                                  evaluate_fn, run_options, run_config, callbacks, trusted_train_fn)
         finally:
             self.__dict__["_starting"] = False
 

@@ -18,3 +18,14 @@ $RUN --strategies $ASYNC --attack noise --attackers 1 --attacker-speed 10 --out 
 $RUN --strategies $ALL --attack flip-scale --attackers 1 --out $OUT/flip-scale-x1
 $RUN --strategies $ASYNC --attack flip-scale --attackers 1 --attacker-speed 3 --out $OUT/flip-scale-x3
 $RUN --strategies $ASYNC --attack flip-scale --attackers 1 --attacker-speed 10 --out $OUT/flip-scale-x10
+# the same drills with the server's trusted direction (trusted_train_fn: one epoch on the server set), asyncfl's only
+T="$RUN --strategies $ASYNC --trusted"
+$T --out $OUT/trusted-clean
+$T --attack flip-scale --attackers 1 --out $OUT/trusted-flip-scale-x1
+$T --attack forged-count --attackers 1 --out $OUT/trusted-forged-count
+$T --attack flip-scale --attackers 1 --attacker-speed 3 --out $OUT/trusted-flip-scale-x3
+$T --attack flip-scale --attackers 1 --attacker-speed 10 --out $OUT/trusted-flip-scale-x10
+$T --attack replace --attackers 1 --out $OUT/trusted-replace
+$T --attack noise --attackers 1 --out $OUT/trusted-noise-x1
+$T --attack noise --attackers 1 --attacker-speed 3 --out $OUT/trusted-noise-x3
+$T --attack noise --attackers 1 --attacker-speed 10 --out $OUT/trusted-noise-x10

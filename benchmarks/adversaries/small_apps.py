@@ -4,8 +4,9 @@ One node of eight attacks (tests/adversaries.py: the toy learner, where quality 
 the start's, and softmax regression on sklearn's digits, where it is test accuracy): ``noise`` (N(0, 10^2) per
 entry) and ``flip-scale`` (received - 10 x its honest update) at 1x, 3x and 10x the honest speed, ``replace`` (-3 x the model, its first reply the run's first arrival)
 and ``forged-count`` (sign-flipped update claiming 10^9 examples). Rows: asyncfl's FedBuff, FedAsync and FedAvg with the
-bound as it is now ("now"), as it was before issue 56 (commit d7e48de's UpdateNormBound, no count ceiling:
-"before") and off ("off"); Flower 1.42's FedAvg, FedMedian and FedTrimmedAvg (synchronous: the attacker's speed
+bound as it is now ("now"), the same with the server's trusted direction (``trusted_train_fn``:
+tests/adversaries.TRUSTED, "trusted"), as it was before issue 56 (commit d7e48de's UpdateNormBound, no count
+ceiling: "before") and off ("off"); Flower 1.42's FedAvg, FedMedian and FedTrimmedAvg (synchronous: the attacker's speed
 does not change their rounds). Each run is 240 client updates (Flower's: 30 rounds of 8). The bound's own cost is
 timed per arrival in the clean runs. Writes results.json and table.md next to this file.
 
@@ -38,7 +39,7 @@ from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg  # noqa: E402
 import asyncfl.server_app.participants as participants_module  # noqa: E402
 from asyncfl import FedAsync, FedAvg, FedBuff  # noqa: E402
 from asyncfl.simulation.inprocess import InProcessGrid  # noqa: E402
-from tests.adversaries import APPS, NODES, drill  # noqa: E402
+from tests.adversaries import APPS, NODES, TRUSTED, drill  # noqa: E402
 
 BEFORE = "d7e48de"  # the last commit before issue 56's bound
 DRILLS = [("", 1.0), ("noise", 1.0), ("noise", 3.0), ("noise", 10.0), ("flip-scale", 1.0), ("flip-scale", 3.0),
@@ -47,6 +48,7 @@ ASYNCFL = ("fedbuff", "fedasync", "fedavg")
 SEEDS = (1, 2, 3)
 ARRIVALS = 240
 SPED = ("noise", "flip-scale")  # the drills run at several speeds
+VARIANTS = ("now", "trusted", "before", "off")
 
 
 class Patch:
@@ -110,17 +112,20 @@ def run_asyncfl(app: str, name: str, variant: str, attack: str, speed: float, se
     make = {"fedbuff": lambda: FedBuff(fraction_evaluate=0.0), "fedasync": lambda: FedAsync(fraction_evaluate=0.0),
             "fedavg": lambda: FedAvg(fraction_evaluate=0.0)}
     options = {"update_norm_bound": 0.0} if variant == "off" else {}
+    if variant == "trusted":
+        options["trusted_train_fn"] = TRUSTED[app]
     TimedBound.seconds, TimedBound.calls = 0.0, 0
     try:
         if variant == "before":
             patch.setattr(participants_module, "UpdateNormBound", TimedBound(old_bound))
             patch.setattr(participants_module, "ExampleCountCeiling", lambda *a, **k: _NoCeiling())
-        elif variant == "now":
+        elif variant in ("now", "trusted"):
             patch.setattr(participants_module, "UpdateNormBound", TimedBound(participants_module.UpdateNormBound))
         quality, summary = drill(patch, app, make[name](), attack, speed, seed=seed, arrivals=ARRIVALS, **options)
     finally:
         patch.close()
     return {"quality": quality, "clipped": summary.get("update-norm-clipped"),
+            "projected": summary.get("trusted-direction-projected"),
             "bound-us-per-arrival": 1e6 * TimedBound.seconds / TimedBound.calls if TimedBound.calls else None}
 
 
@@ -159,7 +164,7 @@ def main() -> None:
                 for name in ASYNCFL:
                     if name == "fedavg" and speed != 1.0:  # synchronous: a faster attacker waits for the round
                         continue
-                    for variant in ("now", "before", "off"):
+                    for variant in VARIANTS:
                         rows.append({"app": app, "strategy": name, "variant": variant, "attack": attack or "clean",
                                      "speed": speed, "seed": seed,
                                      **run_asyncfl(app, name, variant, attack, speed, seed, old_bound)})
@@ -183,7 +188,7 @@ def table(rows: list[dict]) -> str:
                   "| strategy | bound | " + " | ".join(f"{a}" + (f" x{s:g}" if a in SPED else "")
                                                      for a, s in drills) + " |",
                   "|---|---|" + "---|" * len(drills)]
-        for name, variant in [(n, v) for n in ASYNCFL for v in ("now", "before", "off")] + \
+        for name, variant in [(n, v) for n in ASYNCFL for v in VARIANTS] + \
                              [(n, "flower") for n in ("flower-fedavg", "flower-fedmedian", "flower-fedtrimmedavg")]:
             cells = []
             for attack, speed in drills:

@@ -142,6 +142,23 @@ def local_train(model: nn.Module, loader: DataLoader, epochs: int, optimizer: st
     return total / max(batches, 1)
 
 
+def trusted_program(app: AppSpec, optimizer: str, lr: float, partitions: int) -> Callable[[int, ArrayRecord],
+                                                                                         ArrayRecord]:
+    """The server's ``trusted_train_fn`` (issue 56): one epoch of the clients' program (batch 32, ``optimizer``,
+    ``lr``) on the server's set (``server_set``: data no client trains on), shuffled by the version's seed."""
+    x, y = app.server_set(partitions)
+    data = TensorDataset(torch.as_tensor(x), torch.as_tensor(y).long())
+
+    def train(version: int, arrays: ArrayRecord) -> ArrayRecord:
+        net = app.model_fn()
+        net.load_state_dict(arrays.to_torch_state_dict())
+        loader = DataLoader(data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(version))
+        local_train(net, loader, 1, optimizer, lr)
+        return ArrayRecord(net.state_dict())
+
+    return train
+
+
 def test_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Mean loss and accuracy of ``model`` on ``(x, y)``."""
     model.eval()

@@ -184,7 +184,7 @@ def run_cell(cell: dict) -> dict:
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
-    from apps import APPS, client_app, test_accuracy
+    from apps import APPS, client_app, test_accuracy, trusted_program
     from asyncfl.simulation.inprocess import InProcessGrid
 
     torch.set_num_threads(1)
@@ -221,10 +221,12 @@ def run_cell(cell: dict) -> dict:
         from asyncfl.errors import ClientAppsFailing
 
         with tempfile.TemporaryDirectory() as folder, attacker_pace(cell), \
-                bound_weight_ablated(cell):  # metrics.csv: each evaluation's time
+                bound_weight_ablated(cell), projection_only(cell):  # metrics.csv: each evaluation's time
             try:
+                trusted = (trusted_program(app, optimizer, lr, SETTING_NODES.get(cell["setting"], NODES))
+                           if cell.get("trusted") else None)
                 summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
-                                         output_dir=folder, run_name="run",
+                                         output_dir=folder, run_name="run", trusted_train_fn=trusted,
                                          **ENGINE.get(cell["strategy"].partition(":")[0], {}),
                                          **split_run_options(parse_strategy(cell["strategy"])[1])[1]).summary
             except ClientAppsFailing as failed:
@@ -245,7 +247,10 @@ def run_cell(cell: dict) -> dict:
                                                "update-norm-rate-limited", "num-examples-capped",
                                                "update-norm-median", "dp-epsilon", "dp-delta", "dp-releases",
                                                "dp-most-participations", "distill-move-ratio", "teacher-accuracy-on-u",
-                                               "global-accuracy-on-u") if key in summary})
+                                               "global-accuracy-on-u", "trusted-direction-checked",
+                                               "trusted-direction-projected", "trusted-direction-removed-share-mean",
+                                               "trusted-direction-trainings", "trusted-direction-seconds")
+                       if key in summary})
     return row
 
 
@@ -285,6 +290,24 @@ def bound_weight_ablated(cell: dict):
         yield
     finally:
         participants.relative_weight = original
+
+
+@contextlib.contextmanager
+def projection_only(cell: dict):
+    """With ``"trusted-tight": False`` in the cell, an update that pointed against the trusted descent loses that
+    component only: what remains keeps the run's norm bound instead of the median (the ablation of
+    asyncfl.server_app.participants.AGAINST_DESCENT_MULTIPLE)."""
+    if cell.get("trusted-tight", True):
+        yield
+        return
+    import asyncfl.server_app.participants as participants
+
+    original = participants.AGAINST_DESCENT_MULTIPLE
+    participants.AGAINST_DESCENT_MULTIPLE = None
+    try:
+        yield
+    finally:
+        participants.AGAINST_DESCENT_MULTIPLE = original
 
 
 def run_cells(run: Callable[[dict], dict], todo: list[dict], path: Path, workers: int) -> Iterator[dict]:
@@ -379,6 +402,10 @@ def main() -> None:
                         "this many times sooner than drawn (asynchronous strategies; a synchronous round waits anyway)")
     parser.add_argument("--no-bound-weight", action="store_true", help="ablation: the update bound on each update's "
                         "norm alone, not the strategy's staleness weight x norm")
+    parser.add_argument("--trusted", action="store_true", help="the server checks each update against its own "
+                        "descent on its server set (trusted_train_fn: asyncfl.server_app.trusted_direction)")
+    parser.add_argument("--projection-only", action="store_true", help="ablation of --trusted: an update against "
+                        "the trusted descent loses that component only (its remainder keeps the run's norm bound)")
     parser.add_argument("--table", action="store_true", help="only rebuild the table from finished cells")
     args = parser.parse_args()
     for name in args.strategies:
@@ -390,6 +417,10 @@ def main() -> None:
         drill["speed"] = args.attacker_speed
     if args.no_bound_weight:
         drill["bound-weight"] = False
+    if args.trusted:
+        drill["trusted"] = True
+    if args.projection_only:
+        drill["trusted-tight"] = False
     todo = [{"setting": st, "strategy": s, "seed": seed, "delays": args.delays, **drill} for seed in args.seeds
             for st in args.settings for s in args.strategies if (st, s, seed) not in done and runnable(st, s)]
     if not args.table and todo:
