@@ -294,6 +294,19 @@ def test_a_crashed_run_resumes_to_the_same_metrics_and_model(name, crash_after, 
     assert "trusted_train_fn" not in options or whole.summary["trusted-direction-projected"] > 0
 
 
+@pytest.mark.parametrize("before, after", [(_trusted_step, None), (None, _trusted_step)])
+def test_a_resume_that_would_add_or_drop_the_trusted_direction_is_refused_before_any_file_changes(tmp_path, before,
+                                                                                                 after):
+    with pytest.raises(Crash):
+        _start(FedAsync(), _grid(crash_after=20), tmp_path / "run", checkpoint_every=2, trusted_train_fn=before)
+    kept = _files(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="trusted_train_fn .* resume with the same setting"):
+        FedAsync().start(_grid(first_node=501), _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
+                         evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=40,
+                         evaluate_every_time=1.0, resume_from=str(tmp_path / "run"), trusted_train_fn=after)
+    assert _files(tmp_path / "run") == kept
+
+
 def test_a_finished_run_resumed_with_a_later_stop_equals_the_longer_run(tmp_path):
     whole = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
                                          delays="fedrevive-default", seed=5, max_arrivals=60, evaluate_every_time=1.0,

@@ -9,6 +9,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from asyncfl import FedAsync, FedBuff
 from asyncfl.errors import ConfigError
 from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.replies import RejectedReply
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.strategies.arrival import Arrival
 from tests.adversaries import digits_trusted_steps, drill, toy_trusted_step
@@ -69,16 +70,33 @@ def test_the_server_trains_once_per_version_and_again_only_after_the_version_lef
     assert direction.trainings == 5
 
 
-def test_a_model_the_trusted_data_does_not_move_judges_nothing():
-    direction = check(target=(0.0, 0.0, 0.0))
-    same = arrival([-5.0, 0.0, 0.0])
-    assert direction.apply(same) == (same, False) and direction.checked == 0
-
-
-def test_a_huge_finite_update_is_projected_without_overflow():
+def test_a_huge_finite_update_is_projected_without_overflow_or_rejected_where_the_projection_overflows():
     direction = check()
-    out, _ = direction.apply(arrival([-3e38, 3e38, 0.0]))
+    out, _ = direction.apply(arrival([-3e38, 3e38, 0.0]))  # along e1: the remainder is the update's own entries
     assert np.isfinite(out.weights).all() and out.delta[0] == 0.0 and out.delta[1] == pytest.approx(3e38)
+    tilted = check(target=(2.0 * np.cos(np.pi / 8), 2.0 * np.sin(np.pi / 8), 0.0))
+    out, against = tilted.apply(arrival([-3.4e38, 3.4e38, 0.0]))  # an entry would grow past float32's largest
+    assert against and isinstance(out, RejectedReply) and out.reason == "non-finite"
+
+
+def test_a_base_made_for_one_job_gets_its_own_direction_not_its_versions():
+    """W-Pred sends each client a look-ahead of the version: such a base is trained on its own, not cached."""
+    calls = []
+    direction = check(calls=calls)
+    out, _ = direction.apply(arrival([-1.0, 0.0, 0.0], base=(4.0, 0.0, 0.0, 0.0)), shared_base=False)
+    assert out.delta[0] == -1.0  # from (4, 0, 0) the server moves towards (2, 0, 0): -1 agrees with it
+    direction.apply(arrival([-1.0, 0.0, 0.0]), shared_base=True)  # the version's own model: trained again
+    assert calls == [0, 0] and direction.trainings == 2
+
+
+def test_a_server_function_that_returns_the_model_unmoved_is_said_once_and_checks_nothing(caplog):
+    direction = check(target=(0.0, 0.0, 0.0))
+    with caplog.at_level("WARNING", logger="asyncfl.engine"):
+        for version in range(3):
+            direction.apply(arrival([-5.0, 0.0, 0.0], version=version))
+    assert [r.message for r in caplog.records if "unmoved" in r.message][:1] and \
+        len([r for r in caplog.records if "unmoved" in r.message]) == 1
+    assert direction.summary()["trusted-direction-unmoved"] == 3 and direction.checked == 0
 
 
 def test_what_remains_of_an_update_against_the_descent_is_held_to_the_median_movement_not_three_times_it():
@@ -101,6 +119,21 @@ def test_what_remains_of_an_update_against_the_descent_is_held_to_the_median_mov
     assert opposed.delta[:3] == pytest.approx([0.0, 2.0, 0.0])
     orthogonal = bounds().apply(replace_client(arrival([0.0, 8.0, 0.0]), 3))
     assert orthogonal.delta[:3] == pytest.approx([0.0, 6.0, 0.0])
+    held = bounds()
+    held.apply(replace_client(arrival([-4.0, 5.0, 0.0]), 3))  # held to 2, remembered at its movement 5 (< 6)
+    assert held.norm.latest[0][3] == pytest.approx(5.0)  # honest updates held tighter do not drag the median down
+
+
+def test_with_the_norm_bound_off_only_the_projection_applies():
+    import types
+
+    from asyncfl.server_app.participants import ParticipantBounds
+
+    strategy = types.SimpleNamespace(synchronous=False, update_coefficient=lambda arrival: None)
+    bounds = ParticipantBounds(0.0, "clip", [None], types.SimpleNamespace(), strategy, check())
+    out = bounds.apply(arrival([-4.0, 80.0, 0.0]))
+    assert out.delta[:3] == pytest.approx([0.0, 80.0, 0.0])
+    assert bounds.summary()["trusted-direction-projected"] == 1 and "update-norm-clipped" not in bounds.summary()
 
 
 def replace_client(made: Arrival, client: int) -> Arrival:

@@ -186,8 +186,9 @@ def layout_of(codec) -> dict:
             "dtypes": [str(d) for d in codec.dtypes]}
 
 
-def check_fits(tree: dict, strategy, codec, config) -> None:
-    """Refuse a checkpoint made by another strategy, model layout or scheduling settings, saying what differs.
+def check_fits(tree: dict, strategy, codec, config, trusted: bool = False) -> None:
+    """Refuse a checkpoint made by another strategy, model layout or scheduling settings, or with (or without) a
+    ``trusted_train_fn`` where this run has none (or one: ``trusted``), saying what differs.
 
     Raises
     ------
@@ -205,6 +206,11 @@ def check_fits(tree: dict, strategy, codec, config) -> None:
     differ = [f"{k}={saved.get(k)!r} there, {v!r} here" for k, v in settings.items() if saved.get(k) != v]
     if differ:
         raise CheckpointError("the checkpoint was made with other run settings: " + "; ".join(differ))
+    had = "trusted_direction" in tree.get("parts", {})
+    if had != trusted:
+        raise CheckpointError("the checkpoint's run " + ("checked" if had else "did not check") + " each update "
+                              "against a trusted_train_fn and this one " + ("does not" if had else "does") +
+                              ": resume with the same setting (the defence cannot change in mid-run)")
 
 
 def journal_of(path: Path) -> Path:

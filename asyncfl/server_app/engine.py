@@ -308,7 +308,7 @@ class AsyncEngine:
             outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                  self.config.job_timeout)
             if isinstance(outcome, Arrival):
-                outcome = self.bounds.apply(outcome)  # step 3b: the participant's bounds
+                outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
                 self.slots.recheck_held_back()
             arrival = self._count(job, reply, outcome)
             if self._journaling:

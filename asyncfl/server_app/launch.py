@@ -236,7 +236,8 @@ class _Run:
         federated = (FederatedEvaluation(link, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
                                          callbacks) if flower.evaluates_on_clients else None)
         if resume is not None:
-            checkpoint.check_fits(resume, strategy, codec, config)  # before anything in a run folder changes
+            checkpoint.check_fits(resume, strategy, codec, config,  # before anything in a run folder changes
+                                  trusted=trusted_train_fn is not None)
         folder = _run_folder(options, strategy.name, resumed_from)
         recorder = None
         if folder is not None:

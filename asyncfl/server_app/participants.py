@@ -76,13 +76,16 @@ class ParticipantBounds:
             self.count = ExampleCountCeiling(self.multiple, sizes)
             self.norm.set_clients(len(sizes))
 
-    def apply(self, arrival: Arrival) -> Arrival | RejectedReply:
-        """``arrival`` as a strategy may take it (its count capped, its update bounded), or its rejection."""
+    def apply(self, arrival: Arrival, shared_base: bool = True) -> Arrival | RejectedReply:
+        """``arrival`` as a strategy may take it (its count capped, its update bounded), or its rejection;
+        ``shared_base``: its base is its version's global model (not one made for this job)."""
         if not np.isfinite(arrival.delta).all():  # finite weights whose difference from the base overflows float32
             return RejectedReply("non-finite", "the update (weights - base) overflows float32")
         against = False
         if self.direction is not None:
-            arrival, against = self.direction.apply(arrival)
+            arrival, against = self.direction.apply(arrival, shared_base)
+            if isinstance(arrival, RejectedReply):
+                return arrival
         if self.count is not None:
             arrival = self.count.apply(arrival)
         if self.norm is None:

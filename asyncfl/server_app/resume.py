@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("asyncfl.engine")
 
 #: Parts whose state checkpoints written before them lack (they start fresh on resume).
-PARTS_ADDED_LATER = ("update_bound", "count_ceiling", "trusted_direction")
+PARTS_ADDED_LATER = ("update_bound", "count_ceiling")
 
 
 def stateful_parts(engine: AsyncEngine) -> dict[str, object]:

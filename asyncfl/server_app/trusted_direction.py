@@ -34,6 +34,7 @@ computes the same directions as the run it continues.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -43,9 +44,16 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
+from asyncfl.server_app.replies import RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
+log = logging.getLogger("asyncfl.engine")
+
 TrustedTrainFn = Callable[[int, ArrayRecord], ArrayRecord]
+
+
+#: The most versions whose directions are kept (float32, one model each); an older one is trained again if asked.
+MOST_VERSIONS_KEPT = 16
 
 
 class TrustedDirection:
@@ -59,52 +67,66 @@ class TrustedDirection:
     codec : ModelCodec
         The run's model layout: the trained entries, and the records ``train_fn`` receives and returns.
     versions_kept : int
-        How many versions' directions are kept (about the jobs in flight: an arrival's base is one of the
-        recent versions); an older one is trained again if asked.
+        How many versions' directions are kept (about the jobs in flight, at most ``MOST_VERSIONS_KEPT``).
     """
 
-    state_attributes = ("checked", "projected", "trainings", "removed_share")
+    state_attributes = ("checked", "projected", "trainings", "removed_share", "unmoved")
 
     def __init__(self, train_fn: TrustedTrainFn, codec: ModelCodec, versions_kept: int) -> None:
-        if not callable(train_fn):
-            raise TypeError(f"trusted_train_fn must be a function (server_version, ArrayRecord) -> ArrayRecord, got "
-                            f"{type(train_fn).__name__}")
         self.train_fn = train_fn
         self.codec = codec
         self.mask = codec.trained_entries()  # None: every entry is trained
-        self.versions_kept = max(1, versions_kept)
+        self.versions_kept = max(1, min(versions_kept, MOST_VERSIONS_KEPT))
         self._directions: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self.checked = 0  # arrivals compared with a trusted direction
         self.projected = 0  # arrivals that lost a component against it
         self.trainings = 0  # calls of train_fn
         self.removed_share = 0.0  # sum over projected arrivals of the removed component's share of the norm
+        self.unmoved = 0  # calls whose model came back unmoved (nothing to judge by)
         self.seconds = 0.0  # time in train_fn (not checkpointed: a resumed run counts its own)
 
-    def apply(self, arrival: Arrival) -> tuple[Arrival, bool]:
-        """``arrival`` with its component against the trusted direction of its base version removed, and whether
-        it had one (the norm bound then holds the rest to the median: :class:`ParticipantBounds`)."""
-        unit = self.direction(arrival.base_version, arrival.base)
+    def apply(self, arrival: Arrival, shared_base: bool = True) -> tuple[Arrival | RejectedReply, bool]:
+        """``arrival`` with its component against the trusted direction at its base removed, and whether it had
+        one (the norm bound then holds the rest to the median: :class:`ParticipantBounds`).
+
+        ``shared_base``: the arrival's base is its version's global model, so the version's direction serves
+        every job of it; False for a base made for this job (W-Pred's look-ahead), trained on its own."""
+        unit = self.direction(arrival.base_version, arrival.base, cached=shared_base)
         if unit is None:  # the trusted data does not move this model: nothing to judge by
             return arrival, False
         self.checked += 1
-        update = arrival.delta if self.mask is None else arrival.delta[self.mask]
-        along = float(np.dot(update.astype(np.float64), unit))  # float64: a huge finite update cannot overflow
+        update = (arrival.delta if self.mask is None else arrival.delta[self.mask]).astype(np.float64)
+        along = float(np.dot(update, unit))  # float64: a huge finite update cannot overflow
         if along >= 0.0:
             return arrival, False
         self.projected += 1
-        norm = float(np.linalg.norm(update.astype(np.float64)))
+        norm = float(np.linalg.norm(update))
         self.removed_share += -along / norm if norm > 0 else 0.0
-        weights = arrival.weights.copy()
         entries = slice(None) if self.mask is None else self.mask
-        weights[entries] = (weights[entries].astype(np.float64) - along * unit).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            projected = (arrival.base[entries].astype(np.float64) + update - along * unit).astype(np.float32)
+        if not np.isfinite(projected).all():  # an entry near float32's limit can grow when a component leaves
+            return RejectedReply("non-finite", "the update less its component against the trusted descent "
+                                               "overflows float32"), True
+        weights = arrival.weights.copy()
+        weights[entries] = projected
         return replace(arrival, weights=weights), True
 
-    def direction(self, version: int, base: np.ndarray) -> np.ndarray | None:
-        """The unit trusted direction (float64, trained entries) of ``version``, whose model is ``base``; None
-        when the trusted data does not move it."""
-        if version in self._directions:
+    def direction(self, version: int, base: np.ndarray, cached: bool = True) -> np.ndarray | None:
+        """The unit trusted direction (trained entries) at ``base``, the model of ``version``; None when the trusted
+        data does not move it. ``cached``: kept for, and taken from, the version's other jobs."""
+        if cached and version in self._directions:
             self._directions.move_to_end(version)
             return self._directions[version]
+        unit = self._train(version, base)
+        if cached:
+            self._directions[version] = unit
+            if len(self._directions) > self.versions_kept:
+                self._directions.popitem(last=False)
+        return unit
+
+    def _train(self, version: int, base: np.ndarray) -> np.ndarray | None:
+        """``train_fn`` at ``base``: the unit step it takes (float32), or None for no step."""
         started = time.perf_counter()
         trained = self.train_fn(version, self.codec.to_record(base))
         self.seconds += time.perf_counter() - started
@@ -121,16 +143,18 @@ class TrustedDirection:
         step = weights.astype(np.float64) - base.astype(np.float64)
         step = step if self.mask is None else step[self.mask]
         norm = float(np.linalg.norm(step))
-        unit = step / norm if norm > 0 else None
-        self._directions[version] = unit
-        if len(self._directions) > self.versions_kept:
-            self._directions.popitem(last=False)
-        return unit
+        if norm > 0:
+            return (step / norm).astype(np.float32)
+        if not self.unmoved:
+            log.warning("trusted_train_fn returned the model of version %d unmoved: updates from it are not checked "
+                        "(is the server's data or learning rate empty?)", version)
+        self.unmoved += 1
+        return None
 
     def summary(self) -> dict:
         """The check's figures for ``summary.json``."""
         return {"trusted-direction-checked": self.checked, "trusted-direction-projected": self.projected,
                 "trusted-direction-removed-share-mean": round(self.removed_share / self.projected, 4)
                 if self.projected else 0.0,
-                "trusted-direction-trainings": self.trainings,
+                "trusted-direction-trainings": self.trainings, "trusted-direction-unmoved": self.unmoved,
                 "trusted-direction-seconds": round(self.seconds, 3)}

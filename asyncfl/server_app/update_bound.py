@@ -8,7 +8,7 @@ L2 norm, times the strategy's weight for the update, is compared with a referenc
 
 * **One entry per client.** The window holds each of the last ``window`` distinct clients'
   latest norm, as bounded: a fast node, however many updates it sends, fills one entry of it,
-  and a clipped update enters at its bound, so the median moves only when more than half of the
+  and a clipped update enters at the bound's ceiling, so the median moves only when more than half of the
   recent participants move it.
 * **A bound per participant, not per update.** A client that sent ``r`` times as many of the last
   ``rate_window`` accepted updates as the median participant (``r > 1``) has its bound divided by
@@ -231,7 +231,8 @@ class UpdateNormBound:
                 continue
             multiple = trained_multiple if g == 0 else self.multiple  # group 0: the trained entries
             ceiling = multiple * reference  # a zero median (updates that no longer move) bounds at zero
-            self._remember(g, client, min(movement, ceiling))
+            # the window keeps the run's ceiling: honest updates held tighter must not drag the median down
+            self._remember(g, client, min(movement, self.multiple * reference))
             if reference > 0:
                 self.largest_ratio = max(self.largest_ratio, movement / reference)
             bound = ceiling / rate**2  # r x the updates, each at 1/r^2: 1/r of the movement per unit of time
