@@ -675,3 +675,18 @@ def test_settings_recorded_under_their_former_names_are_read_under_todays():
     assert checkpoint.saved_settings({"settings": former}) == today
     former["eval_every"] = 7.0
     assert checkpoint.saved_settings({"settings": former})["evaluate_every_time"] == 7.0
+
+
+@pytest.mark.parametrize("name, value", [("concurrency", "4"), ("concurrency", 0), ("round_arrivals", 2.5),
+                                         ("round_arrivals", True), ("concurrency", None)])
+def test_a_checkpoint_whose_taken_settings_are_not_whole_numbers_is_refused_in_one_line(name, value):
+    """A resumed run takes the cohort and the concurrency from its checkpoint: a changed file is refused, not a
+    traceback later."""
+    from asyncfl.options import RunOptions
+
+    config = RunOptions(clock="virtual", delays="uniform-speed").engine_config(
+        num_rounds=3, timeout=10.0, concurrency=2, round_arrivals=2, node_wait=0.0)
+    settings = {**checkpoint.resume_settings(config), name: value}
+    with pytest.raises(CheckpointError, match=f"the checkpoint's {name} is .*, not a whole number") as error:
+        checkpoint.saved_settings({"settings": settings})
+    assert "\n" not in str(error.value)

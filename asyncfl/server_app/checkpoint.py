@@ -13,6 +13,7 @@ module only stores and finds trees made by :func:`asyncfl.state.capture`.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 import time
@@ -170,6 +171,8 @@ def resume_settings(config) -> dict:
 
 
 #: Settings added after checkpoints were first written, at the value that reproduces the runs before them.
+#: Settings a resumed run takes from its checkpoint, with the least valid value of each.
+WHOLE_SETTINGS = {"concurrency": 1, "round_arrivals": 0}
 SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip", "dispatch_hold": 0.0}
 
 
@@ -177,6 +180,11 @@ def saved_settings(tree: dict) -> dict:
     """A checkpoint's recorded settings under today's names (older checkpoints used former ones, and lack the
     settings added since: those count at the value that reproduces the run that wrote them)."""
     saved = {FORMER_SETTING_NAMES.get(name, name): value for name, value in tree["settings"].items()}
+    for name, least in WHOLE_SETTINGS.items():  # a resumed run takes these from the file: it must hold numbers
+        value = saved.get(name, least)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise CheckpointError(f"the checkpoint's {name} is {value!r}, not a whole number >= {least}: the file "
+                                  "was changed or is damaged; resume from another checkpoint")
     return {**SETTINGS_BEFORE_THEY_EXISTED, **saved}
 
 
