@@ -203,3 +203,10 @@ def test_runs_stopped_early_are_compared_at_a_time_each_reached_and_paired_by_se
     assert cells[6] == "4 (10) / 2 (10)"
     with pytest.raises(SystemExit, match="no runs of 'other'"):
         partial.table(tmp_path, [2.0], "other", window=2)
+
+
+def test_the_adversaries_readme_carries_the_drill_tables_as_the_stored_cells_give_them():
+    table = load_script("benchmarks/adversaries/table.py", "adversaries_table").render()
+    readme = (ROOT / "benchmarks" / "adversaries" / "README.md").read_text()
+    assert table.rstrip("\n") in readme, "run .venv/bin/python benchmarks/adversaries/table.py and copy its tables"
+    assert (ROOT / "benchmarks" / "adversaries" / "quickstart.md").read_text() == table

@@ -29,3 +29,15 @@ $T --attack replace --attackers 1 --out $OUT/trusted-replace
 $T --attack noise --attackers 1 --out $OUT/trusted-noise-x1
 $T --attack noise --attackers 1 --attacker-speed 3 --out $OUT/trusted-noise-x3
 $T --attack noise --attackers 1 --attacker-speed 10 --out $OUT/trusted-noise-x10
+# the ablation: an update against the trusted descent loses that component only (its remainder keeps the run's bound)
+P="$RUN --strategies $ASYNC --trusted --projection-only"
+$P --attack flip-scale --attackers 1 --out $OUT/projection-only-new/flip-scale-x1
+$P --attack forged-count --attackers 1 --out $OUT/projection-only-new/forged-count
+# a second app where nothing was tuned (the BatchNorm CNN, 15 rounds), with and without the trusted direction
+B=".venv/bin/python benchmarks/dropin/run.py --settings bn-sgdm-0.05 --workers ${WORKERS:-2} --strategies $ASYNC"
+$B --out $OUT/bn/clean
+$B --trusted --out $OUT/bn/trusted-clean
+$B --attack flip-scale --attackers 1 --out $OUT/bn/flip-scale-x1
+$B --trusted --attack flip-scale --attackers 1 --out $OUT/bn/trusted-flip-scale-x1
+$B --attack forged-count --attackers 1 --out $OUT/bn/forged-count
+$B --trusted --attack forged-count --attackers 1 --out $OUT/bn/trusted-forged-count

@@ -90,12 +90,14 @@ class TimedBound:
     def __call__(self, *args, **kwargs):
         bound = self.cls(*args, **kwargs)
         apply = bound.apply
-        weighs = "weight" in inspect.signature(apply).parameters  # the bound before issue 56 took no weight
+        takes = inspect.signature(apply).parameters  # the bound before issue 56 took no weight, no tighter multiple
 
-        def timed(arrival, weight=1.0):
+        def timed(arrival, weight=1.0, multiple=None):
             started = time.perf_counter()
             try:
-                return apply(arrival, weight) if weighs else apply(arrival)
+                if "multiple" in takes:
+                    return apply(arrival, weight, multiple)
+                return apply(arrival, weight) if "weight" in takes else apply(arrival)
             finally:
                 TimedBound.seconds += time.perf_counter() - started
                 TimedBound.calls += 1

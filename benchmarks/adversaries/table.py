@@ -37,7 +37,8 @@ def finals(data: dict, prefix: str, folder: str, strategy: str) -> dict[int, flo
     return {c["seed"]: c["final"] for c in data[prefix + folder] if c["strategy"] == strategy}
 
 
-def main() -> None:
+def render() -> str:
+    """Both tables, from the stored cells."""
     data = {prefix + folder: cells(prefix + folder) for folder, _ in DRILLS for prefix in ("", TRUSTED)}
     lines = ["| strategy | " + " | ".join(label for _, label in DRILLS) + " |", "|---|" + "---|" * len(DRILLS)]
     for strategy, prefix, label in STRATEGIES:
@@ -66,7 +67,11 @@ def main() -> None:
             gains = [with_[seed] - without[seed] for seed in seeds]
             row.append(" / ".join(f"{g:+.3f}" for g in gains) + f" ({statistics.mean(gains):+.3f})" if gains else "–")
         lines.append(f"| {strategy} | " + " | ".join(row) + " |")
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    text = render()
     (HERE / "quickstart.md").write_text(text)
     print(text)
 
