@@ -5,7 +5,8 @@ the start's, and softmax regression on sklearn's digits, where it is test accura
 entry) and ``flip-scale`` (received - 10 x its honest update) at 1x, 3x and 10x the honest speed, ``replace`` (-3 x the model, its first reply the run's first arrival)
 and ``forged-count`` (sign-flipped update claiming 10^9 examples). Rows: asyncfl's FedBuff, FedAsync and FedAvg with the
 bound as it is now ("now"), the same with the server's trusted direction (``trusted_train_fn``:
-tests/adversaries.TRUSTED, "trusted"), as it was before issue 56 (commit d7e48de's UpdateNormBound, no count
+tests/adversaries.TRUSTED, "trusted"; "projection": its ablation, an opposing component removed but the remainder
+kept at the run's bound), as it was before issue 56 (commit d7e48de's UpdateNormBound, no count
 ceiling: "before") and off ("off"); Flower 1.42's FedAvg, FedMedian and FedTrimmedAvg (synchronous: the attacker's speed
 does not change their rounds). Each run is 240 client updates (Flower's: 30 rounds of 8). The bound's own cost is
 timed per arrival in the clean runs. Writes results.json and table.md next to this file.
@@ -48,7 +49,7 @@ ASYNCFL = ("fedbuff", "fedasync", "fedavg")
 SEEDS = (1, 2, 3)
 ARRIVALS = 240
 SPED = ("noise", "flip-scale")  # the drills run at several speeds
-VARIANTS = ("now", "trusted", "before", "off")
+VARIANTS = ("now", "trusted", "projection", "before", "off")
 
 
 class Patch:
@@ -114,15 +115,17 @@ def run_asyncfl(app: str, name: str, variant: str, attack: str, speed: float, se
     make = {"fedbuff": lambda: FedBuff(fraction_evaluate=0.0), "fedasync": lambda: FedAsync(fraction_evaluate=0.0),
             "fedavg": lambda: FedAvg(fraction_evaluate=0.0)}
     options = {"update_norm_bound": 0.0} if variant == "off" else {}
-    if variant == "trusted":
+    if variant in ("trusted", "projection"):
         options["trusted_train_fn"] = TRUSTED[app]
     TimedBound.seconds, TimedBound.calls = 0.0, 0
     try:
         if variant == "before":
             patch.setattr(participants_module, "UpdateNormBound", TimedBound(old_bound))
             patch.setattr(participants_module, "ExampleCountCeiling", lambda *a, **k: _NoCeiling())
-        elif variant in ("now", "trusted"):
+        elif variant in ("now", "trusted", "projection"):
             patch.setattr(participants_module, "UpdateNormBound", TimedBound(participants_module.UpdateNormBound))
+            if variant == "projection":
+                patch.setattr(participants_module, "AGAINST_DESCENT_MULTIPLE", None)
         quality, summary = drill(patch, app, make[name](), attack, speed, seed=seed, arrivals=ARRIVALS, **options)
     finally:
         patch.close()
