@@ -170,9 +170,9 @@ def resume_settings(config) -> dict:
     return {name: getattr(config, name) for name in config.resume_fields()} | {"delays": repr(config.delays)}
 
 
-#: Settings added after checkpoints were first written, at the value that reproduces the runs before them.
 #: Settings a resumed run takes from its checkpoint, with the least valid value of each.
 WHOLE_SETTINGS = {"concurrency": 1, "round_arrivals": 0}
+#: Settings added after checkpoints were first written, at the value that reproduces the runs before them.
 SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip", "dispatch_hold": 0.0}
 
 

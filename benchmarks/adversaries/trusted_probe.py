@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import run as dropin  # noqa: E402
 from asyncfl.server_app import update_bound  # noqa: E402
+from asyncfl.server_app.codec import ModelCodec  # noqa: E402
 
 SETTING = "sgdm-0.05"
 
@@ -39,14 +41,10 @@ def install(log: list) -> None:
     trained = trusted_program(app, optimizer, lr, dropin.NODES)
     bound_apply = update_bound.UpdateNormBound.apply
     steps: dict[int, np.ndarray] = {}
+    codec = ModelCodec.from_state(OrderedDict((k, v.numpy()) for k, v in app.model_fn().state_dict().items()))
 
     def apply(self, arrival, *args):
-        from collections import OrderedDict
-
-        from asyncfl.server_app.codec import ModelCodec
-
         if arrival.base_version not in steps:
-            codec = ModelCodec.from_state(OrderedDict((k, v.numpy()) for k, v in app.model_fn().state_dict().items()))
             after = trained(arrival.base_version, codec.to_record(arrival.base)).to_numpy_ndarrays()
             steps.clear()
             steps[arrival.base_version] = codec.flatten(after) - arrival.base
