@@ -103,7 +103,8 @@ def test_mean_curve_averages_runs_at_each_time_after_smoothing_each_run(tmp_path
     assert mean == pytest.approx([0.1, 0.2]) and sd == pytest.approx([0.02 ** 0.5] * 2)
 
 
-@pytest.mark.parametrize("name", ["fedadt-fmnist-paper", "fedecho-fmnist-paper", "fedrevive-fmnist-lag"])
+@pytest.mark.parametrize("name", ["fedadt-fmnist-paper", "fedecho-fmnist-paper", "fedrevive-fmnist-lag",
+                                  "fedecho-fmnist-settings-tune"])
 def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strategy(name, monkeypatch):
     from flwr.common.config import flatten_dict, get_project_config
 
