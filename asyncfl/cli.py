@@ -33,7 +33,7 @@ from asyncfl.run_config_args import (check_node_count, check_run_config, flwr_ru
                                      run_config_sources)
 
 #: The built-in app's keys most runs set, listed by ``asyncfl run --help``.
-COMMON_KEYS = ("strategy", "concurrency", "max-arrivals", "max-virtual-time", "dataset", "model", "lr", "seed",
+COMMON_KEYS = ("strategy", "concurrency", "max-arrivals", "max-time", "dataset", "model", "lr", "seed",
                "clock", "delay-model", "output-dir", "run-name")
 
 

@@ -15,6 +15,7 @@ loads none of them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -28,7 +29,35 @@ from asyncfl.strategies.settings import ConfigError, Knobs, knob
 CLOCKS = ("virtual", "wall")
 #: What happens to an update beyond ``update_norm_bound`` (asyncfl.server_app.update_bound.ACTIONS).
 UPDATE_NORM_ACTIONS = ("clip", "reject")
+log = logging.getLogger("asyncfl")
 DELAY_TYPES = (DelayModel, RuntimeCategories, IntertwinedDelays)
+
+#: Run-config keys an option had before it took its own name's kebab case (issue 58; runs stored before then).
+#: A config that still uses one is read as the new key, with one line saying so.
+RENAMED_KEYS = {"max-virtual-time": "max-time", "eval-every": "evaluate-every-time", "job-timeout": "timeout"}
+#: ``Strategy.start`` keywords renamed the same way.
+RENAMED_KEYWORDS = {"delays": "delay_model"}
+
+
+def current_keys(config: Mapping[str, Any], where: str = "run-config") -> dict[str, Any]:
+    """``config`` with every old spelling of :data:`RENAMED_KEYS` under its current key, each said in one line.
+
+    Raises
+    ------
+    ConfigError
+        When the old and the new key are both set, to different values.
+    """
+    current = dict(config)
+    for old, new in RENAMED_KEYS.items():
+        if old not in current:
+            continue
+        value = current.pop(old)
+        if new in current and current[new] != value:
+            raise ConfigError(f"{where}: {old}={value!r} and {new}={current[new]!r} are one setting ({old} is its "
+                              f"old name): keep {new} only")
+        current[new] = value
+        log.warning("%s: key %r is now %r (read as %s=%r)", where, old, new, new, value)
+    return current
 
 
 @dataclass(frozen=True)
@@ -40,14 +69,14 @@ class RunOptions(Knobs):
     max_arrivals : int
         Stop after this many accepted updates (0 = off). Run-config ``max-arrivals``.
     max_time : float
-        Stop at this clock time: virtual units or wall seconds (0 = off). ``max-virtual-time``.
+        Stop at this clock time: virtual units or wall seconds (0 = off). ``max-time``.
     concurrency : int, optional
         Jobs in flight (``K``); None: ``max(min_train_nodes, int(fraction_train * nodes))``, the
         cohort Flower's FedAvg would train. ``concurrency``.
     clock : {"wall", "virtual"}
         ``wall`` (deployments; arrival order is real) or ``virtual`` (simulation: replies are
-        accepted in the order of durations drawn from ``delays``; same seed, same run). ``clock``.
-    delays : DelayModel or str, optional
+        accepted in the order of durations drawn from ``delay_model``; same seed, same run). ``clock``.
+    delay_model : DelayModel or str, optional
         The virtual clock's delay model, or a preset name (:data:`asyncfl.simulation.presets.DELAY_PRESETS`);
         required with ``clock="virtual"``. ``delay-model`` and the ``delay.*`` keys.
     seed : int
@@ -55,7 +84,7 @@ class RunOptions(Knobs):
     evaluate_every : int
         Evaluate (server side and federated) every this many rounds (0 = by clock only). ``evaluate-every``.
     evaluate_every_time : float
-        Also evaluate at every multiple of this clock time (0 = off). ``eval-every``.
+        Also evaluate at every multiple of this clock time (0 = off). ``evaluate-every-time``.
     target_accuracy : tuple of float
         Accuracies whose first clock time the summary reports (``time-to-target``). ``target-accuracy``
         (comma-separated).
@@ -100,7 +129,7 @@ class RunOptions(Knobs):
         then does not depend on node ids); None: only on the virtual clock or with
         ``emulate_delay_scale``. ``identify-nodes``.
     emulate_delay_scale : float
-        Wall clock: each train request carries ``emulate-seconds`` = a duration drawn from ``delays``
+        Wall clock: each train request carries ``emulate-seconds`` = a duration drawn from ``delay_model``
         times this (0 = off). ``emulate-delay-scale``.
     output_dir, run_name : str, optional
         The run folder ``<output_dir>/<run_name>`` (metrics.csv, summary.json, accuracy.png), written
@@ -135,13 +164,13 @@ class RunOptions(Knobs):
     prefix: ClassVar[str] = ""
 
     max_arrivals: int = knob(0, minimum=0)
-    max_time: float = knob(0.0, minimum=0, key="max-virtual-time")
+    max_time: float = knob(0.0, minimum=0)
     concurrency: int | None = knob(None, minimum=1)
     clock: str = knob("wall", choices=CLOCKS)
-    delays: Any = knob(None, key="delay-model")
+    delay_model: Any = knob(None)
     seed: int = knob(0)
     evaluate_every: int = knob(1, minimum=0)
-    evaluate_every_time: float = knob(0.0, minimum=0, key="eval-every")
+    evaluate_every_time: float = knob(0.0, minimum=0)
     target_accuracy: tuple = knob(())
     progress: bool = knob(False)
     overlap_server_compute: bool = knob(False)
@@ -170,7 +199,14 @@ class RunOptions(Knobs):
 
     @classmethod
     def from_keywords(cls, base: "RunOptions | None" = None, **keywords: Any) -> "RunOptions":
-        """``base`` (default: the defaults) with ``keywords`` changed; an unknown name lists the valid ones."""
+        """``base`` (default: the defaults) with ``keywords`` changed; an unknown name lists the valid ones, an old
+        name (:data:`RENAMED_KEYWORDS`) is read as its new one with a line saying so."""
+        for old, new in RENAMED_KEYWORDS.items():
+            if old in keywords:
+                if new in keywords:
+                    raise TypeError(f"{old}= and {new}= are one option ({old} is its old name): pass {new}= only")
+                log.warning("start(%s=...) is now start(%s=...)", old, new)
+                keywords[new] = keywords.pop(old)
         unknown = sorted(set(keywords) - set(cls.names()))
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(cls.names())}")
@@ -179,14 +215,14 @@ class RunOptions(Knobs):
         return dataclasses.replace(base, **keywords) if base is not None else cls(**keywords)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any], delays: Any = None) -> "RunOptions":
-        """The built-in app's options: every field from its key (``delays``: the model the caller parsed
+    def from_run_config(cls, run_config: Mapping[str, Any], delay_model: Any = None) -> "RunOptions":
+        """The built-in app's options: every field from its key (``delay_model``: the model the caller parsed
         from ``delay-model`` and ``delay.*``; ``target-accuracy``: comma-separated fractions)."""
         values = {spec.name: run_config[cls.key_of(spec.name)] for spec in dataclasses.fields(cls)
-                  if cls.key_of(spec.name) in run_config and spec.name not in ("delays", "target_accuracy")}
+                  if cls.key_of(spec.name) in run_config and spec.name not in ("delay_model", "target_accuracy")}
         if "target-accuracy" in run_config:
             values["target_accuracy"] = parse_targets(run_config["target-accuracy"])
-        return cls(**values, delays=delays)
+        return cls(**values, delay_model=delay_model)
 
     # ------------------------------------------------------------------ checks
     def check(self) -> None:
@@ -200,20 +236,21 @@ class RunOptions(Knobs):
             if not 0.0 < target <= 1.0:
                 raise ConfigError(f"target-accuracy values must be in (0, 1], got {target}")
         if self.evaluate_every < 1 and self.evaluate_every_time <= 0:
-            raise ConfigError(f"eval-every (evaluate_every_time) = {self.evaluate_every_time:g} and evaluate-every "
-                              f"(evaluate_every) = {self.evaluate_every} leave the run without evaluation: set "
-                              "eval-every > 0 (clock units between evaluations) or evaluate-every >= 1 (rounds)")
-        resolve_delays(self.clock, self.delays)
-        if self.emulate_delay_scale > 0 and (self.clock != "wall" or self.delays is None):
+            raise ConfigError(f"evaluate-every-time (evaluate_every_time) = {self.evaluate_every_time:g} and "
+                              f"evaluate-every (evaluate_every) = {self.evaluate_every} leave the run without evaluation: "
+                              "set "
+                              "evaluate-every-time > 0 (clock units between evaluations) or evaluate-every >= 1 (rounds)")
+        resolve_delays(self.clock, self.delay_model)
+        if self.emulate_delay_scale > 0 and (self.clock != "wall" or self.delay_model is None):
             raise ConfigError(f"emulate-delay-scale (emulate_delay_scale) = {self.emulate_delay_scale:g} needs "
-                              "clock='wall' and a delay model to draw durations from (delay-model; delays=)")
+                              "clock='wall' and a delay model to draw durations from (delay-model; delay_model=)")
         if self.pipeline_late_clients and self.round_deadline <= 0:
             raise ConfigError("pipeline-late-clients (pipeline_late_clients) lets clients whose job missed the round "
                               "deadline train again; it needs round-deadline > 0 (semi-asynchronous rounds)")
         if self.round_deadline > 0 and self.clock != "virtual":
             raise ConfigError("round-deadline (round_deadline: semi-asynchronous rounds) needs clock = 'virtual'; "
                               "set it to 0 for wall-clock runs")
-        if isinstance(self.delays, IntertwinedDelays) and self.clock != "virtual":
+        if isinstance(self.delay_model, IntertwinedDelays) and self.clock != "virtual":
             raise ConfigError("delay-model 'intertwined' is a simulation scenario; it needs clock = 'virtual'")
         if self.overlap_server_compute and (self.dispatch_hold or 0) > 0:
             raise ConfigError("overlap-server-compute (overlap_server_compute) dispatches a freed slot before the server "
@@ -260,14 +297,14 @@ class RunOptions(Knobs):
         """The options together with Flower's ``num_rounds`` and ``timeout``: the run must be able to stop.
 
         ``has_rounds=False``: the run has no rounds (the built-in app stops by ``max-arrivals`` or
-        ``max-virtual-time`` only), and a refusal names those keys alone.
+        ``max-time`` only), and a refusal names those keys alone.
         """
         _whole("num_rounds", num_rounds, minimum=0, key=None)
         if timeout <= 0:
-            raise ConfigError(f"timeout={timeout} must be > 0 (seconds a job may take; run-config job-timeout)")
+            raise ConfigError(f"timeout={timeout} must be > 0 (seconds a job may take; run-config timeout)")
         if num_rounds or self.max_arrivals or self.max_time:
             return
-        stops = "set max-arrivals > 0 or max-virtual-time > 0 (both are 0)"
+        stops = "set max-arrivals > 0 or max-time > 0 (both are 0)"
         if has_rounds:  # a Flower app's own ServerApp, whose rounds come from its own run-config
             stops = ("num_rounds, max_arrivals and max_time are all 0: set one > 0 (Flower's examples pass run-config "
                      "num-server-rounds as num_rounds)")
@@ -280,15 +317,15 @@ class RunOptions(Knobs):
         ``round_arrivals``: accepted updates per round, 0 = a round is a server version; ``auto_hold``: the
         strategy's ``dispatch_hold`` when it is unset); call
         :meth:`check_run` first, before anything waits for nodes."""
-        preset, model = resolve_delays(self.clock, self.delays)
+        preset, model = resolve_delays(self.clock, self.delay_model)
         identify = (self.clock == "virtual" or self.emulate_delay_scale > 0) if self.identify_nodes is None \
             else self.identify_nodes
         hold = self.dispatch_hold if self.dispatch_hold is not None \
             else 0.0 if self.overlap_server_compute else auto_hold
-        resolved = dict(concurrency=concurrency, delays=model, delay_preset=preset, identify_nodes=identify,
+        resolved = dict(concurrency=concurrency, delay_model=model, delay_preset=preset, identify_nodes=identify,
                         dispatch_hold=hold,
-                        target_accuracy=tuple(self.target_accuracy), job_timeout=timeout, wait_for_nodes=node_wait,
-                        max_rounds=num_rounds, round_arrivals=round_arrivals)
+                        target_accuracy=tuple(self.target_accuracy), timeout=timeout, wait_for_nodes=node_wait,
+                        num_rounds=num_rounds, round_arrivals=round_arrivals)
         as_set = {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(EngineConfig)
                   if spec.name in self.names() and spec.name not in resolved}  # one name from start() to the engine
         return EngineConfig(**as_set, **resolved)
@@ -315,23 +352,24 @@ def parse_targets(text: Any) -> tuple[float, ...]:
         raise ConfigError(f"target-accuracy={text!r}: write comma-separated fractions like '0.8,0.9'") from exc
 
 
-def resolve_delays(clock: str, delays: Any) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
+def resolve_delays(clock: str, delay_model: Any) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
     """The delay preset name and model for ``clock`` (the wall clock needs none)."""
     if clock not in CLOCKS:
         raise ConfigError(f"clock={clock!r} is not valid; choose one of: {', '.join(CLOCKS)}")
-    if delays is None:
+    if delay_model is None:
         if clock == "virtual":
-            raise ConfigError("clock='virtual' draws each job's duration from a delay model: pass delays=<DelayModel> "
+            raise ConfigError("clock='virtual' draws each job's duration from a delay model: pass delay_model=<DelayModel> "
                               f"or a preset name ({', '.join(DELAY_PRESETS)})")
         return "uniform-speed", DELAY_PRESETS["uniform-speed"]
-    if isinstance(delays, str):
-        if delays not in DELAY_PRESETS:
-            raise ConfigError(f"delays={delays!r} is not a preset; choose one of: {', '.join(DELAY_PRESETS)}")
-        return delays, DELAY_PRESETS[delays]
-    if isinstance(delays, DELAY_TYPES):
-        return "custom", delays
-    raise ConfigError(f"delays must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
-                      f"got {type(delays).__name__}")
+    if isinstance(delay_model, str):
+        if delay_model not in DELAY_PRESETS:
+            raise ConfigError(f"delay_model={delay_model!r} is not a preset; choose one of: "
+                              f"{', '.join(DELAY_PRESETS)}")
+        return delay_model, DELAY_PRESETS[delay_model]
+    if isinstance(delay_model, DELAY_TYPES):
+        return "custom", delay_model
+    raise ConfigError(f"delay_model must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
+                      f"got {type(delay_model).__name__}")
 
 
 #: Marks an EngineConfig field a resumed run must match (a checkpoint records it).
@@ -350,8 +388,8 @@ class EngineConfig:
     defaults of its own (every default is :class:`RunOptions`'s), so a run built elsewhere
     cannot get settings no user runs. A field
     that is an option has the option's name (its run-config key: :meth:`RunOptions.key_of`);
-    the values are resolved (``concurrency`` an integer, ``delays`` a model). The rest come
-    from the run: ``max_rounds`` is Flower's ``num_rounds``, ``job_timeout`` its ``timeout``,
+    the values are resolved (``concurrency`` an integer, ``delay_model`` a model). The rest come
+    from the run: ``num_rounds`` and ``timeout`` are Flower's,
     ``round_arrivals`` the cohort a round stands for. Fields marked :data:`MATCH_ON_RESUME`
     are recorded in checkpoints and must match when a run resumes.
     """
@@ -362,11 +400,11 @@ class EngineConfig:
     max_time: float
     evaluate_every_time: float = _resumed()
     target_accuracy: tuple[float, ...]
-    job_timeout: float
+    timeout: float  # seconds a job may take (Flower's timeout; run-config timeout)
     wait_for_nodes: float
     seed: int = _resumed()
     delay_preset: str = _resumed()
-    delays: DelayModel | RuntimeCategories | IntertwinedDelays
+    delay_model: DelayModel | RuntimeCategories | IntertwinedDelays
     progress: bool
     emulate_delay_scale: float = _resumed()
     overlap_server_compute: bool = _resumed()
@@ -374,7 +412,7 @@ class EngineConfig:
     server_time_scale: float = _resumed()
     round_deadline: float = _resumed()
     pipeline_late_clients: bool = _resumed()
-    max_rounds: int  # stop after this many rounds (0 = no cap); Flower's num_rounds
+    num_rounds: int  # stop after this many rounds (0 = no cap); Flower's num_rounds
     evaluate_every: int = _resumed()  # also evaluate every this many rounds (0 = by clock only)
     # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
     # FedAvg would train); 0: a round is a server version (synchronous strategies)

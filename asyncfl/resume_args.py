@@ -14,7 +14,7 @@ from asyncfl.run_config_args import merge_run_config, run_config_sources, unknow
 
 #: Run-config keys ``--resume`` may change: the stops, the waits and timeouts, the progress line and where the
 #: same data files are. Every other key shapes what the checkpoint's state means.
-RESUMABLE_KEYS = ("max-arrivals", "max-virtual-time", "job-timeout", "wait-for-nodes", "progress", "data-dir")
+RESUMABLE_KEYS = ("max-arrivals", "max-time", "timeout", "wait-for-nodes", "progress", "data-dir")
 #: simulated clients where neither ``--num-supernodes`` nor the run's summary says
 DEFAULT_SUPERNODES = 50
 
@@ -42,7 +42,9 @@ def resume_run_config(folder: Path, overrides: list[str], num_supernodes: int | 
     checkpoint.find(folder)  # says so now if there is none
     if any(item.endswith(".toml") for item in overrides):
         raise ValueError("with --resume, -c takes key=value changes only (the run's own run-config is the file)")
-    saved = read_run_config(folder)
+    from asyncfl.options import current_keys
+
+    saved = current_keys(read_run_config(folder), where=str(folder / RUN_CONFIG_FILE))  # a run stored before a rename
     changes = merge_run_config(run_config_sources(overrides))
     try:
         refuse_resume_changes(saved, changes)
@@ -82,7 +84,7 @@ def refuse_resume_changes(saved: dict, changes: dict) -> None:
 
 
 #: the stops a finished run can be taken past
-STOP_KEYS = ("max-arrivals", "max-virtual-time")
+STOP_KEYS = ("max-arrivals", "max-time")
 
 
 def refuse_finished_unchanged(folder: Path, saved: dict, changes: dict) -> None:
@@ -94,7 +96,7 @@ def refuse_finished_unchanged(folder: Path, saved: dict, changes: dict) -> None:
     ended = run_summary(folder)
     if ended.get("finished") is not True:
         return  # interrupted, failed, killed, or no summary: the checkpoint goes on
-    reached = {"max-arrivals": ended.get("arrivals"), "max-virtual-time": ended.get("final-time")}
+    reached = {"max-arrivals": ended.get("arrivals"), "max-time": ended.get("final-time")}
     for key in STOP_KEYS:
         if key in changes and not same_value(saved.get(key), changes[key]):
             value, done = changes[key], reached[key]

@@ -21,8 +21,13 @@ def run_config_sources(run_config: list[str]) -> list[tuple[str | None, dict]]:
     ------
     ValueError
         In one line, for a file that cannot be read or a pair Flower's parser would refuse.
+
+    A key under an old name (:data:`asyncfl.options.RENAMED_KEYS`) is read as its new one, said in one line.
     """
-    return [(item, _read_toml(item)) if item.endswith(".toml") else (None, parse_pairs(item)) for item in run_config]
+    from asyncfl.options import current_keys
+
+    return [(item, current_keys(_read_toml(item), where=item)) if item.endswith(".toml")
+            else (None, current_keys(parse_pairs(item), where=f"-c {item!r}")) for item in run_config]
 
 
 def _read_toml(path: str) -> dict:

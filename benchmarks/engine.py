@@ -186,7 +186,7 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
         strategy = cls.from_config(cls.config_class.from_run_config(run_config), resources)
         # the engine alone: no evaluation, no update bound (its cost is measured on its own)
         config = RunOptions(clock="virtual", max_arrivals=max(20, arrivals // 10) if name in distilling else arrivals,
-                            evaluate_every=0, evaluate_every_time=1e9, delays="fedrevive-default",
+                            evaluate_every=0, evaluate_every_time=1e9, delay_model="fedrevive-default",
                             update_norm_bound=0.0).engine_config(num_rounds=0, timeout=60.0, concurrency=10,
                                                                  round_arrivals=0, node_wait=0.0)
         engine = AsyncEngine(InstantGrid(50), strategy, codec, codec.flatten(list(state.values())),
@@ -226,7 +226,7 @@ def main() -> None:
 def flower_simulation_ratio(results: dict, arrivals: int, ideal: float, workers: int) -> None:
     """(b) steady arrivals/s through ``flwr run`` against the ideal of (a), and where the CPU went."""
     with tempfile.TemporaryDirectory() as tmp:
-        run = flower_run("bench-cnn", 50, f"max-arrivals={arrivals} concurrency=10 eval-every=5.0", Path(tmp))
+        run = flower_run("bench-cnn", 50, f"max-arrivals={arrivals} concurrency=10 evaluate-every-time=5.0", Path(tmp))
     ratio = run["steady-arrivals-per-s"] / (ideal * workers)
     results["b-flower-arrivals-per-s"] = run["steady-arrivals-per-s"]
     results["b-ratio"] = ratio
@@ -256,7 +256,7 @@ def many_clients(results: dict, arrivals: int) -> None:
     """(d) 1000 clients, 100 in flight: arrivals/s, server memory, stored versions."""
     with tempfile.TemporaryDirectory() as tmp:
         large = flower_run("bench-1000", 1000, f"max-arrivals={arrivals * 2} concurrency=100 partitioning='iid' "
-                                                "local-steps=1 eval-every=1.0", Path(tmp))
+                                                "local-steps=1 evaluate-every-time=1.0", Path(tmp))
     results["d-1000-clients"] = {
         "arrivals-per-s": large["steady-arrivals-per-s"],
         "server-peak-rss-mb": large["summary"].get("server-peak-rss-mb"),

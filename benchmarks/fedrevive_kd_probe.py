@@ -61,7 +61,7 @@ REAL_KD_ROWS = slice(2000, 3000)
 SETTING = {"dataset": "fashion-mnist", "strategy": "fedrevive", "model": "cnn", "model.batchnorm": True,
            "optimizer": "adam", "lr": 0.001, "local-steps": 25, "batch-size": 32, "concurrency": 20,
            "dirichlet-alpha": 0.5, "delay-model": "fedrevive-default", "fedrevive.server-lr": 0.05,
-           "max-arrivals": 400, "eval-every": 1.0, "progress": False, "checkpoint-every": 0}
+           "max-arrivals": 400, "evaluate-every-time": 1.0, "progress": False, "checkpoint-every": 0}
 SUPERNODES = 200
 
 _PROBE: dict = {}  # held-out data, cadence and records, set by main() before the run

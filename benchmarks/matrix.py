@@ -85,7 +85,7 @@ FEDECHO = Study(
     name="fedecho",
     supernodes=20,
     common={"model": "lenet5", "local-steps": 10, "concurrency": 10, "max-arrivals": 0,
-            "max-virtual-time": 80.0, "eval-every": 4.0, "progress": False, "fedecho.distill-size": 500,
+            "max-time": 80.0, "evaluate-every-time": 4.0, "progress": False, "fedecho.distill-size": 500,
             "target-accuracy": "0.6,0.85",
             "fedecho.distill-lr": 1e-4,  # the run-config default when this study ran (now the paper's 3e-6)
             # the paper's server step (the run-config default when this study ran; now paced by the concurrency)
@@ -127,7 +127,7 @@ FEDADT = Study(
     name="fedadt",
     supernodes=200,
     common={"model": "lenet5", "local-steps": 10, "concurrency": 40, "optimizer": "sgd", "lr": 0.01,
-            "max-arrivals": 400, "eval-every": 2000.0,
+            "max-arrivals": 400, "evaluate-every-time": 2000.0,
             "progress": False, "target-accuracy": "0.7", **_FEDADT_DELAYS,
             # the baselines' settings when this study ran (the run-config defaults then; they are paced by the
             # concurrency now, see asyncfl/strategies/pace.py)
@@ -169,8 +169,8 @@ GI = Study(
     supernodes=100,
     common={"model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "local-epochs": 5, "local-steps": 0,
             "batch-size": 64, "concurrency": 20, "round-deadline": 1.0, "delay-model": "intertwined",
-            "intertwined.class": 5, "intertwined.clients": 10, "max-virtual-time": 150.0, "max-arrivals": 0,
-            "eval-every": 1.0, "progress": False, "target-accuracy": "0.8", "gi.inversion-iterations": 100,
+            "intertwined.class": 5, "intertwined.clients": 10, "max-time": 150.0, "max-arrivals": 0,
+            "evaluate-every-time": 1.0, "progress": False, "target-accuracy": "0.8", "gi.inversion-iterations": 100,
             "gi.warm-iterations": 40,
             "gi.switch-margin": 1.0},  # the paper's E1 > E2, the default when this study ran (now 0.9)
     methods=_GI_METHODS,
@@ -234,8 +234,8 @@ GI_FMNIST = Study(
     common={"dataset": "fashion-mnist", "dirichlet-alpha": 0.1, "model": "lenet5", "optimizer": "sgd", "lr": 0.1,
             "momentum": 0.0, "local-epochs": 0, "local-steps": 5, "batch-size": 60000, "concurrency": 10,
             "round-deadline": 1.0, "delay-model": "intertwined", "intertwined.class": 5, "intertwined.clients": 10,
-            "intertwined.staleness": 40, "pipeline-late-clients": True, "max-virtual-time": 120.0,
-            "max-arrivals": 0, "eval-every": 1.0, "progress": False, "target-accuracy": "0.3,0.5",
+            "intertwined.staleness": 40, "pipeline-late-clients": True, "max-time": 120.0,
+            "max-arrivals": 0, "evaluate-every-time": 1.0, "progress": False, "target-accuracy": "0.3,0.5",
             "gi.inversion-iterations": 200, "gi.warm-iterations": 80, "gi.switch-margin": 0.9},
     methods=_GI_METHODS,
     scenarios={"pipe-s40-dir0.1": {}},
@@ -265,7 +265,7 @@ PUSHCEN = Study(
     name="pushcen",
     supernodes=50,
     common={"model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "local-steps": 10,
-            "max-virtual-time": 20.0, "max-arrivals": 0, "progress": False,
+            "max-time": 20.0, "max-arrivals": 0, "progress": False,
             "pushcen.penalty": "sum"},  # the regulariser when this study ran (Eq. 2's sum; now each layer's mean)
     methods={
         "independent": {"strategy": "independent"},
@@ -314,7 +314,7 @@ FEDREVIVE = Study(
     supernodes=200,
     common={"model": "cnn", "model.batchnorm": True, "optimizer": "adam", "lr": 0.001, "local-steps": 25,
             "batch-size": 32, "concurrency": 20, "dirichlet-alpha": 0.5, "server-holdout": 0.1,
-            "max-arrivals": 300, "eval-every": 1.0, "progress": False, "target-accuracy": "0.8,0.85,0.9"},
+            "max-arrivals": 300, "evaluate-every-time": 1.0, "progress": False, "target-accuracy": "0.8,0.85,0.9"},
     methods={
         "fedbuff": {"strategy": "fedbuff", "fedbuff.buffer-size": 1, "fedbuff.server-lr": 0.025},
         "fedrevive": {"strategy": "fedrevive", "fedrevive.server-lr": 0.05},
@@ -326,7 +326,7 @@ FEDREVIVE = Study(
         "default": {"delay-model": "fedrevive-default"},
         # its jobs are ~8x shorter (300 arrivals take ~3 units instead of ~25): evaluate 8x as often, so the
         # final window and the times to target cover as many arrivals as in the default scenario
-        "shifted": {"delay-model": "fedrevive-shifted", "eval-every": 0.125},
+        "shifted": {"delay-model": "fedrevive-shifted", "evaluate-every-time": 0.125},
     },
     seeds=(1, 2, 3),
     targets=(0.8, 0.85, 0.9),
@@ -351,7 +351,7 @@ FEDADT_FMNIST = Study(
     supernodes=100,
     common={"dataset": "fashion-mnist", "model": "lenet5", "optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
             "local-epochs": 1, "local-steps": 0, "batch-size": 32, "concurrency": 20, "max-arrivals": 1600,
-            "eval-every": 5000.0, "progress": False, "target-accuracy": "0.7,0.75", **_FEDADT_DELAYS,
+            "evaluate-every-time": 5000.0, "progress": False, "target-accuracy": "0.7,0.75", **_FEDADT_DELAYS,
             # the baselines' defaults when this study ran (FedBuff's step paced for any client, FedAsync's alpha)
             "fedbuff.pace": "stable", "fedasync.alpha": 0.6},
     methods={
@@ -391,7 +391,7 @@ FEDADT_FMNIST_PAPER = Study(
     name="fedadt-fmnist-paper",
     supernodes=500,
     common={**FEDADT_FMNIST.common, "model": "cnn", "local-epochs": 5, "concurrency": 100, "max-arrivals": 1000,
-            "eval-every": 2500.0, "dirichlet-alpha": 0.5},
+            "evaluate-every-time": 2500.0, "dirichlet-alpha": 0.5},
     methods={
         "fedadt": {"strategy": "fedadt"},
         "fedadt-t2": {"strategy": "fedadt", "fedadt.kl-scale": "t-squared"},
@@ -432,7 +432,7 @@ FEDREVIVE_FMNIST = Study(
     common={"dataset": "fashion-mnist", "model": "cnn", "model.batchnorm": False, "model.track-statistics": True,
             "optimizer": "adam", "lr": 0.001, "local-steps": 25, "batch-size": 32, "concurrency": 20,
             "dirichlet-alpha": 0.5,
-            "delay-model": "fedrevive-default", "max-arrivals": 400, "eval-every": 1.0, "progress": False,
+            "delay-model": "fedrevive-default", "max-arrivals": 400, "evaluate-every-time": 1.0, "progress": False,
             "target-accuracy": "0.8,0.85", "fedrevive.server-lr": 0.05, "afl-dw.server-lr": 0.05},
     methods={
         "fedrevive": {"strategy": "fedrevive"},
@@ -458,8 +458,8 @@ FEDREVIVE_FMNIST = Study(
 # method carried into FEDECHO_FMNIST.
 _FEDECHO_FMNIST_COMMON = {
     "dataset": "fashion-mnist", "model": "lenet5", "optimizer": "sgd", "momentum": 0.0, "weight-decay": 1e-4,
-    "batch-size": 50, "local-steps": 20, "concurrency": 10, "max-arrivals": 0, "max-virtual-time": 80.0,
-    "eval-every": 4.0, "progress": False, "target-accuracy": "0.7,0.75",
+    "batch-size": 50, "local-steps": 20, "concurrency": 10, "max-arrivals": 0, "max-time": 80.0,
+    "evaluate-every-time": 4.0, "progress": False, "target-accuracy": "0.7,0.75",
     "fedecho.distill-set": "mnist5k", "fedecho.distill-size": 2000,
     "fedecho.distill-lr": 1e-4,  # the run-config default when this study ran (now the paper's 3e-6)
     "fedbuff.buffer-size": 5, "ca2fl.buffer-size": 5, "fadas.buffer-size": 5, "fedecho.buffer-size": 5,
@@ -520,7 +520,7 @@ FEDECHO_FMNIST = Study(
 _FEDECHO_PAPER_COMMON = {
     "dataset": "fashion-mnist", "model": "lenet5", "optimizer": "sgd", "momentum": 0.0, "weight-decay": 1e-4,
     "batch-size": 50, "local-epochs": 2, "local-steps": 0, "concurrency": 25, "max-arrivals": 2500,
-    "eval-every": 20.0, "progress": False, "target-accuracy": "0.7,0.75", "server-holdout": 0.05,
+    "evaluate-every-time": 20.0, "progress": False, "target-accuracy": "0.7,0.75", "server-holdout": 0.05,
     "fedecho.distill-set": "holdout", "fedecho.distill-size": 2000, "fedecho.buffer-size": 5,
     "fedecho.server-lr": 1.0, "fedbuff.buffer-size": 5, "fedbuff.server-lr": 1.0, **_LARGE_01}
 _FEDECHO_PAPER_ECHO = {"strategy": "fedecho", "lr": 0.03}
@@ -642,7 +642,7 @@ PUSHCEN_FMNIST = Study(
     name="pushcen-fmnist",
     supernodes=50,
     common={"dataset": "fashion-mnist", "model": "lenet5", "optimizer": "adam", "lr": 0.001, "local-steps": 10,
-            "batch-size": 32, "dirichlet-alpha": 0.5, "max-virtual-time": 40.0, "max-arrivals": 0,
+            "batch-size": 32, "dirichlet-alpha": 0.5, "max-time": 40.0, "max-arrivals": 0,
             "progress": False},
     methods={
         "independent": {"strategy": "independent"},
@@ -665,7 +665,7 @@ PUSHCEN_FMNIST = Study(
 PUSHCEN_FMNIST_COMPARE = Study(
     name="pushcen-fmnist-compare",
     supernodes=50,
-    common={**PUSHCEN_FMNIST.common, "dirichlet-alpha": 1.0, "max-samples-per-client": 50, "max-virtual-time": 80.0},
+    common={**PUSHCEN_FMNIST.common, "dirichlet-alpha": 1.0, "max-samples-per-client": 50, "max-time": 80.0},
     methods={**PUSHCEN_FMNIST.methods, "pushcen-noreg": {"strategy": "pushcen", "pushcen.lambda": 0.0},
              # DivShare at the PushCen paper's bytes (issue 43): each fragment to 2 neighbours, a push = 2 models
              "divshare-j2": {"strategy": "divshare", "divshare.copies": 2}},

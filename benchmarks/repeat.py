@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Small BatchNorm-CNN settings: a parameter-space method, and FedRevive with its KD from the 10th update
 #: (batched teacher passes, synthesis, the KD pool's seeded draws).
 SETTINGS = {
-    "fedbuff-bn-cnn": "strategy='fedbuff' model.batchnorm=true max-arrivals=40 concurrency=10 eval-every=1.0",
-    "fedrevive-bn-cnn": ("strategy='fedrevive' model.batchnorm=true max-arrivals=30 concurrency=10 eval-every=1.0 "
+    "fedbuff-bn-cnn": "strategy='fedbuff' model.batchnorm=true max-arrivals=40 concurrency=10 evaluate-every-time=1.0",
+    "fedrevive-bn-cnn": ("strategy='fedrevive' model.batchnorm=true max-arrivals=30 concurrency=10 evaluate-every-time=1.0 "
                          "fedrevive.synthesis-start=0 fedrevive.kd-start=10"),
 }
 MISSED_IDENTITY = "did not answer the identity query"

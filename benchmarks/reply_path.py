@@ -63,7 +63,7 @@ def traced_calls() -> Counter:
     sys.setprofile(profile)
     try:
         FedBuff().start(grid, initial, num_rounds=0, train_config=ConfigRecord({}), clock="virtual",
-                        delays="fedrevive-default", seed=1, max_arrivals=ARRIVALS)
+                        delay_model="fedrevive-default", seed=1, max_arrivals=ARRIVALS)
     finally:
         sys.setprofile(None)
         logging.disable(logging.NOTSET)

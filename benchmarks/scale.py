@@ -80,8 +80,8 @@ def run_scale(clients: int, arrivals: int, out: Path, in_flight: int | None = No
     in_flight = in_flight or max(1, clients // 10)
     tag = f"scale-{clients}-{in_flight}"
     overrides = (f"dataset='mnist5k' model='mlp' partitioning='sampled' samples-per-client=32 local-steps=1 "
-                 f"batch-size=32 concurrency={in_flight} max-arrivals={arrivals} eval-every=2.0 eval-batch-size=1000 "
-                 f"wait-for-nodes=1200.0 job-timeout=1200.0 progress=false output-dir='{out}' run-name='{tag}'")
+                 f"batch-size=32 concurrency={in_flight} max-arrivals={arrivals} evaluate-every-time=2.0 eval-batch-size=1000 "
+                 f"wait-for-nodes=1200.0 timeout=1200.0 progress=false output-dir='{out}' run-name='{tag}'")
     command = [sys.executable, "-m", "asyncfl.cli", "run", "--app", str(ROOT), "--num-supernodes", str(clients),
                "-c", overrides]
     started = time.monotonic()

@@ -11,7 +11,7 @@ another, so the ratios compare like with like:
   all three give the same logits and models (checked here, bit for bit). The passes the math needs are
   timed alone as the bound.
 * **Server evaluation** of the CNN on the mnist5k test split (1000 samples; the built-in app evaluates every
-  ``eval-every``): batch 500 (the old ``eval-batch-size``) vs 64 (the new default).
+  ``evaluate-every-time``): batch 500 (the old ``eval-batch-size``) vs 64 (the new default).
 * **GI compensation** (LeNet-5, the intertwined scenario's client program: 5 epochs of SGD at batch 64 over
   a client's mnist5k samples, |D_rec| = 64, 100 iterations from a random start): one round with ``--stale``
   unique stale updates of real clients, inverted one at a time on one thread (before) and with

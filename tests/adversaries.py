@@ -126,7 +126,7 @@ def drill(monkeypatch, app: str, strategy, attack: str = "", speed: float = 1.0,
     monkeypatch.setattr(engine_module, "delay_sampler",
                         lambda model, s: FasterClients(delay_sampler(model, s), {0: speed}, first))
     grid = InProcessGrid(client_app, NODES, {}, drill=(attack, 1 if attack else 0))
-    options = {"clock": "virtual", "delays": "fedrevive-default", "seed": seed, "max_arrivals": arrivals,
+    options = {"clock": "virtual", "delay_model": "fedrevive-default", "seed": seed, "max_arrivals": arrivals,
                "concurrency": 4, **options}
     result = strategy.start(grid, initial(), num_rounds=0, train_config=ConfigRecord({}), **options)
     return quality(result.arrays), result.summary

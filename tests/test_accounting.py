@@ -116,7 +116,7 @@ def test_an_async_runs_epsilon_is_flowers_accountant_composing_each_owners_parti
     compose = dp.ledger.compose
     dp.ledger.compose = lambda shares: (releases.append(dict(shares)), compose(shares))[1]
     result = dp.start(FakeGrid(8, _learner), ArrayRecord({"w": Array(np.zeros(32, np.float32))}), num_rounds=0,
-                      train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=3,
+                      train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=3,
                       max_arrivals=120, concurrency=6)
     summary = result.summary
     assert summary["dp-accountant"] == FLOWER_ACCOUNTANT == "flwr.serverapp.RdpAccountant (dp-accounting)"

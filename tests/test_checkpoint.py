@@ -198,7 +198,7 @@ def _evaluate(round_, arrays):
 
 def _start(strategy, grid, folder, **options):
     return strategy.start(grid, _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
-                          evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+                          evaluate_fn=_evaluate, clock="virtual", delay_model="fedrevive-default", seed=5,
                           max_arrivals=40, evaluate_every_time=1.0, output_dir=str(folder.parent),
                           run_name=folder.name, **options)
 
@@ -245,7 +245,7 @@ def test_a_resumed_buffer_without_its_arrivals_is_refused_not_aggregated(tmp_pat
     with pytest.raises(StateError, match=r"ForgetfulFedBuff's buffer holds 1 updates but 0 of their arrivals "
                                          r"\(_held\) and 1 rows \(_sum\)"):
         ForgetfulFedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate,
-                                              clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=45,
+                                              clock="virtual", delay_model="fedrevive-default", seed=5, max_arrivals=45,
                                               evaluate_every_time=1.0, resume_from=str(tmp_path / "run"))
 
 
@@ -278,7 +278,7 @@ def test_a_crashed_run_resumes_to_the_same_metrics_and_model(name, crash_after, 
         _start(make(), _grid(crash_after=crash_after), tmp_path / "broken", checkpoint_every=1, **options)
     assert checkpoint.listed(tmp_path / "broken" / "checkpoints")
     resumed = make().start(_grid(first_node=501), _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
-                           evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+                           evaluate_fn=_evaluate, clock="virtual", delay_model="fedrevive-default", seed=5,
                            max_arrivals=40, evaluate_every_time=1.0, checkpoint_every=1,
                            resume_from=str(tmp_path / "broken"), **options)
     # Assert: byte-identical metrics.csv, the same final model and per-round results
@@ -302,18 +302,18 @@ def test_a_resume_that_would_add_or_drop_the_trusted_direction_is_refused_before
     kept = _files(tmp_path / "run")
     with pytest.raises(CheckpointError, match="trusted_train_fn .* resume with the same setting"):
         FedAsync().start(_grid(first_node=501), _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
-                         evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=40,
+                         evaluate_fn=_evaluate, clock="virtual", delay_model="fedrevive-default", seed=5, max_arrivals=40,
                          evaluate_every_time=1.0, resume_from=str(tmp_path / "run"), trusted_train_fn=after)
     assert _files(tmp_path / "run") == kept
 
 
 def test_a_finished_run_resumed_with_a_later_stop_equals_the_longer_run(tmp_path):
     whole = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
-                                         delays="fedrevive-default", seed=5, max_arrivals=60, evaluate_every_time=1.0,
+                                         delay_model="fedrevive-default", seed=5, max_arrivals=60, evaluate_every_time=1.0,
                                          output_dir=str(tmp_path), run_name="long")
     _start(FedBuff(buffer_size=3), _grid(), tmp_path / "short", checkpoint_every=4)
     extended = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate,
-                                            clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=60,
+                                            clock="virtual", delay_model="fedrevive-default", seed=5, max_arrivals=60,
                                             evaluate_every_time=1.0, resume_from=str(tmp_path / "short"))
     assert _digest(extended) == _digest(whole)
     assert _files(tmp_path / "short") == _files(tmp_path / "long")
@@ -327,7 +327,7 @@ def _broken_run(tmp_path):
 
 def _resume(strategy, folder, initial=None, **options):
     return strategy.start(_grid(), initial or _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
-                          delays=options.pop("delays", "fedrevive-default"), seed=options.pop("seed", 5),
+                          delay_model=options.pop("delay_model", "fedrevive-default"), seed=options.pop("seed", 5),
                           max_arrivals=40, evaluate_every_time=1.0, resume_from=str(folder), **options)
 
 
@@ -356,7 +356,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_nothing_is_overwritten(tm
         case, FedBuff(buffer_size=3))
     initial = ArrayRecord({"w": Array(np.zeros((3, 2), np.float32)), "steps": Array(np.zeros(1, np.int64))}) \
         if case == "other layout" else None
-    options = {"other seed": {"seed": 6}, "other delays": {"delays": "uniform-speed"}}.get(case, {})
+    options = {"other seed": {"seed": 6}, "other delays": {"delay_model": "uniform-speed"}}.get(case, {})
     with pytest.raises(CheckpointError, match=message):
         _resume(strategy, location, initial, **options)
     assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
@@ -376,7 +376,7 @@ def test_a_resumed_run_waits_for_all_the_checkpoints_clients_not_only_those_its_
     joins.start()
     try:
         result = FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
-                                              delays="fedrevive-default", seed=5, max_arrivals=40, concurrency=2,
+                                              delay_model="fedrevive-default", seed=5, max_arrivals=40, concurrency=2,
                                               evaluate_every_time=1.0, wait_for_nodes=60.0, resume_from=str(folder))
     finally:
         joins.cancel()
@@ -408,7 +408,7 @@ def test_a_resume_waits_for_a_late_node_also_when_every_node_fills_its_concurren
     before = {p.name: p.read_bytes() for p in refused_folder.iterdir() if p.is_file()}
     with pytest.raises(CheckpointError, match=r"after waiting up to 1s .*raise wait-for-nodes"):
         FedBuff(buffer_size=3).start(gone, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
-                                     delays="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0,
+                                     delay_model="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0,
                                      wait_for_nodes=1.0, resume_from=str(refused_folder))
     # Assert: the first resume waited and went on with all six; the refused one left the dead run's files as they were.
     assert result.summary["clients"] == NODES and result.summary["arrivals"] == 40 and written
@@ -465,7 +465,7 @@ def test_a_configure_train_override_sets_every_jobs_config_per_round(tmp_path):
     strategy = HalvingFedBuff(buffer_size=3)
     grid = _grid()
     strategy.start(grid, _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.8}), evaluate_fn=_evaluate,
-                   clock="virtual", delays="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0)
+                   clock="virtual", delay_model="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0)
     jobs = [m.content.config_records["config"] for m in grid.pushed if m.metadata.message_type == "train"]
     assert strategy.calls == sorted(set(strategy.calls)) and strategy.calls[0] == 1  # once per round, in order
     for config in jobs:  # halved for good at rounds 2, 4, 6: as under Flower's FedAvg
@@ -485,7 +485,7 @@ def test_a_resumed_run_keeps_what_configure_train_changed(tmp_path):
         _start(HalvingFedBuff(buffer_size=3), _grid(crash_after=23), tmp_path / "broken", checkpoint_every=1)
     resumed_grid = _grid(first_node=501)
     HalvingFedBuff(buffer_size=3).start(resumed_grid, _initial(), num_rounds=0, train_config=ConfigRecord({"lr": 0.1}),
-                                        evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+                                        evaluate_fn=_evaluate, clock="virtual", delay_model="fedrevive-default", seed=5,
                                         max_arrivals=40, evaluate_every_time=1.0, resume_from=str(tmp_path / "broken"))
     assert _files(tmp_path / "broken") == _files(tmp_path / "whole")
     lrs = lambda g: [m.content.config_records["config"]["lr"] for m in g.pushed  # noqa: E731
@@ -510,7 +510,7 @@ def test_callbacks_hear_every_version_and_every_evaluation_with_its_model():
 
     tracker = Tracker()
     result = FedBuff(buffer_size=3).start(_grid(), _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="virtual",
-                                          delays="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0,
+                                          delay_model="fedrevive-default", seed=5, max_arrivals=40, evaluate_every_time=1.0,
                                           callbacks=[tracker])
     assert [v for v, _, _ in tracker.versions] == list(range(1, result.summary["server-versions"] + 1))
     assert all(arrivals == 3 * v for v, _, arrivals in tracker.versions)  # FedBuff: a version per 3 updates
@@ -534,7 +534,7 @@ def test_configure_evaluate_and_aggregate_evaluate_overrides_take_effect():
 
     grid = _grid()
     result = Custom(buffer_size=3, fraction_evaluate=0.5).start(
-        grid, _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5)
+        grid, _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delay_model="fedrevive-default", seed=5)
     sent = [m.content.config_records["config"] for m in grid.pushed if m.metadata.message_type == "evaluate"]
     assert sent and all(c["split"] == f"val-{c['server-round']}" for c in sent)
     assert set(result.evaluate_metrics_clientapp) == set(range(1, 5))  # rounds 1-4, none before training
@@ -652,7 +652,7 @@ def test_callbacks_carry_a_trackers_series_as_flowers_result_does():
     # Prepare / Execute: 4 rounds with federated evaluation on half the nodes
     tracker = Tracker()
     result = FedBuff(buffer_size=3, fraction_evaluate=0.5).start(
-        _grid(), _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delays="fedrevive-default", seed=5,
+        _grid(), _initial(), num_rounds=4, evaluate_fn=_evaluate, clock="virtual", delay_model="fedrevive-default", seed=5,
         callbacks=[tracker])
     # Assert: the same series as the Result, as they come; each (version, round) scored once
     assert tracker.train == {r: dict(m) for r, m in result.train_metrics_clientapp.items()} and tracker.train
@@ -666,7 +666,7 @@ def test_settings_recorded_under_their_former_names_are_read_under_todays():
     fit the run that made them, and still say what differs."""
     from asyncfl.options import RunOptions
 
-    config = RunOptions(clock="virtual", delays="uniform-speed", evaluate_every=2, evaluate_every_time=5.0).engine_config(
+    config = RunOptions(clock="virtual", delay_model="uniform-speed", evaluate_every=2, evaluate_every_time=5.0).engine_config(
         num_rounds=3, timeout=10.0, concurrency=2, round_arrivals=2, node_wait=0.0)
     today = checkpoint.resume_settings(config)
     former = {{"evaluate_every_time": "eval_every", "evaluate_every": "eval_every_rounds",
@@ -684,7 +684,7 @@ def test_a_checkpoint_whose_taken_settings_are_not_whole_numbers_is_refused_in_o
     traceback later."""
     from asyncfl.options import RunOptions
 
-    config = RunOptions(clock="virtual", delays="uniform-speed").engine_config(
+    config = RunOptions(clock="virtual", delay_model="uniform-speed").engine_config(
         num_rounds=3, timeout=10.0, concurrency=2, round_arrivals=2, node_wait=0.0)
     settings = {**checkpoint.resume_settings(config), name: value}
     with pytest.raises(CheckpointError, match=f"the checkpoint's {name} is .*, not a whole number") as error:

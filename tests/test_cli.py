@@ -48,6 +48,29 @@ def _saved(name: str, **knobs) -> dict:
     return strategy_class(name)(**knobs).state_dict()
 
 
+def test_a_run_stored_before_the_option_renames_resumes_under_the_new_keys(tmp_path, caplog):
+    import json
+
+    from asyncfl.cli import resume_run_config
+    from asyncfl.server_app import checkpoint
+    from asyncfl.server_app.run_folder import write_run_config
+
+    run = tmp_path / "outputs" / "old-run"
+    run.mkdir(parents=True)
+    old = {"job-timeout": 300.0, "max-virtual-time": 0.0, "eval-every": 2.0}
+    renamed = ("timeout", "max-time", "evaluate-every-time")
+    write_run_config(run, {**{k: v for k, v in _app_defaults().items() if k not in renamed}, **old,
+                           "strategy": "fedbuff", "run-name": ""})
+    (run / "checkpoints").mkdir()
+    checkpoint.write(run / "checkpoints" / "checkpoint-v000010-a00000050.npz", {"strategy": _saved("fedbuff")})
+    (run / "summary.json").write_text(json.dumps({"clients": 12}))
+    with caplog.at_level("WARNING", logger="asyncfl"):
+        resumed, _ = resume_run_config(run, ["job-timeout=600.0"])
+    assert resumed["timeout"] == 600.0 and resumed["max-time"] == 0.0 and resumed["evaluate-every-time"] == 2.0
+    assert not set(old) & set(resumed)
+    assert "key 'job-timeout' is now 'timeout'" in caplog.text and "run_config.toml: key 'eval-every'" in caplog.text
+
+
 def test_resume_reuses_the_runs_own_run_config_with_changes_and_its_node_count(tmp_path):
     import json
 
@@ -211,7 +234,7 @@ def test_a_toml_file_and_key_value_pairs_combine_a_later_one_winning(tmp_path, n
     (args, kwargs), = nothing_starts
     assert len(args[1]) == 1
     assert parse_config_args(args[1]) == {"strategy": "fedbuff", "concurrency": 50, "fedbuff.buffer-size": 10,
-                                          "fedbuff.server-lr": 1.0, "max-arrivals": 9, "eval-every": 2.0,
+                                          "fedbuff.server-lr": 1.0, "max-arrivals": 9, "evaluate-every-time": 2.0,
                                           "delay-model": "fedrevive-default", "target-accuracy": "0.8,0.9,0.95",
                                           "run-name": "a b=c", "model": "cnn", "model.batchnorm": True}
 
@@ -287,7 +310,7 @@ def test_resume_refuses_what_it_cannot_change_in_one_line_before_anything_starts
     # Assert: the user's key as written, what a resume may change; nothing started, nothing written
     assert line.startswith(f"asyncfl run: error: --resume {run}: ") and says in line
     if "cannot change" in says and "--num-supernodes" not in says:
-        assert line.endswith("a resume may change only max-arrivals, max-virtual-time, job-timeout, "
+        assert line.endswith("a resume may change only max-arrivals, max-time, timeout, "
                              "wait-for-nodes, progress, data-dir")
     assert not nothing_starts and sorted(p.relative_to(run) for p in run.rglob("*")) == before
 

@@ -57,8 +57,8 @@ def test_statistics_trackers_need_the_cnn_without_batchnorm():
 def test_custom_delay_model_is_parsed():
     cfg = parse_run_config(defaults(**{"delay-model": "custom", "delay.train.distribution": "lognormal",
                                        "delay.train.tiers": "0.5:1,0.5:3", "delay.train.spread": 0.4}))
-    assert cfg.engine.delays.train.distribution == "lognormal"
-    assert cfg.engine.delays.train.tiers == ((0.5, 1.0), (0.5, 3.0))
+    assert cfg.engine.delay_model.train.distribution == "lognormal"
+    assert cfg.engine.delay_model.train.tiers == ((0.5, 1.0), (0.5, 3.0))
 
 
 def test_bad_custom_delay_names_the_component():
@@ -68,7 +68,7 @@ def test_bad_custom_delay_names_the_component():
 
 def test_run_must_be_able_to_stop():
     with pytest.raises(ConfigError, match="never stops"):
-        parse_run_config(defaults(**{"max-arrivals": 0, "max-virtual-time": 0.0}))
+        parse_run_config(defaults(**{"max-arrivals": 0, "max-time": 0.0}))
 
 
 def test_missing_key_is_reported():
@@ -130,7 +130,7 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
         parse_run_config({**cfg, "delay-model": "intertwined", "intertwined.staleness": 0})
     parsed = parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "delay-model": "intertwined",
                                "round-deadline": 1.0})
-    assert parsed.engine.round_deadline == 1.0 and parsed.engine.delays.staleness == 40
+    assert parsed.engine.round_deadline == 1.0 and parsed.engine.delay_model.staleness == 40
     assert parsed.strategy_config.inversion.keep_fraction == 0.05
 
 
@@ -161,7 +161,7 @@ def test_each_strategy_name_parses_into_its_own_config_class():
         cfg = parse_run_config(defaults(strategy=name, **extra.get(name, {})))
         assert type(cfg.strategy_config) is strategy_class(name).config_class, name
     for name in GOSSIP_METHODS:
-        assert parse_run_config(defaults(strategy=name, **{"max-virtual-time": 5.0})).strategy_config is None
+        assert parse_run_config(defaults(strategy=name, **{"max-time": 5.0})).strategy_config is None
 
 
 @pytest.mark.parametrize("preset", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "conf").rglob("*.toml")))
@@ -204,13 +204,13 @@ def test_a_misspelled_key_is_answered_with_the_nearest_keys():
 
 
 @pytest.mark.parametrize("override, line", [
-    ("eval-every=0", "eval-every (evaluate_every_time) = 0 and evaluate-every (evaluate_every) = 0 leave the run "
-                     "without evaluation: set eval-every > 0 (clock units between evaluations) or evaluate-every >= 1 "
+    ("evaluate-every-time=0", "evaluate-every-time (evaluate_every_time) = 0 and evaluate-every (evaluate_every) = 0 leave the run "
+                     "without evaluation: set evaluate-every-time > 0 (clock units between evaluations) or evaluate-every >= 1 "
                      "(rounds)"),
     ("output-dir=''", "checkpoint-every (checkpoint_every) = 10 needs a place to write, and output-dir (output_dir) "
                       "and checkpoint-dir (checkpoint_dir) are empty: set output-dir (checkpoints go to <run "
                       "folder>/checkpoints), checkpoint-dir, or checkpoint-every = 0 for none"),
-    ("max-arrivals=0", "the run never stops: set max-arrivals > 0 or max-virtual-time > 0 (both are 0)"),
+    ("max-arrivals=0", "the run never stops: set max-arrivals > 0 or max-time > 0 (both are 0)"),
 ])
 def test_the_built_in_apps_refusals_name_its_run_config_keys(capsys, monkeypatch, override, line):
     # Execute: asyncfl run with one bad value (nothing may start)

@@ -22,7 +22,7 @@ from asyncfl.deploy.processes import TlsFiles
 from tests.netns import namespace_pair, netns_available
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ("dataset='digits' model='mlp' local-steps=10 lr=0.01 eval-every=2.0 progress=false clock='wall' "
+SMALL = ("dataset='digits' model='mlp' local-steps=10 lr=0.01 evaluate-every-time=2.0 progress=false clock='wall' "
          "wait-for-nodes=60.0")
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +79,7 @@ def test_loopback_deployment_survives_a_superlink_restart_nan_a_crash_and_a_late
     # 60 s without a reply. One deployment for all the faults: a SuperLink and its nodes take a minute to start.
     out = tmp_path / "outputs"
     run = out / "faults"
-    overrides = (f"{SMALL} strategy='fedbuff' concurrency=4 max-arrivals=26 job-timeout=60.0 checkpoint-every=1 "
+    overrides = (f"{SMALL} strategy='fedbuff' concurrency=4 max-arrivals=26 timeout=60.0 checkpoint-every=1 "
                  "delay-model='uniform-speed' emulate-delay-scale=4.0 "
                  f"output-dir='{out}' run-name='faults'")
     with LocalDeployment(ROOT, 4, num_partitions=5, node_config={3: "fault=nan"}, workdir=tmp_path / "deploy") as dep:

@@ -75,7 +75,7 @@ def test_fedbuff_in_containers_survives_a_killed_supernode_that_rejoins(docker_i
     # intervals, 60 s), so a node killed and started again at once would be refused (docs/deployment.md).
     name = f"asyncfl-e2e-{uuid.uuid4().hex[:6]}"
     workdir = tmp_path / "docker"
-    run_config = (f"{SMALL} strategy='fedbuff' concurrency=3 max-arrivals=18 job-timeout=45.0 "
+    run_config = (f"{SMALL} strategy='fedbuff' concurrency=3 max-arrivals=18 timeout=45.0 "
                   "delay-model='uniform-speed' emulate-delay-scale=3.0 run-name='docker'")
     up = _asyncfl("docker", "up", "--insecure", "--supernodes", "3", "--cpus-per-client", "1,0.5,1", "--name", name,
                   "--workdir", str(workdir), "-c", run_config, start_new_session=True)
@@ -117,7 +117,7 @@ def test_fedbuff_in_containers_survives_a_killed_supernode_that_rejoins(docker_i
 def test_tls_and_supernode_auth_in_containers_and_a_superlink_restart_mid_run(docker_images, tmp_path):
     # Prepare: the default deployment, closed: a CA and certificate written for it, 2 clients whose keys are
     # registered before they start, SuperExec secrets; every key reaches its container through a volume of its own.
-    run_config = (f"{SMALL} strategy='fedbuff' concurrency=2 max-arrivals=12 job-timeout=30.0 "
+    run_config = (f"{SMALL} strategy='fedbuff' concurrency=2 max-arrivals=12 timeout=30.0 "
                   "delay-model='uniform-speed' emulate-delay-scale=2.0 run-name='restart'")
     name = f"asyncfl-e2e-{uuid.uuid4().hex[:6]}"
     with DockerDeployment(2, name=name, workdir=tmp_path / "docker", client=docker_images) as deployment:

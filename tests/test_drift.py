@@ -58,7 +58,7 @@ def test_bad_drift_settings_are_refused_before_anything_runs():
     with pytest.raises(ConfigError, match="mnist5k or mnist"):
         parse_run_config({**base, "dataset": "cifar10", "drift.source": "digits", "drift.rate": 0.1})
     with pytest.raises(ConfigError, match="gossip"):
-        parse_run_config({**base, "strategy": "pushcen", "max-virtual-time": 5.0, "drift.source": "inverted",
+        parse_run_config({**base, "strategy": "pushcen", "max-time": 5.0, "drift.source": "inverted",
                           "drift.rate": 0.1})
     assert parse_run_config({**base, "drift.source": "digits", "drift.rate": 0.05}).drift.fraction(10.0) == 0.5
 

@@ -18,7 +18,7 @@ from asyncfl.deploy.app_copy import write_app_copy
 from asyncfl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = "dataset='digits' model='mlp' local-steps=10 lr=0.01 concurrency=3 eval-every=1.0 progress=false"
+SMALL = "dataset='digits' model='mlp' local-steps=10 lr=0.01 concurrency=3 evaluate-every-time=1.0 progress=false"
 
 pytestmark = pytest.mark.e2e
 
@@ -148,7 +148,7 @@ def test_gradient_inversion_compensation_in_the_intertwined_scenario(tmp_path):
     overrides = ("dataset='digits' model='mlp' optimizer='sgd' lr=0.05 local-epochs=1 local-steps=0 batch-size=32 "
                  "concurrency=6 round-deadline=1.0 delay-model='intertwined' intertwined.clients=2 "
                  "intertwined.staleness=2 strategy='gi-compensation' gi.inversion-iterations=10 gi.warm-iterations=5 "
-                 "gi.uniqueness=false max-arrivals=0 max-virtual-time=7.0 eval-every=1.0 progress=false "
+                 "gi.uniqueness=false max-arrivals=0 max-time=7.0 evaluate-every-time=1.0 progress=false "
                  f"output-dir='{tmp_path}' run-name='gi'")
     asyncfl_run(ROOT, overrides, supernodes=10)
     run = tmp_path / "gi"
@@ -195,7 +195,7 @@ def test_fedrevive_synthesises_and_distils_in_a_real_run_and_resumes_after_a_kil
 
 def test_pushcen_gossip_through_the_relay(tmp_path):
     overrides = ("strategy='pushcen' dataset='digits' model='mlp' optimizer='sgd' lr=0.05 local-steps=5 "
-                 "max-virtual-time=3.0 max-arrivals=0 gossip.eval-points=3 gossip.out-degree=3 pushcen.k=8 "
+                 "max-time=3.0 max-arrivals=0 gossip.eval-points=3 gossip.out-degree=3 pushcen.k=8 "
                  f"output-dir='{tmp_path}' run-name='gossip'")
     asyncfl_run(ROOT, overrides, supernodes=6)
     summary = json.loads((tmp_path / "gossip" / "summary.json").read_text())

@@ -28,14 +28,14 @@ FIXED = DelayModel(
 
 
 #: engine settings that come from the run, not from RunOptions (Flower's start() or the nodes that came)
-_FROM_THE_RUN = {"concurrency": "concurrency", "round_arrivals": "round_arrivals", "job_timeout": "timeout",
-                 "wait_for_nodes": "node_wait", "max_rounds": "num_rounds"}
+_FROM_THE_RUN = {"concurrency": "concurrency", "round_arrivals": "round_arrivals", "timeout": "timeout",
+                 "wait_for_nodes": "node_wait", "num_rounds": "num_rounds"}
 
 
 def engine_config(**overrides) -> EngineConfig:
     """The engine's settings through the users' door, ``RunOptions.engine_config`` as ``Strategy.start``
     builds them: the tests' clock, delays and stops; every other option a user's default."""
-    options = dict(clock="virtual", max_arrivals=6, evaluate_every_time=1.0, seed=7, delays=FIXED, progress=False)
+    options = dict(clock="virtual", max_arrivals=6, evaluate_every_time=1.0, seed=7, delay_model=FIXED, progress=False)
     run = dict(concurrency=3, timeout=5.0, node_wait=0.0, num_rounds=0, round_arrivals=0)
     for name, value in overrides.items():
         if name in _FROM_THE_RUN:
@@ -71,8 +71,8 @@ def test_virtual_order_ignores_reversed_physical_order():
     # Prepare: heterogeneous constant train times per client; the grid returns newest first.
     tiers = ComponentDelay("uniform", ((0.5, 1.0), (0.5, 3.0)), spread=0.5)
     delays = DelayModel(FIXED.download, tiers, FIXED.upload)
-    forward = make_engine(FakeGrid(6, plus_one), Recording(), delays=delays, max_arrivals=12)
-    backward = make_engine(FakeGrid(6, plus_one, release=lambda w: list(reversed(w))[:1]), Recording(), delays=delays, max_arrivals=12)
+    forward = make_engine(FakeGrid(6, plus_one), Recording(), delay_model=delays, max_arrivals=12)
+    backward = make_engine(FakeGrid(6, plus_one, release=lambda w: list(reversed(w))[:1]), Recording(), delay_model=delays, max_arrivals=12)
     # Execute
     forward.run()
     backward.run()
@@ -126,7 +126,7 @@ def test_lost_replies_time_out_and_the_run_finishes():
     def sometimes_silent(node, message):
         return None if node in lost_nodes else plus_one(node, message)
 
-    engine = make_engine(FakeGrid(4, sometimes_silent), Recording(), max_arrivals=5, job_timeout=0.05)
+    engine = make_engine(FakeGrid(4, sometimes_silent), Recording(), max_arrivals=5, timeout=0.05)
     stats = engine.run()
     assert stats.arrivals == 5
     assert stats.rejected["lost"] >= 1
@@ -191,7 +191,7 @@ def test_synchronous_fedavg_waits_for_the_slowest_job():
     tiers = ComponentDelay("constant", ((0.5, 1.0), (0.5, 4.0)))
     delays = DelayModel(FIXED.download, tiers, FIXED.upload)
     strategy = FedAvg(server_lr=1.0)
-    engine = make_engine(FakeGrid(4, plus_one), strategy, delays=delays, concurrency=4, max_arrivals=8)
+    engine = make_engine(FakeGrid(4, plus_one), strategy, delay_model=delays, concurrency=4, max_arrivals=8)
     engine.run()
     assert strategy.rounds == 2
     assert np.allclose(engine.global_model, 2.0)
@@ -202,7 +202,7 @@ def test_synchronous_fedavg_waits_for_the_slowest_job():
 
 def test_version_store_keeps_only_versions_in_use():
     engine = make_engine(FakeGrid(10, plus_one), FedBuff(buffer_size=1), concurrency=4, max_arrivals=40,
-                         delays=DELAY_PRESETS["fedrevive-default"])
+                         delay_model=DELAY_PRESETS["fedrevive-default"])
     engine.run()
     assert engine.versions.peak_versions <= 4 + 1
     assert engine.versions.stored == 1
@@ -211,7 +211,7 @@ def test_version_store_keeps_only_versions_in_use():
 def test_same_seed_same_evaluations_different_seed_differs():
     def run(seed):
         engine = make_engine(FakeGrid(6, plus_one, release=lambda w: w[::-1][:2]), FedBuff(buffer_size=2, server_lr=0.5),
-                             seed=seed, delays=DELAY_PRESETS["fedrevive-default"], max_arrivals=20)
+                             seed=seed, delay_model=DELAY_PRESETS["fedrevive-default"], max_arrivals=20)
         engine.run()
         return engine.stats.evaluations, engine.stats.staleness
 
@@ -289,7 +289,7 @@ def test_wall_clock_a_stuck_pull_does_not_block_other_replies():
 
     grid.pull_messages = pull
     strategy = Recording()
-    engine = make_engine(grid, strategy, clock="wall", concurrency=3, max_arrivals=8, job_timeout=3600.0)
+    engine = make_engine(grid, strategy, clock="wall", concurrency=3, max_arrivals=8, timeout=3600.0)
     # Act
     engine.run()
     release_stuck.set()
@@ -306,14 +306,14 @@ def test_a_clientapp_that_always_fails_aborts_instead_of_spinning():
     with pytest.raises(ClientAppsFailing, match="all failed") as error:
         engine.run()
     assert engine.stats.rejected["error-reply"] == 5 * 3 + 10
-    assert "job-timeout" not in str(error.value)  # broken, not slow: no hint to wait longer
+    assert "timeout" not in str(error.value)  # broken, not slow: no hint to wait longer
 
 
 def test_jobs_that_never_reply_abort_with_a_hint_to_raise_job_timeout():
-    engine = make_engine(FakeGrid(2, lambda node, message: None), Recording(), max_arrivals=5, job_timeout=0.01)
-    with pytest.raises(ClientAppsFailing, match="raise job-timeout") as error:
+    engine = make_engine(FakeGrid(2, lambda node, message: None), Recording(), max_arrivals=5, timeout=0.01)
+    with pytest.raises(ClientAppsFailing, match="raise timeout") as error:
         engine.run()
-    assert "job-timeout = 0.01 s" in str(error.value)
+    assert "timeout = 0.01 s" in str(error.value)
     assert engine.stats.rejected["lost"] == 5 * engine.config.concurrency + 10
 
 
@@ -347,7 +347,7 @@ def test_size_tied_runtime_categories_make_the_biggest_clients_slow():
     spec = RuntimeCategories(short=(1.0, 1.0), medium=(3.0, 3.0), long=(50.0, 50.0), gamma=0.0)
     strategy = Recording()
     grid = FakeGrid(10, plus_one, sizes=[10 * (i + 1) for i in range(10)])
-    engine = make_engine(grid, strategy, delays=spec, concurrency=10, max_arrivals=10)
+    engine = make_engine(grid, strategy, delay_model=spec, concurrency=10, max_arrivals=10)
     # Act
     engine.run()
     # Assert: the biggest client is the 10% long one, the next three are medium.
@@ -399,7 +399,7 @@ def test_wall_clock_job_on_a_node_that_went_offline_is_lost_without_waiting_for_
         return plus_one(node, message)
 
     grid = FakeGrid(3, handler)
-    engine = make_engine(grid, Recording(), clock="wall", concurrency=3, max_arrivals=6, job_timeout=3600.0)
+    engine = make_engine(grid, Recording(), clock="wall", concurrency=3, max_arrivals=6, timeout=3600.0)
     engine.roster.refresh_every = 0.0  # look at the online nodes at every step
     engine.run()
     assert engine.stats.rejected == {"node-offline": 1}
@@ -498,7 +498,7 @@ def three_rounds_late_run(**overrides):
     spec = IntertwinedDelays(affected_class=5, delayed_clients=2, staleness=3)
     strategy = RoundRecording()
     grid = FakeGrid(6, plus_one, label_counts=counts)
-    engine = make_engine(grid, strategy, delays=spec, concurrency=6, round_deadline=1.0,
+    engine = make_engine(grid, strategy, delay_model=spec, concurrency=6, round_deadline=1.0,
                          max_arrivals=0, max_time=6.0, **overrides)
     engine.run()
     on_time = [s for s in strategy.seen if s[1] not in (1, 4)]
@@ -566,14 +566,14 @@ class SlowToStart(FakeGrid):
 
 def test_slow_nodes_are_waited_for_so_the_client_order_follows_partition_ids():
     grid = SlowToStart(4, plus_one, delay_s=0.5)
-    engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=2, wait_for_nodes=0.0, job_timeout=5.0)
+    engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=2, wait_for_nodes=0.0, timeout=5.0)
     engine.run()
     assert engine.clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 0
 
 
 def test_nodes_that_never_answer_are_counted_and_follow_by_node_id(caplog):
     grid = SlowToStart(4, plus_one, delay_s=0.0, silent={101})
-    engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=2, wait_for_nodes=0.0, job_timeout=0.5)
+    engine = make_engine(grid, FedBuff(buffer_size=1), max_arrivals=2, wait_for_nodes=0.0, timeout=0.5)
     engine.run()
     assert engine.clients == [104, 103, 102, 101] and engine.stats.unidentified_nodes == 1
     assert "may not repeat exactly" in caplog.text
@@ -589,7 +589,7 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
         return waiting if trains >= 4 else [mid for mid in waiting if mid in queries]
 
     grid = FakeGrid(2, plus_one, release=release)
-    engine = make_engine(grid, Recording(), clock="wall", concurrency=4, max_arrivals=6, job_timeout=3600.0,
+    engine = make_engine(grid, Recording(), clock="wall", concurrency=4, max_arrivals=6, timeout=3600.0,
                          jobs_per_client=jobs_per_client, cap_in_flight=False)
     if jobs_per_client == 1:
         engine.discover_clients()
@@ -606,7 +606,7 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
 
 def test_jobs_per_client_above_one_needs_the_wall_clock():
     with pytest.raises(ConfigError, match="jobs-per-client.*clock = 'wall'"):
-        RunOptions(clock="virtual", delays=FIXED, jobs_per_client=2, cap_in_flight=False)
+        RunOptions(clock="virtual", delay_model=FIXED, jobs_per_client=2, cap_in_flight=False)
     with pytest.raises(ConfigError, match="jobs-per-client.*queues.*on purpose.*set cap-in-flight = false"):
         RunOptions(clock="wall", jobs_per_client=2)
     with pytest.raises(ConfigError, match="jobs_per_client=0 must be >= 1.*jobs-per-client"):
@@ -661,7 +661,7 @@ def test_dispatch_hold_never_waits_for_a_slow_buffer():
     original = strategy.on_arrival
     strategy.on_arrival = lambda arrival, current: (seen.append(round(arrival.time, 3)), original(arrival, current))[1]
     engine = make_engine(FakeGrid(2, plus_one), strategy, concurrency=2, max_arrivals=3, dispatch_hold=0.5,
-                         delays=DelayModel(FIXED.download, tiers, FIXED.upload))
+                         delay_model=DelayModel(FIXED.download, tiers, FIXED.upload))
     engine.run()
     durations = sorted(engine.delays.profile(c).train for c in range(2))
     assert seen[:2] == [pytest.approx(durations[0]), pytest.approx(2 * durations[0])]
@@ -692,7 +692,7 @@ def test_wall_clock_hold_covers_the_time_jobs_wait_to_start(reports_train_second
     strategy = FedBuff(buffer_size=2, server_lr=1.0)
     seen = _dispatch_versions(strategy)
     engine = make_engine(FakeGrid(2, handler, release=after_their_wait), strategy, clock="wall", concurrency=2,
-                         max_arrivals=4, dispatch_hold=0.1, job_timeout=30.0)
+                         max_arrivals=4, dispatch_hold=0.1, timeout=30.0)
     engine.run()
     assert [base for base, _ in seen[2:]] == second_wave_bases
 
@@ -707,7 +707,7 @@ def test_wall_clock_a_held_slot_goes_out_when_its_wait_is_over():
 
     grid = FakeGrid(2, plus_one, release=held_back)
     engine = make_engine(grid, FedBuff(buffer_size=2, server_lr=1.0), clock="wall", concurrency=2, max_arrivals=4,
-                         dispatch_hold=0.5, job_timeout=30.0)
+                         dispatch_hold=0.5, timeout=30.0)
     engine.run()
     assert engine.stats.arrivals == 4
     assert engine.stats.rejected == {}
@@ -747,7 +747,7 @@ def test_wall_clock_caps_jobs_in_flight_at_the_workers_parallelism_and_keeps_the
     # the cap keeps about 2 + 1 out; FedBuff's buffer is still the one for 8 in flight
     grid = TwoWorkers(8, train_s=0.3)  # long next to the engine loop's lag on a loaded machine
     strategy = FedBuff()
-    engine = make_engine(grid, strategy, clock="wall", concurrency=8, max_arrivals=32, job_timeout=30.0,
+    engine = make_engine(grid, strategy, clock="wall", concurrency=8, max_arrivals=32, timeout=30.0,
                          cap_in_flight=cap)
     grid.engine, engine._puller = engine, ThreadedPuller(grid, min_interval=0.002, max_interval=0.005)  # notice soon
     engine.run()
@@ -774,7 +774,7 @@ def test_every_run_end_says_why_in_summary_json(tmp_path):
     def broken(node, message):
         return Message(Error(code=1, reason="RuntimeError: broken"), reply_to=message)
 
-    common = dict(num_rounds=0, train_config=ConfigRecord({}), clock="virtual", delays="uniform-speed",
+    common = dict(num_rounds=0, train_config=ConfigRecord({}), clock="virtual", delay_model="uniform-speed",
                   max_arrivals=6, concurrency=2, output_dir=str(tmp_path))
     initial = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
     result = FedBuff(fraction_evaluate=0.0).start(FakeGrid(3, honest), initial, run_name="done", **common)

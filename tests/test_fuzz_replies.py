@@ -146,7 +146,7 @@ def test_mutated_replies_never_end_a_run_and_each_is_counted_by_its_reason(make)
     grid = FakeGrid(NODES, _fuzzing_client(seen, share=0.95))
     initial = _initial()
     result = make().start(grid, ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=0,
-                          train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=5,
+                          train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5,
                           max_arrivals=1500, concurrency=8)
     summary = result.summary
     rejected = Counter(summary["rejected-by-reason"])
@@ -178,7 +178,7 @@ def test_one_nodes_evaluation_reply_cannot_set_the_federated_metric():
     initial = _initial()
     result = FedBuff(fraction_evaluate=1.0).start(
         FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=2,
-        train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=5)
+        train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5)
     accuracies = [m["accuracy"] for m in result.evaluate_metrics_clientapp.values()]
     assert accuracies and all(a < 0.6 for a in accuracies)  # 101 weighs 3 x the median count (30 of 90 + 30)
     assert result.summary["evaluate-rejected-by-reason"]["bad-num-examples"] >= len(accuracies)  # 102: each time

@@ -79,7 +79,7 @@ def _run(strategy, **engine) -> dict[str, str]:
     digest = Digest()
     grid = FakeGrid(NODES, _client)
     result = digest.wrap(strategy).start(grid, _initial(), num_rounds=5, train_config=ConfigRecord({"lr": 0.1}),
-                                         clock="virtual", delays="fedrevive-default", seed=11, **engine)
+                                         clock="virtual", delay_model="fedrevive-default", seed=11, **engine)
     digest.add_requests(grid)
     final = result.arrays
     model = hashlib.sha256(final["w"].numpy().tobytes() + final["steps"].numpy().tobytes()).hexdigest()

@@ -74,7 +74,7 @@ def test_fedbuff_start_returns_flowers_result_keyed_by_round():
     # (update_norm_bound=0: "+1" on a model of ones moves it by its whole norm, which the bound's warm-up clips;
     # the bound has its own tests, here the arithmetic is checked)
     result = strategy.start(grid=grid, initial_arrays=initial_record(), num_rounds=3, clock="virtual",
-                            delays=FIXED, concurrency=2, train_config=ConfigRecord({"lr": 0.1}),
+                            delay_model=FIXED, concurrency=2, train_config=ConfigRecord({"lr": 0.1}),
                             evaluate_fn=server_evaluate, seed=1, update_norm_bound=0.0)
     # Assert: a Flower Result; 3 rounds = 3 x 4 updates (FedAvg's cohort on 4 nodes with fraction_train=1),
     # i.e. 6 FedBuff versions, each averaging two "+1" deltas
@@ -113,7 +113,7 @@ def test_num_rounds_buys_the_same_client_updates_for_every_strategy():
                      asyncfl.FedAsync(fraction_train=0.3, fraction_evaluate=0.0)):
         # Execute: 4 rounds, 5 jobs in flight for the asynchronous ones
         grid = FakeGrid(10, client)
-        result = strategy.start(grid, initial_record(), num_rounds=4, clock="virtual", delays=FIXED,
+        result = strategy.start(grid, initial_record(), num_rounds=4, clock="virtual", delay_model=FIXED,
                                 concurrency=None if strategy.synchronous else 5, evaluate_fn=server_evaluate)
         updates[type(strategy).__name__] = (result.summary["arrivals"], result.summary["server-versions"],
                                             sorted(result.evaluate_metrics_serverapp))
@@ -128,7 +128,7 @@ def test_same_seed_same_result_and_virtual_order():
         delays = DelayModel(FIXED.download, tiers, FIXED.upload)
         grid = FakeGrid(5, client, release=lambda waiting: list(reversed(waiting))[:1])
         result = FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
-            grid, initial_record(), num_rounds=6, clock="virtual", delays=delays, concurrency=3, seed=seed,
+            grid, initial_record(), num_rounds=6, clock="virtual", delay_model=delays, concurrency=3, seed=seed,
             evaluate_fn=server_evaluate)
         return {v: m["accuracy"] for v, m in result.evaluate_metrics_serverapp.items()}, result.summary
 
@@ -141,7 +141,7 @@ def test_same_seed_same_result_and_virtual_order():
 def test_fedavg_preset_uses_fraction_train_as_its_cohort():
     grid = FakeGrid(10, client)
     result = FedAvg(fraction_train=0.3, fraction_evaluate=0.0).start(
-        grid, initial_record(), num_rounds=2, clock="virtual", delays=FIXED)
+        grid, initial_record(), num_rounds=2, clock="virtual", delay_model=FIXED)
     train_requests = [m for m in grid.pushed if m.metadata.message_type == "train"]
     assert len(train_requests) == 6  # 2 rounds of int(0.3 * 10) = 3 nodes
     assert result.summary["staleness-max"] == 0
@@ -158,7 +158,7 @@ def test_bad_replies_are_rejected_and_counted_run_goes_on():
         return client(node, message)
 
     result = FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
-        FakeGrid(4, flaky), initial_record(), num_rounds=4, clock="virtual", delays=FIXED, concurrency=4)
+        FakeGrid(4, flaky), initial_record(), num_rounds=4, clock="virtual", delay_model=FIXED, concurrency=4)
     assert result.summary["arrivals"] == 16 and result.summary["server-versions"] == 16  # 4 rounds of 4 accepted
     assert result.summary["rejected-by-reason"]["error-reply"] >= 1
     assert result.summary["rejected-by-reason"]["wrong-layout"] >= 1
@@ -179,7 +179,7 @@ def test_custom_keys_and_metric_aggregation():
 
     result = FedBuff(buffer_size=2, fraction_evaluate=0.0, arrayrecord_key="weights", configrecord_key="cfg",
                      weighted_by_key="n", train_metrics_aggr_fn=count_replies).start(
-        FakeGrid(3, keyed), initial_record(), num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
+        FakeGrid(3, keyed), initial_record(), num_rounds=2, clock="virtual", delay_model=FIXED, concurrency=2)
     # a round is the 3 updates FedAvg would train on 3 nodes: the user's aggregation sees each round's replies
     assert result.train_metrics_clientapp == {1: MetricRecord({"replies": 3}), 2: MetricRecord({"replies": 3})}
     assert seen == [(3, "n"), (3, "n")]
@@ -205,11 +205,11 @@ def test_unknown_keyword_names_the_valid_ones():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(clock="virtual"), "delay model"),
     (dict(clock="sundial"), "clock"),
-    (dict(clock="virtual", delays="no-such-preset"), "preset"),
+    (dict(clock="virtual", delay_model="no-such-preset"), "preset"),
     (dict(num_rounds=0), "never stop"),
     (dict(evaluate_every=0), "evaluate_every"),
     (dict(round_deadline=1.0), "round-deadline"),
-    (dict(clock="virtual", delays="uniform-speed", pipeline_late_clients=True), "pipeline-late-clients"),
+    (dict(clock="virtual", delay_model="uniform-speed", pipeline_late_clients=True), "pipeline-late-clients"),
     (dict(overlap_server_compute=True, server_time_scale=1.0), "overlap"),
     (dict(emulate_delay_scale=1.0), "emulate_delay_scale"),
 ])
@@ -222,7 +222,7 @@ def test_start_validation_happens_before_any_message(kwargs, message):
 
 def test_run_folder_is_written_when_asked(tmp_path):
     FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
-        FakeGrid(2, client), initial_record(), num_rounds=2, clock="virtual", delays=FIXED, evaluate_fn=server_evaluate,
+        FakeGrid(2, client), initial_record(), num_rounds=2, clock="virtual", delay_model=FIXED, evaluate_fn=server_evaluate,
         output_dir=str(tmp_path), run_name="lib")
     folder = tmp_path / "lib"
     lines = (folder / "metrics.csv").read_text().splitlines()
@@ -259,7 +259,7 @@ def test_fedecho_distils_into_a_user_model():
                        fraction_evaluate=0.0,
                        fraction_train=0.5)  # a round = max(min_train_nodes=2, int(0.5 * 3)) = 2 updates
     # Execute
-    result = strategy.start(FakeGrid(3, shift), initial, num_rounds=2, clock="virtual", delays=FIXED, concurrency=2)
+    result = strategy.start(FakeGrid(3, shift), initial, num_rounds=2, clock="virtual", delay_model=FIXED, concurrency=2)
     # Assert: the user's layout comes back, distillation ran on every version, logits from every client kept
     final = result.arrays.to_torch_state_dict()
     assert list(final) == list(UserNet().state_dict())
@@ -304,7 +304,7 @@ def test_server_side_methods_name_the_missing_piece(build, message):
 def test_clock_scheduled_evaluation_as_the_builtin_app_uses_it(tmp_path):
     # evaluate_every=0 with evaluate_every_time=2: rows at t = 0, 2, 4 (jobs take 1 unit; 3 in flight)
     FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
-        FakeGrid(3, client), initial_record(), num_rounds=0, max_arrivals=12, clock="virtual", delays=FIXED,
+        FakeGrid(3, client), initial_record(), num_rounds=0, max_arrivals=12, clock="virtual", delay_model=FIXED,
         concurrency=3, evaluate_fn=server_evaluate, evaluate_every=0, evaluate_every_time=2.0,
         output_dir=str(tmp_path), run_name="clock")
     rows = (tmp_path / "clock" / "metrics.csv").read_text().splitlines()[1:]
@@ -325,7 +325,7 @@ def test_identity_query_only_where_the_client_order_matters():
     for clock, expected in (("wall", 0), ("virtual", 3)):
         grid = FakeGrid(3, client)
         FedBuff(buffer_size=1, fraction_evaluate=0.0).start(grid, initial_record(), num_rounds=1, clock=clock,
-                                                            delays=FIXED if clock == "virtual" else None)
+                                                            delay_model=FIXED if clock == "virtual" else None)
         assert sum(m.metadata.message_type == "query" for m in grid.pushed) == expected, clock
 
 
@@ -353,7 +353,7 @@ def test_the_worked_example_strategy_in_the_docs_runs_and_its_test_passes():
     namespace["test_capped_async_mixes_by_staleness_and_drops_the_stalest"]()
     # and the engine runs it: a seeded simulation over the fake Grid
     result = namespace["CappedAsync"](mixing=0.6).start(FakeGrid(4, client), initial_record(), num_rounds=2,
-                                                       clock="virtual", delays=FIXED, concurrency=2, seed=1)
+                                                       clock="virtual", delay_model=FIXED, concurrency=2, seed=1)
     assert result.summary["arrivals"] == 8 and "dropped" in result.summary
 
 
@@ -363,7 +363,7 @@ def test_rounds_count_from_one_and_a_run_shorter_than_a_round_reports_round_one(
     grid = FakeGrid(4, client)
     strategy = FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.5, min_evaluate_nodes=1)
     # Execute
-    result = strategy.start(grid, initial_record(), num_rounds=0, max_arrivals=3, clock="virtual", delays=FIXED,
+    result = strategy.start(grid, initial_record(), num_rounds=0, max_arrivals=3, clock="virtual", delay_model=FIXED,
                             concurrency=2, evaluate_fn=server_evaluate, evaluate_every=0, evaluate_every_time=1.0,
                             seed=1, update_norm_bound=0.0)
     # Assert: round 0 is the initial model's evaluation only; every point after an update is round 1, the partial
@@ -407,7 +407,7 @@ def test_an_interrupted_run_writes_a_summary_that_says_so(tmp_path, interrupt, r
     # Execute
     with pytest.raises((KeyboardInterrupt, SystemExit)):
         FedBuff(buffer_size=2, fraction_evaluate=0.0).start(
-            grid, initial_record(), num_rounds=5, clock="virtual", delays=FIXED, concurrency=2,
+            grid, initial_record(), num_rounds=5, clock="virtual", delay_model=FIXED, concurrency=2,
             evaluate_fn=server_evaluate, output_dir=str(tmp_path), run_name="run")
     # Assert: summary.json is written, says how the run ended and that it did not finish; SIGTERM's handler is gone
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -417,7 +417,7 @@ def test_an_interrupted_run_writes_a_summary_that_says_so(tmp_path, interrupt, r
 
 def test_a_finished_run_says_so(tmp_path):
     FedBuff(buffer_size=2, fraction_evaluate=0.0).start(
-        FakeGrid(4, client), initial_record(), num_rounds=1, clock="virtual", delays=FIXED, concurrency=2,
+        FakeGrid(4, client), initial_record(), num_rounds=1, clock="virtual", delay_model=FIXED, concurrency=2,
         evaluate_fn=server_evaluate, output_dir=str(tmp_path), run_name="run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stop-reason"] == "num-rounds 1 reached" and summary["finished"] is True
@@ -450,7 +450,7 @@ class FortyTwo(FedBuff):
 
 def _hooked_run(strategy, grid=None):
     grid = grid or FakeGrid(4, client)
-    return strategy.start(grid, initial_record(), num_rounds=3, clock="virtual", delays=FIXED, concurrency=2,
+    return strategy.start(grid, initial_record(), num_rounds=3, clock="virtual", delay_model=FIXED, concurrency=2,
                           evaluate_fn=server_evaluate, seed=1, update_norm_bound=0.0)
 
 
@@ -659,7 +659,7 @@ def test_the_partial_last_round_has_its_server_side_evaluation_when_it_made_no_n
 
     # Execute
     result = FedBuff(buffer_size=2, server_lr=1.0, fraction_evaluate=0.5, min_evaluate_nodes=1).start(
-        FakeGrid(4, client), initial_record(), num_rounds=0, max_arrivals=9, clock="virtual", delays=FIXED,
+        FakeGrid(4, client), initial_record(), num_rounds=0, max_arrivals=9, clock="virtual", delay_model=FIXED,
         concurrency=2, evaluate_fn=evaluate, seed=1, update_norm_bound=0.0)
     # Assert: round 3 is reported as train and federated results are, with round 2's score (the same model, not
     # scored twice)

@@ -39,9 +39,9 @@ def test_an_unknown_option_is_named_with_the_valid_ones_before_any_message():
 
 
 def test_names_change_an_options_object_and_leave_it_as_it_was():
-    base = RunOptions(clock="virtual", delays="uniform-speed", seed=3)
+    base = RunOptions(clock="virtual", delay_model="uniform-speed", seed=3)
     changed = RunOptions.from_keywords(base, seed=4)
-    assert (changed.clock, changed.delays, changed.seed) == ("virtual", "uniform-speed", 4)
+    assert (changed.clock, changed.delay_model, changed.seed) == ("virtual", "uniform-speed", 4)
     assert base.seed == 3
 
 
@@ -56,9 +56,9 @@ def test_an_options_object_runs_as_its_keywords_do():
         return [(m.metadata.dst_node_id, m.content.config_records["config"]["job-seed"]) for m in grid.pushed
                 if m.metadata.message_type == "train"], result.summary["arrivals"]
 
-    by_name = run(clock="virtual", delays="fedrevive-default", seed=5)
-    assert run(options=RunOptions(clock="virtual", delays="fedrevive-default", seed=5)) == by_name
-    assert run(options=RunOptions(clock="virtual", delays="fedrevive-default", seed=9), seed=5) == by_name
+    by_name = run(clock="virtual", delay_model="fedrevive-default", seed=5)
+    assert run(options=RunOptions(clock="virtual", delay_model="fedrevive-default", seed=5)) == by_name
+    assert run(options=RunOptions(clock="virtual", delay_model="fedrevive-default", seed=9), seed=5) == by_name
 
 
 @pytest.mark.parametrize("keywords, message", [
@@ -67,7 +67,7 @@ def test_an_options_object_runs_as_its_keywords_do():
     (dict(clock="virtual"), "delay model"),
     (dict(identify_nodes="yes"), "identify_nodes"),
     (dict(target_accuracy=(1.5,)), r"\(0, 1\]"),
-    (dict(max_time=-1.0), "max_time=-1.0 must be >= 0 .run-config max-virtual-time"),
+    (dict(max_time=-1.0), "max_time=-1.0 must be >= 0 .run-config max-time"),
     (dict(dispatch_hold=0.5, overlap_server_compute=True), "overlap-server-compute .* dispatch-hold"),
 ])
 def test_bad_options_are_refused_when_made(keywords, message):
@@ -81,9 +81,9 @@ def test_the_built_in_app_reads_the_same_options_from_its_run_config():
     assert (options.clock, options.concurrency, options.max_arrivals, options.seed) == (
         PYPROJECT["clock"], PYPROJECT["concurrency"], PYPROJECT["max-arrivals"], PYPROJECT["seed"])
     assert options.identify_nodes is True and options.evaluate_every == 0
-    assert options.evaluate_every_time == PYPROJECT["eval-every"] and options.target_accuracy == (0.8, 0.9)
+    assert options.evaluate_every_time == PYPROJECT["evaluate-every-time"] and options.target_accuracy == (0.8, 0.9)
     assert cfg.engine.max_time == options.max_time and cfg.engine.concurrency == options.concurrency
-    assert dataclasses.asdict(options)["delays"] == dataclasses.asdict(cfg.engine)["delays"]
+    assert dataclasses.asdict(options)["delay_model"] == dataclasses.asdict(cfg.engine)["delay_model"]
 
 
 @pytest.mark.parametrize("strategy", [asyncfl.FedAvg, asyncfl.CA2FL])
@@ -104,7 +104,7 @@ def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync(ca
 
     def holds(strategy, **how):
         result = strategy.start(FakeGrid(4, client), ArrayRecord({"w": Array(np.zeros(2, np.float32))}),
-                                num_rounds=3, clock="virtual", delays="uniform-speed", **how)
+                                num_rounds=3, clock="virtual", delay_model="uniform-speed", **how)
         return result.summary.get("held-dispatches", 0)
 
     held = holds(asyncfl.FedBuff(buffer_size=2))
@@ -117,3 +117,58 @@ def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync(ca
     assert holds(asyncfl.FedBuff(buffer_size=2), overlap_server_compute=True) == 0
     assert holds(asyncfl.CA2FL()) == 0
     assert parse_run_config(dict(PYPROJECT)).engine.dispatch_hold == 0.0  # the built-in app's studies: as published
+
+
+def _as_toml(default):
+    """A RunOptions default as pyproject.toml can write it (TOML has no None; a tuple of targets is a string)."""
+    return "" if default is None or default == () else default
+
+
+def test_one_name_and_one_default_per_option_from_start_to_the_run_config_to_the_engine():
+    from asyncfl.config import BUILTIN_APP_CHOICES, same_value
+    from asyncfl.options import RENAMED_KEYS, EngineConfig
+
+    start = inspect.signature(asyncfl.FedBuff.start).parameters
+    for spec in dataclasses.fields(RunOptions):
+        key = RunOptions.key_of(spec.name)
+        assert key == spec.name.replace("_", "-"), f"{spec.name}'s run-config key is {key}, not its name"
+        expected = BUILTIN_APP_CHOICES.get(key, _as_toml(spec.default))
+        assert same_value(PYPROJECT[key], expected), f"pyproject {key} = {PYPROJECT[key]!r}, declared {expected!r}"
+    # Flower's own start() parameter the built-in app sets: the same name as the key
+    assert PYPROJECT["timeout"] == BUILTIN_APP_CHOICES["timeout"] != start["timeout"].default
+    for key, value in BUILTIN_APP_CHOICES.items():  # each choice is an option's key and differs from its default
+        name = key.replace("-", "_")
+        default = start[name].default if name in start else _as_toml(RunOptions.__dataclass_fields__[name].default)
+        assert not same_value(value, default), f"{key} = {value!r} is the default: drop it from the choices"
+    # the engine's settings: an option's name, a start() parameter's, or what the run resolves (K's cohort, the
+    # delay preset's name); none has a name of its own
+    resolved = {"round_arrivals", "delay_preset"}
+    for spec in dataclasses.fields(EngineConfig):
+        assert spec.name in RunOptions.names() or spec.name in start or spec.name in resolved, spec.name
+    # no old spelling is left in the app's defaults or the shipped presets
+    presets = [tomllib.loads(path.read_text()) for path in sorted((ROOT / "conf").rglob("*.toml"))]
+    for keys in [PYPROJECT, *presets]:
+        assert not set(RENAMED_KEYS) & set(keys)
+
+
+def test_an_old_spelling_in_a_stored_config_or_a_start_keyword_is_read_as_its_new_name_with_one_line(caplog):
+    from asyncfl.run_config_args import run_config_sources
+
+    stored = {k: v for k, v in PYPROJECT.items() if k not in ("timeout", "max-time", "evaluate-every-time")}
+    with caplog.at_level("WARNING", logger="asyncfl"):
+        cfg = parse_run_config({**stored, "job-timeout": 45.0, "max-virtual-time": 7.0, "eval-every": 0.5})
+    assert (cfg.engine.timeout, cfg.engine.max_time, cfg.engine.evaluate_every_time) == (45.0, 7.0, 0.5)
+    notices = [r.getMessage() for r in caplog.records if "is now" in r.getMessage()]
+    assert notices == ["run-config: key 'max-virtual-time' is now 'max-time' (read as max-time=7.0)",
+                       "run-config: key 'eval-every' is now 'evaluate-every-time' (read as evaluate-every-time=0.5)",
+                       "run-config: key 'job-timeout' is now 'timeout' (read as timeout=45.0)"]
+    [(_, pairs)] = run_config_sources(["job-timeout=60.0 seed=3"])
+    assert pairs == {"timeout": 60.0, "seed": 3}
+    with pytest.raises(ConfigError, match="job-timeout=60.0 and timeout=30.0 are one setting .* keep timeout only"):
+        run_config_sources(["job-timeout=60.0 timeout=30.0"])
+    with caplog.at_level("WARNING", logger="asyncfl"):
+        options = RunOptions.from_keywords(clock="virtual", delays="uniform-speed")
+    assert options.delay_model == "uniform-speed"
+    assert "start(delays=...) is now start(delay_model=...)" in caplog.text
+    with pytest.raises(TypeError, match="pass delay_model= only"):
+        RunOptions.from_keywords(delays="uniform-speed", delay_model="uniform-speed")

@@ -4,7 +4,7 @@ why when it lasts too long (issue 56, "every run end says why").
 The outage grid stops answering once a chosen train job went out: every call raises httpx's ``ConnectError``, as a
 Grid call does when nothing listens on the SuperLink's address (Flower 1.42's own Grid retries that inside the call:
 ``RetryingOutageGrid`` does the same, through Flower's ``RetryInvoker``). It comes back once the outage has lasted
-longer than a job-timeout, so the jobs out at its start are past their timeout by then; a restarted SuperLink may
+longer than a timeout, so the jobs out at its start are past their timeout by then; a restarted SuperLink may
 have lost what it held, answering for those messages nothing at all or Flower's "unavailable" error reply.
 The tests wait on these conditions, never on a fixed sleep, and assert no timing.
 """
@@ -146,7 +146,7 @@ def _start(grid, tmp_path, **options):
 def test_an_outage_longer_than_a_job_timeout_is_waited_out_and_its_jobs_sent_again(tmp_path, grid_type, lost,
                                                                                     nodes_back_after):
     # Prepare: 2 nodes, one job out at a time (the outage's job holds the run until it is settled); the SuperLink
-    # goes away as soon as the 4th train job went out, for longer than a job-timeout
+    # goes away as soon as the 4th train job went out, for longer than a timeout
     grid = grid_type(2, honest, down_after=4, lost=lost, nodes_back_after=nodes_back_after)
     # Execute
     result = _start(grid, tmp_path)
@@ -253,10 +253,10 @@ def test_a_task_the_superlink_refuses_after_an_outage_is_named_in_the_stop_reaso
 def test_on_the_virtual_clock_an_outage_changes_nothing_the_seed_gives(lost):
     # Prepare: the same seeded run without and with an outage, from the 4th dispatch, whose restart loses the replies
     # the SuperLink held
-    baseline = make_engine(FakeGrid(4, plus_one), Recording(), max_arrivals=10, job_timeout=JOB_TIMEOUT)
+    baseline = make_engine(FakeGrid(4, plus_one), Recording(), max_arrivals=10, timeout=JOB_TIMEOUT)
     baseline.run()
     grid = OutageGrid(4, plus_one, down_after=4, lost=lost)
-    engine = make_engine(grid, Recording(), max_arrivals=10, job_timeout=JOB_TIMEOUT)
+    engine = make_engine(grid, Recording(), max_arrivals=10, timeout=JOB_TIMEOUT)
     # Execute
     engine.run()
     # Assert: the same arrivals in the same order (the lost jobs went out again as they were), none counted failing
@@ -280,7 +280,7 @@ def test_a_grid_error_that_is_no_outage_still_ends_the_run():
 def test_a_bad_outage_limit_is_refused_in_one_line(limit):
     with pytest.raises(ConfigError) as refused:
         Link(FakeGrid(1, honest), limit)
-    assert "\n" not in str(refused.value) and "job-timeout" in str(refused.value)
+    assert "\n" not in str(refused.value) and "timeout" in str(refused.value)
 
 
 def test_the_outage_limit_is_three_job_timeouts():

@@ -116,7 +116,7 @@ def run_stale_quadratic(server_lr: float, overshoot: float = 1.0, pace: str = "s
     strategy = strategy or FedBuff(buffer_size=1, server_lr=server_lr, pace=pace, fraction_evaluate=0.0)
     strategy.start(
         FakeGrid(8, train), ArrayRecord([np.ones(1, np.float32)]), num_rounds=20, clock="virtual",
-        delays="uniform-speed", evaluate_fn=evaluate, dispatch_hold=0.0)  # no hold: the delay stays 7 versions
+        delay_model="uniform-speed", evaluate_fn=evaluate, dispatch_hold=0.0)  # no hold: the delay stays 7 versions
     return seen
 
 

@@ -74,7 +74,7 @@ def _run(insecure_noise_seed=None, **options):
             insecure_noise_seed=insecure_noise_seed)
     grid = FakeGrid(8, _learner)
     result = dp.start(grid, ArrayRecord({"w": Array(np.zeros(64, np.float32))}), num_rounds=0,
-                      train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=1,
+                      train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=1,
                       max_arrivals=80, concurrency=4, **options)
     result.grid = grid
     return result
@@ -161,7 +161,7 @@ def _run_with_folder(folder, insecure_noise_seed):
     inner = _Unnoised(buffer_size=4, server_lr=1.0)
     dp = _Released(inner, noise_multiplier=1.0, clipping_norm=0.5, insecure_noise_seed=insecure_noise_seed)
     dp.start(FakeGrid(8, _learner), ArrayRecord({"w": Array(np.zeros(256, np.float32))}), num_rounds=0,
-             train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=0, max_arrivals=40,
+             train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=0, max_arrivals=40,
              concurrency=4, output_dir=str(folder.parent), run_name=folder.name, checkpoint_every=2,
              checkpoint_keep=5)
     return [released - step for released, step in zip(dp.released, inner.steps)]
@@ -295,7 +295,7 @@ def _client_side_run(with_mod: bool):
                                                     noise_multiplier=0.1, clipping_norm=0.5)
     grid = InProcessGrid(app, 4, {})
     result = dp.start(grid, ArrayRecord({"w": Array(np.zeros(64, np.float32))}), num_rounds=0,
-                      train_config=ConfigRecord({}), clock="virtual", delays="uniform-speed", seed=1,
+                      train_config=ConfigRecord({}), clock="virtual", delay_model="uniform-speed", seed=1,
                       max_arrivals=8, concurrency=2)
     return result.summary
 

@@ -21,7 +21,7 @@ from tests.netns import namespace_pair, netns_available
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 HEAD_IP, WORKER_IP, PORT = "10.79.0.1", "10.79.0.2", 6379
-SMALL = "dataset='digits' model='mlp' local-steps=10 concurrency=2 eval-every=2.0 progress=false"
+SMALL = "dataset='digits' model='mlp' local-steps=10 concurrency=2 evaluate-every-time=2.0 progress=false"
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +95,7 @@ def test_a_two_node_ray_cluster_runs_clientapps_on_both_nodes_and_survives_losin
     assert (tmp_path / "cluster" / "metrics.csv").read_bytes() == (tmp_path / "alone" / "metrics.csv").read_bytes()
     # 2. The worker node dies mid-run (its raylet and actors killed): the run still completes on the head.
     run = tmp_path / "loss"
-    process = _asyncfl_run(f"concurrency=2 max-arrivals=24 eval-every=2.0 progress=false output-dir='{tmp_path}' "
+    process = _asyncfl_run(f"concurrency=2 max-arrivals=24 evaluate-every-time=2.0 progress=false output-dir='{tmp_path}' "
                            "run-name='loss'", head, address, background=True)
     deadline = time.monotonic() + 300
     while _arrivals(run) < 8 and process.poll() is None and time.monotonic() < deadline:

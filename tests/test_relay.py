@@ -19,7 +19,7 @@ DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"][
 
 def run_relay(tmp_path, method, peers=6, **overrides):
     run_config = {**DEFAULTS, "strategy": method, "dataset": "digits", "model": "mlp", "optimizer": "sgd", "lr": 0.05,
-                  "local-steps": 3, "max-virtual-time": 4.0, "gossip.eval-points": 4, "gossip.out-degree": 2,
+                  "local-steps": 3, "max-time": 4.0, "gossip.eval-points": 4, "gossip.out-degree": 2,
                   "gossip.buffer-capacity": 2, "gossip.delayed-fraction": 0.2, "pushcen.k": 8,
                   "delay-model": "fedrevive-default", **overrides}
     cfg = parse_run_config(run_config)
@@ -89,12 +89,12 @@ def test_divshare_copies_send_each_fragment_to_that_many_neighbours(tmp_path):
     assert two["push-bytes-mean"] == pytest.approx(2 * two["message-bytes-mean"])
     assert one["push-bytes-mean"] == pytest.approx(2 * one["message-bytes-mean"])
     with pytest.raises(ConfigError, match=r"divshare.copies must be in \[1, gossip.out-degree = 2\]"):
-        parse_run_config({**DEFAULTS, "strategy": "divshare", "max-virtual-time": 5.0, "gossip.out-degree": 2,
+        parse_run_config({**DEFAULTS, "strategy": "divshare", "max-time": 5.0, "gossip.out-degree": 2,
                           "divshare.copies": 3})
     with pytest.raises(ConfigError, match="setting of strategy 'divshare'.*'pushcen'"):
-        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "divshare.copies": 2})
+        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-time": 5.0, "divshare.copies": 2})
     with pytest.raises(ConfigError, match="resume-from='runs/x': the gossip relay .pushcen. keeps no checkpoints"):
-        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "resume-from": "runs/x"})
+        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-time": 5.0, "resume-from": "runs/x"})
 
 
 def test_same_seed_same_gossip_metrics(tmp_path):
@@ -104,10 +104,10 @@ def test_same_seed_same_gossip_metrics(tmp_path):
 
 
 def test_gossip_needs_a_virtual_horizon():
-    with pytest.raises(ConfigError, match="max-virtual-time"):
-        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 0.0})
+    with pytest.raises(ConfigError, match="max-time"):
+        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-time": 0.0})
     with pytest.raises(ConfigError, match="pushcen.k"):
-        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-virtual-time": 5.0, "pushcen.k": 1})
+        parse_run_config({**DEFAULTS, "strategy": "pushcen", "max-time": 5.0, "pushcen.k": 1})
 
 
 def test_relay_writes_its_final_summary_itself_atomically(tmp_path):

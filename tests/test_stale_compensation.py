@@ -117,7 +117,7 @@ def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
     def plus_one(node, message):
         return trained_reply(message, codec.to_record(codec.decode(message.content.array_records["arrays"]) + 1.0))
 
-    config = RunOptions(clock="virtual", max_arrivals=2, evaluate_every_time=1.0, delays="uniform-speed").engine_config(
+    config = RunOptions(clock="virtual", max_arrivals=2, evaluate_every_time=1.0, delay_model="uniform-speed").engine_config(
         num_rounds=0, timeout=5.0, concurrency=2, round_arrivals=0, node_wait=0.0)
     strategy = LookAhead()
     AsyncEngine(FakeGrid(2, plus_one), strategy, codec, np.zeros(2, np.float32), config, {},

@@ -70,7 +70,7 @@ def test_bad_topology_and_cache_size_are_refused_before_anything_runs():
     from asyncfl.config import ConfigError, parse_run_config
     from tests.test_relay import DEFAULTS
 
-    base = {**DEFAULTS, "strategy": "swift", "max-virtual-time": 5.0}
+    base = {**DEFAULTS, "strategy": "swift", "max-time": 5.0}
     with pytest.raises(ConfigError, match="gossip.topology.*random, fixed"):
         parse_run_config({**base, "gossip.topology": "ring"})
     with pytest.raises(ConfigError, match="swift.cache-size"):

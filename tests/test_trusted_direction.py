@@ -156,7 +156,7 @@ def test_start_refuses_a_trusted_train_fn_that_is_not_a_function_before_any_mess
     grid = FakeGrid(4, lambda node, message: None)
     with pytest.raises(ConfigError, match="trusted_train_fn=.* must be a function"):
         FedBuff().start(grid, ArrayRecord({"w": Array(np.zeros(3, np.float32))}), num_rounds=1,
-                        train_config=ConfigRecord({}), clock="virtual", delays="uniform-speed",
+                        train_config=ConfigRecord({}), clock="virtual", delay_model="uniform-speed",
                         trusted_train_fn="trusted.py")
     assert grid.pushed == [] and grid.pull_calls == 0
 

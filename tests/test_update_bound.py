@@ -108,7 +108,7 @@ def test_huge_finite_updates_do_not_overflow_the_norm():
 def test_a_bound_at_or_below_the_typical_update_or_an_ignored_action_is_refused(options, says):
     with pytest.raises(ConfigError, match=says):
         FedBuff().start(FakeGrid(2, None), ArrayRecord({"w": Array(np.zeros(2, np.float32))}), num_rounds=1,
-                        clock="virtual", delays="uniform-speed", **options)
+                        clock="virtual", delay_model="uniform-speed", **options)
 
 
 # ---------------------------------------------------------------------------------------- one faulty node of eight
@@ -131,7 +131,7 @@ def _learner(faulty: set[int]):
 def _distance_after(strategy, faulty: set[int], **options) -> tuple[float, dict]:
     grid = FakeGrid(8, _learner(faulty))
     result = strategy.start(grid, ArrayRecord({"w": Array(np.full(16, 0.1, np.float32))}), num_rounds=0,
-                            train_config=ConfigRecord({}), clock="virtual", delays="fedrevive-default", seed=3,
+                            train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=3,
                             max_arrivals=240, concurrency=4, **options)
     return float(np.linalg.norm(result.arrays["w"].numpy() - TARGET)), result.summary
 

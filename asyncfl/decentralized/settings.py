@@ -46,7 +46,7 @@ class GossipConfig:
         if self.out_degree < 1 or self.buffer_capacity < 1 or self.eval_points < 1:
             raise ValueError("gossip.out-degree, gossip.buffer-capacity and gossip.eval-points must be >= 1")
         if not 0.0 <= self.delayed_fraction < 1.0 or self.horizon <= 0 or self.link_delay < 0:
-            raise ValueError("need 0 <= gossip.delayed-fraction < 1, max-virtual-time > 0 and gossip.link-delay >= 0")
+            raise ValueError("need 0 <= gossip.delayed-fraction < 1, max-time > 0 and gossip.link-delay >= 0")
         if not 0.0 < self.local_test_fraction < 1.0:
             raise ValueError(f"gossip.local-test-fraction must be in (0, 1), got {self.local_test_fraction}")
         if self.topology not in TOPOLOGIES:

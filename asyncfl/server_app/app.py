@@ -111,7 +111,7 @@ def main(grid: Grid, context: Context) -> None:
     log.info("asyncfl: strategy=%s dataset=%s model=%s clock=%s concurrency=%d -> %s", cfg.strategy,
              cfg.data.dataset, cfg.data.model, engine.clock, engine.concurrency, folder)
     result = strategy.start(
-        grid, initial_arrays, num_rounds=0, timeout=engine.job_timeout,
+        grid, initial_arrays, num_rounds=0, timeout=engine.timeout,
         train_config=ConfigRecord(cfg.train.to_message_config()),
         evaluate_fn=RecordEvaluator(evaluator, best_model_path=folder / BEST_MODEL_FILE),
         options=replace(cfg.options, output_dir=str(folder.parent), run_name=folder.name),

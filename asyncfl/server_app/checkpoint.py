@@ -167,7 +167,7 @@ FORMER_SETTING_NAMES = {"eval_every": "evaluate_every_time", "eval_every_rounds"
 def resume_settings(config) -> dict:
     """The engine settings a checkpoint records and a resumed run must match (``config``: an EngineConfig; the
     fields it marks to match on resume)."""
-    return {name: getattr(config, name) for name in config.resume_fields()} | {"delays": repr(config.delays)}
+    return {name: getattr(config, name) for name in config.resume_fields()} | {"delays": repr(config.delay_model)}
 
 
 #: Settings a resumed run takes from its checkpoint, with the least valid value of each.

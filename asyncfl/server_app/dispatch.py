@@ -75,8 +75,8 @@ class Dispatcher:
                      self.config.concurrency, len(nodes) * self.config.jobs_per_client, len(nodes),
                      self.config.jobs_per_client, "; nodes that join later get jobs too" if
                      self.clock.nodes_come_and_go else "")
-        # a node's first answer may wait for its worker to start: allow it as long as a job (job-timeout)
-        self.roster.start(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
+        # a node's first answer may wait for its worker to start: allow it as long as a job (timeout)
+        self.roster.start(nodes, max(self.config.wait_for_nodes, self.config.timeout))
         self.state.stats.unidentified_nodes = self.roster.unidentified
         self.slots.update_all()
         return list(self.roster.nodes)
@@ -188,7 +188,7 @@ class Dispatcher:
                 else self.state.versions.record(job.version)
             content = RecordDict({self.keys.arrays: arrays, self.keys.config: ConfigRecord(job.request)})
             messages.append(Message(content, dst_node_id=job.node_id, message_type=MessageType.TRAIN,
-                                    ttl=self.config.job_timeout))
+                                    ttl=self.config.timeout))
         pushing = time.monotonic()
         try:
             message_ids = list(self.grid.push_messages(messages)) if messages else []

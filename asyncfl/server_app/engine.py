@@ -110,7 +110,7 @@ class AsyncEngine:
         callbacks: Sequence[Callback] = (),
         trusted_direction: TrustedDirection | None = None,
     ) -> None:
-        grid = self.grid = guarded(grid, config.job_timeout)
+        grid = self.grid = guarded(grid, config.timeout)
         self.strategy = strategy
         self.codec = codec
         self.config = config
@@ -121,7 +121,7 @@ class AsyncEngine:
         self.keys = keys or MessageKeys()
         self.train_metrics = train_metrics
         self.federated_eval = federated_eval
-        self.delays = delay_sampler(config.delays, config.seed)
+        self.delays = delay_sampler(config.delay_model, config.seed)
         self.clock = clock_for(config, self.delays, grid)  # a job's timeout does not run while the SuperLink is away
         # where nodes come and go (a deployment) every node is asked at once; a simulation asks one first
         # (asyncfl.server_app.discovery)
@@ -173,7 +173,7 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> EngineStats:
-        """Run until ``max-arrivals`` accepted arrivals or ``max-virtual-time``."""
+        """Run until ``max-arrivals`` accepted arrivals or ``max-time``."""
         if not len(self.roster):
             self.dispatcher.discover_clients(len(self._resume["clients"]["sizes"]) if self._resume else 0)
         self._tell_owners()
@@ -196,7 +196,7 @@ class AsyncEngine:
                 if not state.in_flight:
                     self._wait_for_an_online_node()
                 job, reply = self._next_completion()
-                state.check_not_all_failing(self.config.concurrency, self.config.job_timeout)
+                state.check_not_all_failing(self.config.concurrency, self.config.timeout)
                 if self.config.max_time and job.finish > self.config.max_time:
                     state.now = self.config.max_time
                     self.score_until(state.now)
@@ -243,11 +243,11 @@ class AsyncEngine:
         return bool(self.config.max_arrivals) and self.stats.arrivals + 1 >= self.config.max_arrivals
 
     def _should_stop(self) -> bool:
-        max_arrivals, max_rounds = self.config.max_arrivals, self.config.max_rounds
+        max_arrivals, num_rounds = self.config.max_arrivals, self.config.num_rounds
         if max_arrivals and self.stats.arrivals >= max_arrivals:
             self.stop_reason = f"max-arrivals {max_arrivals} reached"
-        elif max_rounds and self.round >= max_rounds:
-            self.stop_reason = f"num-rounds {max_rounds} reached"
+        elif num_rounds and self.round >= num_rounds:
+            self.stop_reason = f"num-rounds {num_rounds} reached"
         return self.stop_reason != "running"
 
     @property
@@ -285,7 +285,7 @@ class AsyncEngine:
             self.dispatcher.refresh_nodes()
             self._tell_owners()
             picked = self.clock.pick(self.state.in_flight, self.state.inbox, self.roster.online, self.state.now,
-                                     self.config.job_timeout)
+                                     self.config.timeout)
             if picked is not None:
                 self._pacer.progress()
                 return picked
@@ -306,7 +306,7 @@ class AsyncEngine:
         try:
             base = job.sent_model if job.sent_model is not None else self.versions.model(job.version)
             outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
-                                 self.config.job_timeout)
+                                 self.config.timeout)
             if isinstance(outcome, Arrival):
                 outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
                 self.slots.recheck_held_back()
@@ -396,7 +396,7 @@ class AsyncEngine:
                           self.clients, rounds_done=done)
 
     def score_until(self, clock: float) -> None:
-        """Step 7 on the clock's schedule: score every ``eval-every`` point up to ``clock``."""
+        """Step 7 on the clock's schedule: score every ``evaluate-every-time`` point up to ``clock``."""
         passed = self.scoring.until(clock, self._model_state)
         if self._journaling and passed:
             # a replay passes these points here, between the same events: on the wall clock a point can be

@@ -58,7 +58,7 @@ class EngineState:
     # clients whose jobs failed since the last accepted update: the run stops only once every job out is theirs
     # (not saved: a resumed run starts a new streak)
     failing_clients: set = field(default_factory=set)
-    expired_jobs: int = 0  # lost to job-timeout, or replies Flower dropped as older than their TTL
+    expired_jobs: int = 0  # lost to timeout, or replies Flower dropped as older than their TTL
     rounds_closed: int = 0  # rounds whose end was handled (train metrics, round-scheduled evaluation)
     # what configure_train said for a round: (round, client -> config, default)
     round_configs: tuple[int, dict[int, dict], dict] | None = None
@@ -89,7 +89,7 @@ class EngineState:
         self.failures_in_a_row += 1
         self.failing_clients.add(job.client)
 
-    def check_not_all_failing(self, concurrency: int, job_timeout: float) -> None:
+    def check_not_all_failing(self, concurrency: int, timeout: float) -> None:
         """Abort when every one of many consecutive jobs failed and every job still out went to a client that
         failed in that streak: a broken ClientApp (or every node unreachable), not bad luck, and not one fast
         node that sends junk while the others' jobs are out. Jobs a SuperLink outage lost are not in the streak."""
@@ -98,8 +98,8 @@ class EngineState:
                                                     for job in self.in_flight.values()):
             rejected = dict(self.stats.rejected)
             hint = (f"; most of them ran out of time (no reply, or Flower dropped a reply older than its message's "
-                    f"TTL = job-timeout = {job_timeout:g} s): if the ClientApps are slow rather than broken, raise "
-                    "job-timeout" if self.expired_jobs * 2 >= sum(rejected.values()) else "")
+                    f"TTL = timeout = {timeout:g} s): if the ClientApps are slow rather than broken, raise "
+                    "timeout" if self.expired_jobs * 2 >= sum(rejected.values()) else "")
             raise ClientAppsFailing(f"the last {limit} jobs all failed (rejected: {rejected}); "
                                     f"check the ClientApp logs: the run cannot make progress{hint}")
 

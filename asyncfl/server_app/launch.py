@@ -231,7 +231,7 @@ class _Run:
                                        auto_hold=strategy.auto_dispatch_hold)
         server_eval = ServerEvaluation(evaluate_fn, codec) if evaluate_fn is not None else None
         train_metrics = TrainMetrics(flower.weighted_by_key, flower.train_metrics_aggr_fn, callbacks)
-        # from here on every Grid call waits out a SuperLink outage, up to 3 x job-timeout (transport.Link)
+        # from here on every Grid call waits out a SuperLink outage, up to 3 x timeout (transport.Link)
         link = Link(grid, outage_limit(timeout))
         federated = (FederatedEvaluation(link, flower, dict(evaluate_config or {}), options.seed, timeout, strategy,
                                          callbacks) if flower.evaluates_on_clients else None)
@@ -298,7 +298,7 @@ class _Run:
         """``summary.json`` (and ``AsyncResult.summary``) as of now."""
         engine, config, strategy = self.engine, self.config, self.strategy
         rows = engine.stats.evaluations
-        affected = getattr(config.delays, "affected_class", None)  # the intertwined scenario's late class
+        affected = getattr(config.delay_model, "affected_class", None)  # the intertwined scenario's late class
         extra = {**(strategy.summary() or {}), **(affected_class_summary(rows, affected) if affected is not None else {})}
         out = run_summary(self.name, engine.stats, engine.versions.version, extra, engine.now, rows,
                           config.target_accuracy, self.started)

@@ -73,7 +73,7 @@ class GossipRelay:
     gossip : GossipConfig
         Method and relay knobs.
     engine_config : EngineConfig
-        Seed, delays, timeouts (``max-virtual-time`` is the horizon).
+        Seed, delays, timeouts (``max-time`` is the horizon).
     train_config : dict
         Local-training keys forwarded to the peers.
     folder : Path
@@ -87,7 +87,7 @@ class GossipRelay:
         self.train_config = dict(train_config)
         self.folder = folder
         self.stats = RelayStats()
-        self.delays = delay_sampler(engine_config.delays, engine_config.seed)
+        self.delays = delay_sampler(engine_config.delay_model, engine_config.seed)
         self.rng = np.random.default_rng([engine_config.seed, 11])
         self.peers: list[int] = []
         self.unidentified = 0
@@ -111,7 +111,7 @@ class GossipRelay:
         if len(nodes) < 2:
             raise TooFewPeers("gossip needs at least two peers (SuperNodes)")
         roster = Roster(self.grid, self.delays, identify=True)  # peers ordered by partition id; delays bound
-        roster.start(nodes, max(self.config.wait_for_nodes, self.config.job_timeout))
+        roster.start(nodes, max(self.config.wait_for_nodes, self.config.timeout))
         self.unidentified = roster.unidentified
         self.peers = roster.nodes
         n = len(self.peers)
@@ -184,7 +184,7 @@ class GossipRelay:
         content = RecordDict({"config": ConfigRecord(config)})
         for index, (_, entry) in enumerate(drained):
             content[f"msg-{index}"] = entry.payload
-        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.config.job_timeout)
+        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.config.timeout)
         message_id = next(iter(self.grid.push_messages([message])))
         self._schedule(at + self.delays.job_duration(peer), "finish", peer)
         return message_id, out_degree, receivers
@@ -235,7 +235,7 @@ class GossipRelay:
     def _wait_for(self, message_id: str) -> Message | None:
         started = time.perf_counter()
         try:
-            return wait_for_reply(self.grid, message_id, self.config.job_timeout, self._pacer)
+            return wait_for_reply(self.grid, message_id, self.config.timeout, self._pacer)
         finally:
             self.stats.relay_seconds -= time.perf_counter() - started
 

@@ -1,6 +1,6 @@
 """When the global model is scored, and the row each score becomes.
 
-The model is scored at every multiple of ``eval-every`` clock time, at the end of every
+The model is scored at every multiple of ``evaluate-every-time`` clock time, at the end of every
 ``evaluate_every`` rounds, at the start and at the end, and never twice for the same
 version and test data (a repeated point reuses the last score, also for the round it falls in).
 Each point also sends the model out for federated evaluation once per round, when a strategy

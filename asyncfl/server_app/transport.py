@@ -75,7 +75,7 @@ def wait_for_reply(grid, message_id: str, timeout: float, pacer: PollPacer | Non
 
 
 # ------------------------------------------------------------------------------------------------ outages
-#: A SuperLink that cannot be reached for longer than this many job-timeouts ends the run ("superlink unreachable").
+#: A SuperLink that cannot be reached for longer than this many timeouts ends the run ("superlink unreachable").
 OUTAGE_JOB_TIMEOUTS = 3
 #: Seconds between two tries of a Grid call while the SuperLink cannot be reached: the first wait, doubling up to
 #: the longest (never more than an eighth of the outage limit, so the run ends within 1/8 of it).
@@ -94,13 +94,13 @@ OBJECT_ERRORS = (ObjectPushError, ObjectPullError, ObjectUnavailableError)
 
 class SuperLinkUnreachable(RunFailed):
     """The SuperLink could not be reached for longer than the outage limit (:data:`OUTAGE_JOB_TIMEOUTS` x
-    ``job-timeout``)."""
+    ``timeout``)."""
 
 
-def outage_limit(job_timeout: float) -> float:
-    """Seconds a run waits for an unreachable SuperLink before it ends: :data:`OUTAGE_JOB_TIMEOUTS` x ``job-timeout``
-    (a job-timeout of ``inf`` waits for ever, as Flower's own Grid does)."""
-    return OUTAGE_JOB_TIMEOUTS * job_timeout
+def outage_limit(timeout: float) -> float:
+    """Seconds a run waits for an unreachable SuperLink before it ends: :data:`OUTAGE_JOB_TIMEOUTS` x ``timeout``
+    (a timeout of ``inf`` waits for ever, as Flower's own Grid does)."""
+    return OUTAGE_JOB_TIMEOUTS * timeout
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -155,7 +155,7 @@ class Link:
     def __init__(self, grid, limit: float) -> None:
         if not limit > 0:  # NaN too
             raise ConfigError(f"the SuperLink outage limit is {limit!r} s: it must be > 0 ({OUTAGE_JOB_TIMEOUTS} x "
-                              "job-timeout; a job-timeout must be a number of seconds > 0)")
+                              "timeout; a timeout must be a number of seconds > 0)")
         self.inner, self.limit = grid, float(limit)
         self.outages, self.retries, self.outage_seconds = 0, 0, 0.0
         self.spans: deque[tuple[float, float]] = deque(maxlen=256)  # (start, end), time.monotonic(): past outages
@@ -231,13 +231,13 @@ class Link:
                 self._down_since = now
                 self.outages += 1
                 self._up.clear()
-                log.warning("the SuperLink cannot be reached (%s: %s): waiting for it, up to %.0fs (%d x job-timeout); "
+                log.warning("the SuperLink cannot be reached (%s: %s): waiting for it, up to %.0fs (%d x timeout); "
                             "jobs out meanwhile are not counted as their clients' failures", type(exc).__name__,
                             str(exc)[:200], self.limit, OUTAGE_JOB_TIMEOUTS)
             down = now - self._down_since
             if down > self.limit and self._gave_up is None:
                 self._gave_up = (f"no Grid call got through for {down:.0f}s, longer than the outage limit of "
-                                 f"{self.limit:g}s ({OUTAGE_JOB_TIMEOUTS} x job-timeout); last error: "
+                                 f"{self.limit:g}s ({OUTAGE_JOB_TIMEOUTS} x timeout); last error: "
                                  f"{type(exc).__name__}: {str(exc)[:200]}")
         self._raise_if_given_up()
 
@@ -349,6 +349,6 @@ class Link:
             invoker.on_backoff, invoker.on_success, invoker.should_giveup = backoff, success, giveup
 
 
-def guarded(grid, job_timeout: float) -> Link:
-    """``grid`` as a :class:`Link` (itself if it is one), its outage limit :func:`outage_limit` of ``job_timeout``."""
-    return grid if isinstance(grid, Link) else Link(grid, outage_limit(job_timeout))
+def guarded(grid, timeout: float) -> Link:
+    """``grid`` as a :class:`Link` (itself if it is one), its outage limit :func:`outage_limit` of ``timeout``."""
+    return grid if isinstance(grid, Link) else Link(grid, outage_limit(timeout))

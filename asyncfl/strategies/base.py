@@ -165,7 +165,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
             each update then loses any component against that descent (:mod:`~asyncfl.server_app.trusted_direction`).
         **option_keywords
             Any :class:`~asyncfl.options.RunOptions` field by name (``clock="virtual"``,
-            ``delays="fedrevive-default"``, ``seed=1``, ...), changing ``options`` or the defaults.
+            ``delay_model="fedrevive-default"``, ``seed=1``, ...), changing ``options`` or the defaults.
             An unknown name raises ``TypeError`` listing the valid ones; invalid values raise
             :class:`~asyncfl.strategies.settings.ConfigError` before any message is sent.
 

@@ -41,7 +41,7 @@ from asyncfl.deploy.local import LocalDeployment  # noqa: E402
 from benchmarks.cpu_usage import TreeCpu  # noqa: E402
 
 NODES = 4
-COMMON = "progress=false clock='wall' eval-every=1000.0 wait-for-nodes=60.0"
+COMMON = "progress=false clock='wall' evaluate-every-time=1000.0 wait-for-nodes=60.0"
 
 
 def _submit(deployment: LocalDeployment, overrides: str, app: Path | None = None) -> tuple[float, dict]:

@@ -40,8 +40,8 @@ def main() -> None:
     out = ROOT / "benchmarks" / "docker" / "runs"
     work = ROOT / ".flwr-docker" / "benchmark"
     shutil.rmtree(work, ignore_errors=True)
-    overrides = (f"strategy='{args.strategy}' concurrency={args.clients} max-arrivals={args.arrivals} eval-every=30.0 "
-                 f"progress=false job-timeout=600.0 wait-for-nodes=120.0 run-name='{args.run_name}' {args.extra}")
+    overrides = (f"strategy='{args.strategy}' concurrency={args.clients} max-arrivals={args.arrivals} evaluate-every-time=30.0 "
+                 f"progress=false timeout=600.0 wait-for-nodes=120.0 run-name='{args.run_name}' {args.extra}")
     started = time.monotonic()
     with DockerDeployment(args.clients, name="asyncfl-bench", workdir=work, cpus_per_client=tiers) as deployment:
         flwr = deployment.submit(ROOT, [overrides], stream=False)

@@ -111,7 +111,7 @@ def run_cell(cell: dict) -> dict:
         keywords, run_options = split_run_options(keywords)
         cls = scheduled({"fedbuff": asyncfl.FedBuff, "fedasync": asyncfl.FedAsync}[name])
         summary = cls(fraction_train=config["fraction-train"], fraction_evaluate=0.0, **keywords).start(
-            **common, clock="virtual", delays=cell["delays"], seed=seed, **run_options).summary
+            **common, clock="virtual", delay_model=cell["delays"], seed=seed, **run_options).summary
     accuracies = [round(curve[r], 4) for r in sorted(curve)]
     return {**cell, "curve": accuracies, "final": accuracies[-1], "best": max(accuracies),
             "collapsed": collapsed(accuracies), "updates": summary.get("arrivals"),

@@ -43,7 +43,7 @@ def schedule(delays: str, hold: float, seed: int) -> tuple[float, int, float]:
 
     result = asyncfl.FedBuff(fraction_train=0.25, fraction_evaluate=0.0).start(
         InProcessGrid(echo, 50, {}), ArrayRecord({"w": Array(np.zeros(2, np.float32))}), num_rounds=10,
-        clock="virtual", delays=delays, seed=seed, dispatch_hold=hold)
+        clock="virtual", delay_model=delays, seed=seed, dispatch_hold=hold)
     summary = result.summary
     return summary["final-time"], summary.get("held-dispatches", 0), summary["staleness-mean"]
 

@@ -225,7 +225,7 @@ def run_cell(cell: dict) -> dict:
             try:
                 trusted = (trusted_program(app, optimizer, lr, SETTING_NODES.get(cell["setting"], NODES))
                            if cell.get("trusted") else None)
-                summary = strategy.start(**common, clock="virtual", delays=cell.get("delays", DELAYS), seed=seed,
+                summary = strategy.start(**common, clock="virtual", delay_model=cell.get("delays", DELAYS), seed=seed,
                                          output_dir=folder, run_name="run", trusted_train_fn=trusted,
                                          **ENGINE.get(cell["strategy"].partition(":")[0], {}),
                                          **split_run_options(parse_strategy(cell["strategy"])[1])[1]).summary

@@ -39,7 +39,7 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=global_evaluate,
         # simulated time: job durations drawn from the FedRevive paper's delay model, replies accepted in that
         # order whatever order Ray finishes them in; same seed, same metrics
-        clock="virtual", delays="fedrevive-default", seed=config["seed"], concurrency=config["concurrency"],
+        clock="virtual", delay_model="fedrevive-default", seed=config["seed"], concurrency=config["concurrency"],
         output_dir=config["output-dir"], run_name=config["run-name"],
     )
     print(f"final accuracy {result.evaluate_metrics_serverapp[max(result.evaluate_metrics_serverapp)]['accuracy']:.3f}, "
