@@ -29,8 +29,7 @@ from asyncfl.deploy.builtin_app import builtin_app_folder, is_builtin_app, is_fl
 from asyncfl.deploy.processes import TlsFiles
 from asyncfl.deploy.simulation import check_ray_address, run_app, stream_to_end
 from asyncfl.resume_args import DEFAULT_SUPERNODES, RESUMABLE_KEYS, resume_run_config, write_resume_run_config
-from asyncfl.run_config_args import (check_node_count, check_run_config, flwr_run_config, merge_run_config,
-                                     run_config_sources)
+from asyncfl.run_config_args import app_overrides, check_node_count, check_run_config, flwr_run_config
 
 #: The built-in app's keys most runs set, listed by ``asyncfl run --help``.
 COMMON_KEYS = ("strategy", "concurrency", "max-arrivals", "max-time", "dataset", "model", "lr", "seed",
@@ -254,7 +253,7 @@ def _fresh(parser: argparse.ArgumentParser, args) -> tuple[dict, list[str], int]
     num_supernodes = args.num_supernodes or DEFAULT_SUPERNODES
     try:
         fused = check_run_config(args.app, args.run_config, num_supernodes)
-        return fused, flwr_run_config(merge_run_config(run_config_sources(args.run_config))), num_supernodes
+        return fused, flwr_run_config(app_overrides(args.app, args.run_config)[1]), num_supernodes
     except ValueError as exc:
         parser.error(f"invalid run-config: {exc}")
 
@@ -300,6 +299,7 @@ def _deploy(parser: argparse.ArgumentParser, args) -> int:
     try:
         run_config = deployment_run_config(args.app, args.run_config)
         check_run_config(args.app, run_config)
+        run_config = flwr_run_config(app_overrides(args.app, run_config)[1])  # old key spellings read as the new
     except ValueError as exc:
         parser.error(f"invalid run-config: {exc}")
     try:
@@ -421,6 +421,7 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
             if any(item.endswith(".toml") for item in run_config):
                 raise ValueError("asyncfl docker up takes key=value overrides only")
             check_run_config(args.app, [f"clock='wall' output-dir='{args.workdir.resolve()}'"] + run_config)
+            run_config = flwr_run_config(app_overrides(args.app, run_config)[1])  # old key spellings read as the new
         except ValueError as exc:
             parser.error(str(exc))
     try:

@@ -40,11 +40,11 @@ OPTIMIZERS = ("sgd", "adam")
 BUILTIN_APP_CHOICES = {
     "clock": "virtual", "delay-model": "fedrevive-default", "seed": 42,  # a seeded simulation
     "concurrency": 10, "max-arrivals": 300,  # stops by itself; K = 10 of the SuperNodes in flight
-    # scored by the clock: the built-in app's runs have no Flower rounds
-    "evaluate-every": 0, "evaluate-every-time": 2.0, "target-accuracy": "0.8,0.9",
-    "progress": True, "output-dir": "outputs", "checkpoint-every": 10,  # written as it goes, resumable
-    # its own ClientApp answers the identity query, so it asks on either clock
-    "identify-nodes": True, "wait-for-nodes": 30.0, "timeout": 300.0,
+    "evaluate-every": 0, "evaluate-every-time": 2.0,  # scored by the clock: its runs have no Flower rounds
+    "target-accuracy": "0.8,0.9", "progress": True,  # time-to-target figures; a progress line every 2 s
+    "output-dir": "outputs", "checkpoint-every": 10,  # written as it goes, resumable
+    "identify-nodes": True,  # its own ClientApp answers the identity query, so it asks on either clock
+    "wait-for-nodes": 30.0, "timeout": 300.0,  # simulated nodes connect at once and jobs take seconds
     "dispatch-hold": 0.0,  # the studies' stored runs ran without FedBuff's hold (the library's FedBuff: 0.1)
 }
 

@@ -39,8 +39,11 @@ RENAMED_KEYS = {"max-virtual-time": "max-time", "eval-every": "evaluate-every-ti
 RENAMED_KEYWORDS = {"delays": "delay_model"}
 
 
-def current_keys(config: Mapping[str, Any], where: str = "run-config") -> dict[str, Any]:
-    """``config`` with every old spelling of :data:`RENAMED_KEYS` under its current key, each said in one line.
+def current_keys(config: Mapping[str, Any], where: str = "run-config",
+                 known: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``config`` with every old spelling of :data:`RENAMED_KEYS` under its current key, each said in one line
+    (once per process and place). ``known``: the app's keys; then only a key the app does not have, whose new
+    name it has, is renamed (another Flower app may have a key of its own spelled so).
 
     Raises
     ------
@@ -49,15 +52,31 @@ def current_keys(config: Mapping[str, Any], where: str = "run-config") -> dict[s
     """
     current = dict(config)
     for old, new in RENAMED_KEYS.items():
-        if old not in current:
+        if old not in current or (known is not None and (old in known or new not in known)):
             continue
         value = current.pop(old)
         if new in current and current[new] != value:
             raise ConfigError(f"{where}: {old}={value!r} and {new}={current[new]!r} are one setting ({old} is its "
                               f"old name): keep {new} only")
         current[new] = value
-        log.warning("%s: key %r is now %r (read as %s=%r)", where, old, new, new, value)
+        if (where, old) not in _SAID:
+            _SAID.add((where, old))
+            log.warning("%s: key %r is now %r (read as %s=%r)", where, old, new, new, value)
     return current
+
+
+_SAID: set[tuple[str, str]] = set()
+
+
+def _renamed_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+    """``keywords`` with every old name of :data:`RENAMED_KEYWORDS` under its new one, said in one line."""
+    for old, new in RENAMED_KEYWORDS.items():
+        if old in keywords:
+            if new in keywords:
+                raise TypeError(f"{old}= and {new}= are one option ({old} is its old name): pass {new}= only")
+            log.warning("RunOptions / start(%s=...) is now %s=...", old, new)
+            keywords[new] = keywords.pop(old)
+    return keywords
 
 
 @dataclass(frozen=True)
@@ -192,6 +211,11 @@ class RunOptions(Knobs):
     update_norm_bound: float = knob(3.0, minimum=0)
     update_norm_action: str = knob("clip", choices=UPDATE_NORM_ACTIONS)
 
+    @property
+    def delays(self) -> Any:
+        """The old name of :attr:`delay_model` (still read)."""
+        return self.delay_model
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """The options' names: ``Strategy.start``'s keyword arguments after Flower's seven."""
@@ -201,12 +225,7 @@ class RunOptions(Knobs):
     def from_keywords(cls, base: "RunOptions | None" = None, **keywords: Any) -> "RunOptions":
         """``base`` (default: the defaults) with ``keywords`` changed; an unknown name lists the valid ones, an old
         name (:data:`RENAMED_KEYWORDS`) is read as its new one with a line saying so."""
-        for old, new in RENAMED_KEYWORDS.items():
-            if old in keywords:
-                if new in keywords:
-                    raise TypeError(f"{old}= and {new}= are one option ({old} is its old name): pass {new}= only")
-                log.warning("start(%s=...) is now start(%s=...)", old, new)
-                keywords[new] = keywords.pop(old)
+        keywords = _renamed_keywords(keywords)
         unknown = sorted(set(keywords) - set(cls.names()))
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(cls.names())}")
@@ -329,6 +348,16 @@ class RunOptions(Knobs):
         as_set = {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(EngineConfig)
                   if spec.name in self.names() and spec.name not in resolved}  # one name from start() to the engine
         return EngineConfig(**as_set, **resolved)
+
+
+_generated_init = RunOptions.__init__
+
+
+def _init_with_old_names(self: RunOptions, *args: Any, **keywords: Any) -> None:
+    _generated_init(self, *args, **_renamed_keywords(keywords))  # RunOptions(delays=...)
+
+
+RunOptions.__init__ = _init_with_old_names  # type: ignore[method-assign]
 
 
 def _whole(name: str, value: Any, minimum: int, optional: bool = False, key: str | None = "") -> None:

@@ -45,7 +45,7 @@ def resume_run_config(folder: Path, overrides: list[str], num_supernodes: int | 
     from asyncfl.options import current_keys
 
     saved = current_keys(read_run_config(folder), where=str(folder / RUN_CONFIG_FILE))  # a run stored before a rename
-    changes = merge_run_config(run_config_sources(overrides))
+    changes = current_keys(merge_run_config(run_config_sources(overrides)), where="-c")
     try:
         refuse_resume_changes(saved, changes)
         refuse_finished_unchanged(folder, saved, changes)

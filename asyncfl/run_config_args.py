@@ -21,13 +21,8 @@ def run_config_sources(run_config: list[str]) -> list[tuple[str | None, dict]]:
     ------
     ValueError
         In one line, for a file that cannot be read or a pair Flower's parser would refuse.
-
-    A key under an old name (:data:`asyncfl.options.RENAMED_KEYS`) is read as its new one, said in one line.
     """
-    from asyncfl.options import current_keys
-
-    return [(item, current_keys(_read_toml(item), where=item)) if item.endswith(".toml")
-            else (None, current_keys(parse_pairs(item), where=f"-c {item!r}")) for item in run_config]
+    return [(item, _read_toml(item)) if item.endswith(".toml") else (None, parse_pairs(item)) for item in run_config]
 
 
 def _read_toml(path: str) -> dict:
@@ -95,6 +90,23 @@ def _bad_pair_message(item: str) -> str:
             return f"{token}: a string value needs quotes (as for flwr run): -c \"{key}='{value}'\""
     return (f"-c {item!r} is not key=value pairs TOML can read: numbers, true/false, or quoted strings "
             "such as -c \"strategy='fedasync'\"")
+
+
+def app_overrides(app_dir: Path, run_config: list[str]) -> tuple[list[tuple[str | None, dict]], dict]:
+    """The ``-c`` arguments' sources and their merged overrides for the app in ``app_dir``. For asyncfl's built-in
+    app, a key under an old name (:data:`asyncfl.options.RENAMED_KEYS`) that its pyproject has under the new one
+    is read as the new one (said in one line); another app's keys are its own. What ``flwr run`` gets
+    (:func:`flwr_run_config`) and what is checked are the same."""
+    from flwr.common.config import flatten_dict, get_project_config
+
+    from asyncfl.options import current_keys
+
+    sources = run_config_sources(run_config)
+    merged = merge_run_config(sources)
+    if not is_builtin_app(app_dir):
+        return sources, merged
+    known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+    return sources, current_keys(merged, where="-c", known=known)
 
 
 def merge_run_config(sources: list[tuple[str | None, dict]]) -> dict:
@@ -195,8 +207,7 @@ def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int |
     """
     from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config
 
-    sources = run_config_sources(run_config)
-    overrides = merge_run_config(sources)
+    sources, overrides = app_overrides(app_dir, run_config)
     known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
     for key in overrides:
         if key not in known:

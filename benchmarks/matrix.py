@@ -769,8 +769,10 @@ def run_in_process(config: dict, supernodes: int) -> None:
     from asyncfl.server_app.app import main as server_main
     from asyncfl.simulation.inprocess import InProcessGrid
 
+    from asyncfl.options import current_keys
+
     run_config = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
-    run_config.update(config)
+    run_config.update(current_keys(config, where="stored run-config"))  # a run stored before a key was renamed
     grid = InProcessGrid(client_app, supernodes, run_config)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
 

@@ -243,7 +243,7 @@ def test_a_toml_file_and_key_value_pairs_combine_a_later_one_winning(tmp_path, n
 def test_every_preset_reaches_flwr_run_as_it_reads(preset):
     from flwr.common.config import parse_config_args
 
-    from asyncfl.cli import flwr_run_config, merge_run_config, run_config_sources
+    from asyncfl.run_config_args import flwr_run_config, merge_run_config, run_config_sources
 
     merged = merge_run_config(run_config_sources([str(ROOT / preset)]))
     assert parse_config_args(flwr_run_config(merged)) == merged

@@ -151,24 +151,36 @@ def test_one_name_and_one_default_per_option_from_start_to_the_run_config_to_the
         assert not set(RENAMED_KEYS) & set(keys)
 
 
-def test_an_old_spelling_in_a_stored_config_or_a_start_keyword_is_read_as_its_new_name_with_one_line(caplog):
-    from asyncfl.run_config_args import run_config_sources
+def test_an_old_spelling_in_a_stored_config_or_a_start_keyword_is_read_as_its_new_name_with_one_line(caplog, tmp_path):
+    from asyncfl.options import _SAID
+    from asyncfl.run_config_args import app_overrides, flwr_run_config
 
+    _SAID.clear()
     stored = {k: v for k, v in PYPROJECT.items() if k not in ("timeout", "max-time", "evaluate-every-time")}
     with caplog.at_level("WARNING", logger="asyncfl"):
         cfg = parse_run_config({**stored, "job-timeout": 45.0, "max-virtual-time": 7.0, "eval-every": 0.5})
+        parse_run_config({**stored, "job-timeout": 45.0, "max-virtual-time": 7.0, "eval-every": 0.5})  # said once
     assert (cfg.engine.timeout, cfg.engine.max_time, cfg.engine.evaluate_every_time) == (45.0, 7.0, 0.5)
     notices = [r.getMessage() for r in caplog.records if "is now" in r.getMessage()]
     assert notices == ["run-config: key 'max-virtual-time' is now 'max-time' (read as max-time=7.0)",
                        "run-config: key 'eval-every' is now 'evaluate-every-time' (read as evaluate-every-time=0.5)",
                        "run-config: key 'job-timeout' is now 'timeout' (read as timeout=45.0)"]
-    [(_, pairs)] = run_config_sources(["job-timeout=60.0 seed=3"])
-    assert pairs == {"timeout": 60.0, "seed": 3}
+    # asyncfl run / deploy / docker up: what flwr run gets has the new key, checked and sent alike
+    _, overrides = app_overrides(ROOT, ["job-timeout=60.0 seed=3"])
+    assert overrides == {"timeout": 60.0, "seed": 3} and flwr_run_config(overrides) == ['"seed"=3 "timeout"=60.0']
     with pytest.raises(ConfigError, match="job-timeout=60.0 and timeout=30.0 are one setting .* keep timeout only"):
-        run_config_sources(["job-timeout=60.0 timeout=30.0"])
+        app_overrides(ROOT, ["job-timeout=60.0", "timeout=30.0"])  # in two -c arguments too
+    # another Flower app's keys are its own (flwr run refuses a key it does not have)
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "their-app"\nversion = "1.0.0"\n[tool.flwr.app]\npublisher = "them"\n'
+        '[tool.flwr.app.components]\nserverapp = "app.server:app"\nclientapp = "app.client:app"\n'
+        '[tool.flwr.app.config]\n"eval-every" = 5\n"timeout" = 9.0\n')
+    assert app_overrides(tmp_path, ["eval-every=3 job-timeout=1.0"])[1] == {"eval-every": 3, "job-timeout": 1.0}
+    # start() / RunOptions keywords and the attribute
     with caplog.at_level("WARNING", logger="asyncfl"):
         options = RunOptions.from_keywords(clock="virtual", delays="uniform-speed")
-    assert options.delay_model == "uniform-speed"
-    assert "start(delays=...) is now start(delay_model=...)" in caplog.text
+    assert options.delay_model == "uniform-speed" and options.delays == "uniform-speed"
+    assert "start(delays=...) is now delay_model=..." in caplog.text
+    assert RunOptions(clock="virtual", delays="fedrevive-default").delay_model == "fedrevive-default"
     with pytest.raises(TypeError, match="pass delay_model= only"):
         RunOptions.from_keywords(delays="uniform-speed", delay_model="uniform-speed")
