@@ -27,7 +27,7 @@ def test_pyproject_defaults_parse():
 @pytest.mark.parametrize(
     "key,value,message",
     [
-        ("strategy", "fedprox", "fedavg, fedasync, fedbuff, afl-dw"),
+        ("strategy", "fedprox", "afl-dw, asyn-tiers, ca2fl, dc-asgd"),
         ("dataset", "imagenet", "mnist5k, digits"),
         ("model", "vgg", "cnn, lenet5, resnet18, mlp"),
         ("delay-model", "slow", "fedrevive-default, fedrevive-shifted"),
@@ -84,7 +84,7 @@ def test_asyncfl_run_rejects_bad_config_before_starting_anything(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--app", str(ROOT), "-c", "strategy='fedprox'"])
     assert exit_info.value.code == 2
-    assert "fedavg, fedasync, fedbuff, afl-dw" in capsys.readouterr().err
+    assert "afl-dw, asyn-tiers, ca2fl, dc-asgd" in capsys.readouterr().err
 
 
 def test_asyncfl_run_rejects_unknown_keys(capsys):

@@ -172,6 +172,6 @@ def test_afl_dw_downweights_by_one_minus_beta():
 
 def test_registry_unknown_name():
     # the same class and wording as the run-config parser's for the same mistake; still a ValueError
-    with pytest.raises(ConfigError, match="strategy='fedprox' is not valid; choose one of: fedavg, fedasync, fedbuff, afl-dw"):
+    with pytest.raises(ConfigError, match="strategy='fedprox' is not valid; choose one of: afl-dw, asyn-tiers, ca2fl, dc-asgd"):
         strategy_class("fedprox")
     assert issubclass(ConfigError, ValueError)

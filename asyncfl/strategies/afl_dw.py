@@ -62,6 +62,7 @@ class AFLDWConfig(StrategyConfig):
 class AFLDW(Strategy):
     """AFL-DW (FedRevive paper, Sec. 3.1): down-weight each update by ``1 - beta(tau)``. Knobs: :class:`AFLDWConfig`."""
 
+    run_config_name = "afl-dw"
     config_class = AFLDWConfig
     # the tally of beta(tau) is for the summary; the response meter (pace="measured") sets the step
     state_attributes = ("mixing", "response_meter")

@@ -47,6 +47,8 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
 
     #: The method's knobs: a :class:`StrategyConfig` dataclass beside the class.
     config_class: type[StrategyConfig] = StrategyConfig
+    #: Its run-config ``strategy``, set in a built-in method's own body (where the registry finds it).
+    run_config_name: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -149,8 +151,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
             Sent with every train / evaluate request (``model-version`` and ``server-round`` are added).
         evaluate_fn : callable, optional
             ``(server_round, ArrayRecord) -> MetricRecord | None``, called on the initial model
-            (round 0) and at the end of every ``evaluate_every`` rounds with the model in effect
-            then; its ``accuracy``/``loss`` entries (if any) feed the run folder's curves.
+            (round 0) and every ``evaluate_every`` rounds; its ``accuracy``/``loss`` feed the run's curves.
         options : RunOptions, optional
             The asynchronous run's options (clock, delays, concurrency, stops, run folder, ...):
             :class:`asyncfl.options.RunOptions`, which documents each one.
@@ -158,8 +159,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
             What the run folder's ``config.json`` records (default: the strategy's name, Flower
             options and the resolved engine settings).
         callbacks : sequence of asyncfl.Callback, optional
-            Told of every new server version and every evaluation (logging, an experiment
-            tracker, best-model files): :mod:`asyncfl.callbacks`.
+            Told of every new server version and every evaluation (tracking): :mod:`asyncfl.callbacks`.
         trusted_train_fn : callable, optional
             ``(server_version, ArrayRecord) -> ArrayRecord``: the model trained on data the server trusts;
             each update then loses any component against that descent (:mod:`~asyncfl.server_app.trusted_direction`).

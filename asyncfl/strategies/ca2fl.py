@@ -63,6 +63,7 @@ class CA2FLConfig(StrategyConfig):
 class CA2FL(Strategy):
     """CA2FL (Wang et al., 2024): FedBuff whose step is calibrated by cached client updates. Knobs: :class:`CA2FLConfig`."""
 
+    run_config_name = "ca2fl"
     config_class = CA2FLConfig
     state_attributes = ("_cache", "_cache_sum", "_h_bar", "_sum", "_count", "aggregations", "response_meter")
 

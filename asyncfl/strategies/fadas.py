@@ -104,6 +104,7 @@ class FADASConfig(StrategyConfig):
 class FADAS(Strategy):
     """FADAS (Wang et al., 2024): buffered updates, AMSGrad server step, delay-adaptive rate. Knobs: :class:`FADASConfig`."""
 
+    run_config_name = "fadas"
     config_class = FADASConfig
     state_attributes = ("optimizer", "_sum", "_count", "_tau_max", "aggregations", "reduced_steps")
 

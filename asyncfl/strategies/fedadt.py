@@ -127,6 +127,7 @@ class FedADT(Strategy):
         Seeds the order of the server set in each KD pass.
     """
 
+    run_config_name = "fedadt"
     config_class = FedADTConfig
     # the teacher and student are loaded afresh for every correction: only the order stream and counters persist
     state_attributes = ("_generator", "timestamp", "corrected", "_figures")

@@ -52,6 +52,7 @@ class FedAsyncConfig(StrategyConfig):
 class FedAsync(Strategy):
     """FedAsync (Xie et al., 2019) with constant, polynomial or hinge staleness. Knobs: :class:`FedAsyncConfig`."""
 
+    run_config_name = "fedasync"
     config_class = FedAsyncConfig
     state_attributes = ()  # each update depends on the arrival and the current model only
 

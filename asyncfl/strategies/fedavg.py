@@ -57,6 +57,7 @@ class FedAvg(Strategy):
     """Synchronous FedAvg (McMahan et al., 2017) with a server learning rate. Knobs: :class:`FedAvgConfig`."""
 
     synchronous = True
+    run_config_name = "fedavg"
     config_class = FedAvgConfig
     state_attributes = ("_arrivals", "rounds", "stale_arrivals")
     honours_aggregate_train = True  # at each round's end (asyncfl.strategies.train_hook)

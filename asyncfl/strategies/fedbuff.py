@@ -136,6 +136,7 @@ class FedBuff(Strategy):
     Knobs: :class:`FedBuffConfig`.
     """
 
+    run_config_name = "fedbuff"
     config_class = FedBuffConfig
     state_attributes = ("_sum", "_count", "aggregations", "response_meter")
     honours_aggregate_train = True  # at each buffer step (asyncfl.strategies.train_hook)

@@ -221,6 +221,7 @@ class FedEcho(Strategy):
         it distils into (the summary's ``teacher-*`` figures); the method never reads them.
     """
 
+    run_config_name = "fedecho"
     config_class = FedEchoConfig
     # the student is loaded from the candidate model at every distillation; its Adam moments carry over
     state_attributes = ("bank", "optimizer", "_generator", "_sum", "_count", "aggregations", "_alpha_sum",

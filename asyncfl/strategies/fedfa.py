@@ -49,6 +49,7 @@ class FedFa(Strategy):
     Knobs: :class:`FedFaConfig`.
     """
 
+    run_config_name = "fedfa"
     config_class = FedFaConfig
     state_attributes = ("_queue", "_sum", "_arrivals")
 

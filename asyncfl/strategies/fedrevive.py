@@ -225,6 +225,7 @@ class FedRevive(Strategy):
         (the paper's ablation). Client indices are partition ids when clients report them.
     """
 
+    run_config_name = "fedrevive"
     config_class = FedReviveConfig
     # the student and probe network are loaded afresh for every use; the generator, pool, proxies, teachers and
     # random streams carry over (the buffer as (client, teacher network) pairs: see teacher_slots)
@@ -463,6 +464,7 @@ class DDFedRevive(FedRevive):
         FedRevive's knobs (:class:`FedReviveConfig`) and Flower's ``FedAvg`` options.
     """
 
+    run_config_name = "dd-fedrevive"
     config_class = DDFedReviveConfig
 
     def __init__(self, model_fn: Callable[[], nn.Module], num_classes: int, input_shape: tuple[int, int, int],

@@ -1,13 +1,18 @@
-"""The built-in app's strategy names: run-config ``strategy`` -> class.
+"""The built-in app's strategy names: run-config ``strategy`` -> class, found beside each class.
 
-Names map to ``module:Class`` strings and a class is imported only when asked for,
-so the run-config can name-check ``strategy`` (and a ClientApp can parse the shared
-keys) without loading the server-side methods and their torch models.
+A method names itself once, in its class body (``run_config_name = "fedbuff"``). The registry
+reads those names from the package's source, without importing it, so the run-config can
+name-check ``strategy`` (and a ClientApp can parse the shared keys) without loading the
+server-side methods and their torch models; a class is imported only when asked for. Adding a
+method is its own module: the package's exports, the run-config parser, the built-in app and
+``asyncfl run --help`` read this registry.
 """
 
 from __future__ import annotations
 
+import re
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncfl.errors import ConfigError
@@ -15,24 +20,44 @@ from asyncfl.errors import ConfigError
 if TYPE_CHECKING:
     from asyncfl.strategies.base import Strategy
 
-STRATEGY_CLASSES: dict[str, str] = {
-    "fedavg": "asyncfl.strategies.fedavg:FedAvg",
-    "fedasync": "asyncfl.strategies.fedasync:FedAsync",
-    "fedbuff": "asyncfl.strategies.fedbuff:FedBuff",
-    "afl-dw": "asyncfl.strategies.afl_dw:AFLDW",
-    "ca2fl": "asyncfl.strategies.ca2fl:CA2FL",
-    "fadas": "asyncfl.strategies.fadas:FADAS",
-    "fedfa": "asyncfl.strategies.fedfa:FedFa",
-    "fedadt": "asyncfl.strategies.fedadt:FedADT",
-    "fedecho": "asyncfl.strategies.fedecho:FedEcho",
-    "fedrevive": "asyncfl.strategies.fedrevive:FedRevive",
-    "dd-fedrevive": "asyncfl.strategies.fedrevive:DDFedRevive",
-    "stale-weighted": "asyncfl.strategies.stale_compensation:StaleWeighted",
-    "dc-asgd": "asyncfl.strategies.stale_compensation:DCASGD",
-    "w-pred": "asyncfl.strategies.stale_compensation:WPred",
-    "asyn-tiers": "asyncfl.strategies.stale_compensation:AsynTiers",
-    "gi-compensation": "asyncfl.strategies.gi.strategy:GICompensation",
-}
+#: the attribute a method's class body sets to its run-config name
+NAME_ATTRIBUTE = "run_config_name"
+
+
+def declared_strategies(folder: Path, package: str) -> dict[str, str]:
+    """``{run-config name: "module:Class"}`` for every top-level class under ``folder`` (the package ``package``)
+    whose body sets :data:`NAME_ATTRIBUTE` to a string literal on a line of its own (``    run_config_name =
+    "fedbuff"``), sorted by name. A line scan, not an import or a parse: every process that reads a run-config
+    pays for it (~ms).
+
+    Raises
+    ------
+    RuntimeError
+        When two classes claim one name.
+    """
+    found: dict[str, str] = {}
+    for path in sorted(folder.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if NAME_ATTRIBUTE not in text:
+            continue
+        module = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
+        owner = None
+        for line in text.splitlines():
+            if line.startswith("class "):
+                owner = _CLASS.match(line).group(1)
+            elif owner is not None and (declared := _DECLARED.match(line)):
+                name = declared.group(1)
+                if name in found:
+                    raise RuntimeError(f"strategy name {name!r} is claimed by {found[name]} and {module}:{owner}")
+                found[name] = f"{module}:{owner}"
+    return dict(sorted(found.items()))
+
+
+_CLASS = re.compile(r"class (\w+)")
+_DECLARED = re.compile(rf"    {NAME_ATTRIBUTE}(?:: *str)? *= *[\"']([^\"']+)[\"']")
+
+
+STRATEGY_CLASSES: dict[str, str] = declared_strategies(Path(__file__).parent, __package__)
 
 
 def class_modules() -> dict[str, str]:

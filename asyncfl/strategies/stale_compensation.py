@@ -73,6 +73,7 @@ class StaleWeighted(FedAvg):
     Knobs: :class:`StaleWeightedConfig`.
     """
 
+    run_config_name = "stale-weighted"
     config_class = StaleWeightedConfig
 
     def __init__(self, server_lr: float = 1.0, steepness: float = 0.25, midpoint: float = 10.0,
@@ -108,6 +109,7 @@ class DCASGD(FedAvg):
     Knobs: :class:`DCASGDConfig`.
     """
 
+    run_config_name = "dc-asgd"
     config_class = DCASGDConfig
 
     def __init__(self, server_lr: float = 1.0, compensation_strength: float = 4.0, **flower_options: Any) -> None:
@@ -144,6 +146,7 @@ class AsynTiers(FedAvg):
     Knobs: :class:`AsynTiersConfig`.
     """
 
+    run_config_name = "asyn-tiers"
     config_class = AsynTiersConfig
 
     def __init__(self, server_lr: float = 1.0, boundary: int = 0, **flower_options: Any) -> None:
@@ -185,6 +188,7 @@ class WPred(DCASGD):
     Knobs: :class:`WPredConfig`.
     """
 
+    run_config_name = "w-pred"
     config_class = WPredConfig
     state_attributes = FedAvg.state_attributes + (
         "_expected_staleness", "_step_average", "_steps_seen", "predicted_dispatches")

@@ -121,6 +121,7 @@ class GICompensation(FedAvg):
         Seeds the random initial ``D_rec``.
     """
 
+    run_config_name = "gi-compensation"
     config_class = GICompensationConfig
     # the replicas and the layout's network are scratch space, loaded afresh for every inversion
     state_attributes = FedAvg.state_attributes + (

@@ -1,0 +1,86 @@
+"""The strategy registry: a method names itself once, beside its class, and everything else reads that name."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncfl.strategies import registry
+from asyncfl.strategies.base import Strategy
+from asyncfl.strategies.registry import STRATEGY_CLASSES, declared_strategies, strategy_class
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY = '''"""A toy method: the server model becomes the latest update as it comes."""
+
+from asyncfl.strategies.base import Strategy
+
+
+class LatestWins(Strategy):
+    """Each arrival replaces the model."""
+
+    run_config_name = "latest-wins"
+
+    def on_arrival(self, arrival):
+        return arrival.weights
+'''
+
+
+def test_every_registered_name_is_the_one_its_class_declares_and_every_declaring_class_is_registered():
+    for name in STRATEGY_CLASSES:
+        assert strategy_class(name).run_config_name == name
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+    declaring = {cls.run_config_name for cls in subclasses(Strategy)
+                 if cls.__module__.startswith("asyncfl.") and "run_config_name" in vars(cls)}
+    assert declaring == set(STRATEGY_CLASSES)
+    assert Strategy.run_config_name is None
+
+
+def test_the_scan_reads_names_from_source_and_refuses_a_name_claimed_twice(tmp_path):
+    (tmp_path / "toy.py").write_text(TOY)
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "other.py").write_text('class Helper:\n    """Not a method."""\n\n    x = 1\n')
+    assert declared_strategies(tmp_path, "pkg") == {"latest-wins": "pkg.toy:LatestWins"}
+    (tmp_path / "nested" / "twin.py").write_text(TOY.replace("LatestWins", "Twin"))
+    with pytest.raises(RuntimeError, match="'latest-wins' is claimed by pkg.nested.twin:Twin and pkg.toy:LatestWins"):
+        declared_strategies(tmp_path, "pkg")
+
+
+def test_a_new_method_is_its_own_module_and_nothing_else(tmp_path):
+    # A copy of the package with one file added: the toy is exported, parsed from the run-config, listed by
+    # `asyncfl run --help` and runs as the built-in app's strategy, with no other file changed.
+    package = tmp_path / "asyncfl"
+    shutil.copytree(ROOT / "asyncfl", package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "strategies" / "latest_wins.py").write_text(TOY)
+    check = '''
+import tomllib
+from flwr.common.config import flatten_dict
+import asyncfl
+from asyncfl.config import parse_run_config
+from asyncfl.cli import _run_epilog
+from asyncfl.strategies.registry import strategy_class
+assert asyncfl.__file__.startswith(PACKAGE), asyncfl.__file__
+defaults = flatten_dict(tomllib.load(open(PYPROJECT, "rb"))["tool"]["flwr"]["app"]["config"])
+assert parse_run_config({**defaults, "strategy": "latest-wins"}).strategy == "latest-wins"
+assert strategy_class("latest-wins") is asyncfl.LatestWins and "LatestWins" in asyncfl.__all__
+assert "latest-wins" in _run_epilog()
+print("ok")
+'''.replace("PACKAGE", repr(str(package))).replace("PYPROJECT", repr(str(ROOT / "pyproject.toml")))
+    done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_line_scan_not_an_import():
+    # the registry is read by every ClientApp process (the run-config parser): it must not load the methods
+    methods = tuple(spec.partition(":")[0] for spec in STRATEGY_CLASSES.values())
+    done = subprocess.run([sys.executable, "-c", "import sys; import asyncfl.config; "
+                           f"print(any(m in {methods!r} for m in sys.modules))"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
+    assert registry.NAME_ATTRIBUTE == "run_config_name"
