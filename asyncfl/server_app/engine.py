@@ -116,6 +116,10 @@ class AsyncEngine:
         self.config = config
         self.state = EngineState(VersionStore(codec, initial), np.random.default_rng([config.seed, 3]),
                                  train_config=ConfigRecord(dict(train_config)))
+        # the run's counters and stored versions: the state's own objects (a resume loads into them, never
+        # replaces them), named here so that the reply path reads them without an accessor call each time
+        self.stats: EngineStats = self.state.stats
+        self.versions: VersionStore = self.state.versions
         self.evaluate_fn = evaluate_fn
         self.recorder = recorder
         self.keys = keys or MessageKeys()
@@ -128,6 +132,7 @@ class AsyncEngine:
         self.roster = Roster(grid, self.delays, config.identify_nodes, probe_first=not self.clock.nodes_come_and_go)
         self._puller = self.clock.puller(grid, config.concurrency)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
+        self.slots: Slots = self.dispatcher.slots  # who may get a new job
         self.bounds = ParticipantBounds(config.update_norm_bound, config.update_norm_action, codec.bound_groups(),
                                         self.dispatcher.slots, strategy, trusted_direction)
         self.callbacks = list(callbacks)
@@ -144,21 +149,6 @@ class AsyncEngine:
         if self._journaling:
             checkpoints.journaling = True
         self._resume = resume
-
-    @property
-    def stats(self) -> EngineStats:
-        """The run's counters (:attr:`state`'s)."""
-        return self.state.stats
-
-    @property
-    def versions(self) -> VersionStore:
-        """The global model and the versions jobs in flight hold (:attr:`state`'s)."""
-        return self.state.versions
-
-    @property
-    def slots(self) -> Slots:
-        """Who may get a new job (the dispatcher's)."""
-        return self.dispatcher.slots
 
     def discover_clients(self) -> list[int]:
         """Wait for nodes and fix the client order (:meth:`Dispatcher.discover_clients`)."""
