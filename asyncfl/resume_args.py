@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from asyncfl.errors import ConfigError
 from asyncfl.run_config_args import merge_run_config, run_config_sources, unknown_key_message
 
 #: Run-config keys ``--resume`` may change: the stops, the waits and timeouts, the progress line and where the
@@ -28,7 +29,7 @@ def resume_run_config(folder: Path, overrides: list[str], num_supernodes: int | 
 
     Raises
     ------
-    ValueError
+    ConfigError
         In one line: not a run folder, no checkpoint, a key the resume cannot change (named as
         written, with the keys it may change), another node count, or what the checkpoint refuses.
     """
@@ -37,11 +38,11 @@ def resume_run_config(folder: Path, overrides: list[str], num_supernodes: int | 
 
     folder = folder.expanduser().resolve()
     if not (folder / RUN_CONFIG_FILE).exists():
-        raise ValueError(f"no {RUN_CONFIG_FILE} in {folder}: not a run folder of the built-in app (a library run "
+        raise ConfigError(f"no {RUN_CONFIG_FILE} in {folder}: not a run folder of the built-in app (a library run "
                          "resumes with start(..., resume_from=...))")
     checkpoint.find(folder)  # says so now if there is none
     if any(item.endswith(".toml") for item in overrides):
-        raise ValueError("with --resume, -c takes key=value changes only (the run's own run-config is the file)")
+        raise ConfigError("with --resume, -c takes key=value changes only (the run's own run-config is the file)")
     from asyncfl.options import current_keys
 
     saved = current_keys(read_run_config(folder), where=str(folder / RUN_CONFIG_FILE))  # a run stored before a rename
@@ -54,7 +55,7 @@ def resume_run_config(folder: Path, overrides: list[str], num_supernodes: int | 
                       "resume-from": str(folder), "output-dir": str(folder.parent), "run-name": folder.name}
         check_resumable(folder, run_config)
     except (KeyError, TypeError, AttributeError) as exc:  # a damaged folder, or one another version wrote
-        raise ValueError(f"{folder} cannot be resumed: its run_config.toml, summary.json or checkpoint lacks "
+        raise ConfigError(f"{folder} cannot be resumed: its run_config.toml, summary.json or checkpoint lacks "
                          f"what this asyncfl needs ({type(exc).__name__}: {exc})") from None
     return run_config, nodes
 
@@ -77,9 +78,9 @@ def refuse_resume_changes(saved: dict, changes: dict) -> None:
 
     for key, value in changes.items():
         if key not in saved:
-            raise ValueError(unknown_key_message(key, saved))
+            raise ConfigError(unknown_key_message(key, saved))
         if key not in RESUMABLE_KEYS and not same_value(saved[key], value):
-            raise ValueError(f"{key}={value!r} cannot change on resume (the run has {key}={saved[key]!r}); a resume "
+            raise ConfigError(f"{key}={value!r} cannot change on resume (the run has {key}={saved[key]!r}); a resume "
                              f"may change only {', '.join(RESUMABLE_KEYS)}")
 
 
@@ -103,7 +104,7 @@ def refuse_finished_unchanged(folder: Path, saved: dict, changes: dict) -> None:
             if value == 0 or not isinstance(done, (int, float)) or value > done:
                 return
     limits = " or ".join(f"{key}={saved[key]!r}" for key in STOP_KEYS if saved.get(key))
-    raise ValueError(f"the run finished ({ended.get('stop-reason', 'its stop reached')}): nothing to resume; to go "
+    raise ConfigError(f"the run finished ({ended.get('stop-reason', 'its stop reached')}): nothing to resume; to go "
                      f"on past its stop, raise it: -c {STOP_KEYS[0]}=<more than {ended.get('arrivals', '?')}>"
                      + (f" (it stops at {limits})" if limits else ""))
 
@@ -113,10 +114,10 @@ def resumed_node_count(folder: Path, asked: int | None) -> int:
     repeat it (the partitions and the schedule depend on it)."""
     clients = run_summary(folder).get("clients")
     if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
-        raise ValueError(f"{folder / 'summary.json'} says clients={clients!r}, not a client count: pass "
+        raise ConfigError(f"{folder / 'summary.json'} says clients={clients!r}, not a client count: pass "
                          "--num-supernodes with the run's own")
     if asked is not None and clients is not None and asked != clients:
-        raise ValueError(f"--num-supernodes {asked} cannot change on resume (the run has {clients} clients): leave "
+        raise ConfigError(f"--num-supernodes {asked} cannot change on resume (the run has {clients} clients): leave "
                          "it out")
     return asked or clients or DEFAULT_SUPERNODES
 
@@ -139,7 +140,7 @@ def check_resumable(folder: Path, run_config: dict) -> None:
 
     Raises
     ------
-    ValueError
+    ConfigError
         :class:`asyncfl.errors.CheckpointError` or :class:`asyncfl.config.ConfigError`, saying what differs by its
         run-config key.
     """

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from asyncfl.deploy.builtin_app import is_builtin_app
+from asyncfl.errors import ConfigError
 
 
 def run_config_sources(run_config: list[str]) -> list[tuple[str | None, dict]]:
@@ -19,7 +20,7 @@ def run_config_sources(run_config: list[str]) -> list[tuple[str | None, dict]]:
 
     Raises
     ------
-    ValueError
+    ConfigError
         In one line, for a file that cannot be read or a pair Flower's parser would refuse.
     """
     return [(item, _read_toml(item)) if item.endswith(".toml") else (None, parse_pairs(item)) for item in run_config]
@@ -34,9 +35,9 @@ def _read_toml(path: str) -> dict:
         with open(Path(path).expanduser(), "rb") as handle:
             return flatten_dict(tomllib.load(handle))
     except OSError as exc:
-        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
 
 
 #: how Flower's ``parse_config_args`` finds ``key=value`` pairs in an argument (flwr.common.config); text outside
@@ -54,7 +55,7 @@ def parse_pairs(item: str) -> dict:
 
     Raises
     ------
-    ValueError
+    ConfigError
         For a value TOML cannot read (``strategy=fedasync``: Flower refuses it too), saying how to write it;
         for an argument with no ``key=value`` in it, which Flower would drop without a word.
     """
@@ -64,13 +65,13 @@ def parse_pairs(item: str) -> dict:
     try:
         pairs = parse_config_args([item])
     except click.ClickException:
-        raise ValueError(_bad_pair_message(item)) from None
+        raise ConfigError(_bad_pair_message(item)) from None
     if item.strip() and not pairs:
-        raise ValueError(f"-c {item!r} has no key=value pair: write key=value with no spaces around '=', "
+        raise ConfigError(f"-c {item!r} has no key=value pair: write key=value with no spaces around '=', "
                          "e.g. -c max-arrivals=600")
     left = unread_text(item)
     if left:
-        raise ValueError(f"-c {item!r}: {left!r} is no key=value pair (flwr run would drop it): write key=value "
+        raise ConfigError(f"-c {item!r}: {left!r} is no key=value pair (flwr run would drop it): write key=value "
                          "with no spaces around '=', e.g. -c \"max-arrivals=600 strategy='fedasync'\"")
     return pairs
 
@@ -135,11 +136,11 @@ def flwr_run_config(overrides: dict) -> list[str]:
     pairs = []
     for key, value in overrides.items():
         if not isinstance(value, (bool, int, float, str)):
-            raise ValueError(f"{key}={value!r}: a run-config value is a number, true/false or a string")
+            raise ConfigError(f"{key}={value!r}: a run-config value is a number, true/false or a string")
         text = toml_value(value)
         if isinstance(value, str) and '"' in value:  # Flower's pattern reads a double-quoted value up to its next "
             if "'" in value or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-                raise ValueError(f"{key}={value!r}: flwr run cannot take a value with a double quote beside a "
+                raise ConfigError(f"{key}={value!r}: flwr run cannot take a value with a double quote beside a "
                                  "single quote or a control character")
             text = f"'{value}'"
         pairs.append(f'"{key}"={text}')
@@ -168,7 +169,7 @@ def check_node_count(fused: dict, num_supernodes: int) -> None:
     concurrency, per_node = int(fused["concurrency"]), int(fused.get("jobs-per-client", 1))
     if num_supernodes * per_node < concurrency:
         fits = num_supernodes * per_node
-        raise ValueError(f"--num-supernodes {num_supernodes} cannot fill concurrency={concurrency} ({per_node} job "
+        raise ConfigError(f"--num-supernodes {num_supernodes} cannot fill concurrency={concurrency} ({per_node} job "
                          f"per node at once): pass --num-supernodes >= {-(-concurrency // per_node)} or "
                          f"-c concurrency={fits}")
 
@@ -202,8 +203,8 @@ def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int |
     asyncfl's built-in app, whose keys this module knows: a knob that another
     strategy than the run's would ignore is refused too.
 
-    Returns the fused run-config. Raises ``ValueError`` (unknown key, bad TOML) or
-    :class:`asyncfl.config.ConfigError` (invalid value), naming what is valid.
+    Returns the fused run-config. Raises :class:`asyncfl.ConfigError` (a ``ValueError``) for an unknown key,
+    bad TOML or an invalid value, naming what is valid.
     """
     from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config
 
@@ -211,7 +212,7 @@ def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int |
     known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
     for key in overrides:
         if key not in known:
-            raise ValueError(_origin(sources, key) + unknown_key_message(key, known))
+            raise ConfigError(_origin(sources, key) + unknown_key_message(key, known))
     fused = get_fused_config_from_dir(app_dir, overrides)
     if is_builtin_app(app_dir):
         from asyncfl.config import parse_run_config

@@ -29,7 +29,7 @@ node's own device: ``flower-supernode --node-config "... device-slowdown=5"``); 
 else 1. ``device-seed`` and ``device-seconds`` are read the same way (node config, run config, constructor).
 A profile deals out slowdowns by ``partition-id`` (exact shares of ``num-partitions`` nodes, as Flower's
 simulation sets them), or by the node id where the node config has no partition: see
-:class:`DeviceProfile`. A profile or a value that is wrong raises a ``ValueError`` of one line that names
+:class:`DeviceProfile`. A profile or a value that is wrong raises a ``ConfigError`` (a ``ValueError``) of one line that names
 what is valid (in a ``ClientApp``, an error reply to the first train message).
 
 When the mod waits it adds the waited seconds to the reply's ``train-seconds`` metric if the reply has one
@@ -51,6 +51,7 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.common import MessageType
 
 from asyncfl import protocol
+from asyncfl.errors import ConfigError
 
 #: Node config: this node's slowdown (seconds its device takes per second of the reference device's).
 SLOWDOWN_KEY = "device-slowdown"
@@ -125,18 +126,18 @@ class DeviceProfile:
 
         Raises
         ------
-        ValueError
+        ConfigError
             One line naming the valid profiles, for anything else.
         """
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
-            raise ValueError(f"device profile sigma = {sigma!r} must be a finite number >= 0")
+            raise ConfigError(f"device profile sigma = {sigma!r} must be a finite number >= 0")
         if text == "uniform":
             return cls("uniform", 0.0, 1.0, 0.0)
         if text == "lognormal":
             return cls("lognormal", 0.0, 1.0, float(sigma))
         match = _SLOWER.fullmatch(text) if isinstance(text, str) else None
         if match is None or match["share"] not in SHARES or float(match["k"]) < 1:
-            raise ValueError(f"{PROFILE_KEY} = {text!r} is not a profile; valid: {VALID_PROFILES}")
+            raise ConfigError(f"{PROFILE_KEY} = {text!r} is not a profile; valid: {VALID_PROFILES}")
         return cls(text, SHARES[match["share"]], float(match["k"]), float(sigma))
 
     def slowdown(self, seed: int, partition_id: int | None = None, num_partitions: int | None = None,
@@ -166,7 +167,7 @@ class DeviceProfile:
             key = (_BY_NODE_ID, node_id)
             slow = self.slow_share > 0 and _rng(seed, _PURPOSE_COIN, *key).random() < self.slow_share
         else:
-            raise ValueError("a device profile needs the node's partition-id and num-partitions "
+            raise ConfigError("a device profile needs the node's partition-id and num-partitions "
                              "(node config) or a node id >= 0")
         if slow:
             return self.slow_factor
@@ -180,26 +181,26 @@ class DeviceProfile:
 
 
 def _number(key: str, value: Any, minimum: float, strict: bool) -> float:
-    """``value`` as a finite float above (``strict``) or at ``minimum``; a one-line ``ValueError`` otherwise."""
+    """``value`` as a finite float above (``strict``) or at ``minimum``; a one-line ``ConfigError`` otherwise."""
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number) or number < minimum or (strict and number == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(f"{key} = {value!r} must be a finite number {bound}")
+        raise ConfigError(f"{key} = {value!r} must be a finite number {bound}")
     return number
 
 
 def _seed(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{SEED_KEY} = {value!r} must be an integer >= 0")
+        raise ConfigError(f"{SEED_KEY} = {value!r} must be an integer >= 0")
     try:
         seed = int(value)
     except ValueError:
-        raise ValueError(f"{SEED_KEY} = {value!r} must be an integer >= 0") from None
+        raise ConfigError(f"{SEED_KEY} = {value!r} must be an integer >= 0") from None
     if seed < 0 or seed != float(value):
-        raise ValueError(f"{SEED_KEY} = {value!r} must be an integer >= 0")
+        raise ConfigError(f"{SEED_KEY} = {value!r} must be an integer >= 0")
     return seed
 
 
@@ -244,7 +245,7 @@ class DeviceSpeed:
 
     Raises
     ------
-    ValueError
+    ConfigError
         At construction, for a wrong ``profile``, ``seed``, ``seconds`` or ``sigma``; at a train message, for a
         wrong value in the node or run config.
     """

@@ -32,6 +32,8 @@ from typing import Any, Mapping
 import numpy as np
 from flwr.app import ArrayRecord
 
+from asyncfl.errors import ConfigError
+
 BROKEN = ("nan", "wrong-shape", "error")
 ATTACKS = ("noise", "sign-flip", "scale", "flip-scale", "replace", "forged-count")
 #: The example count the ``forged-count`` drill reports.
@@ -46,11 +48,11 @@ def check_drill(run_config: Mapping[str, Any]) -> tuple[str, int]:
     attack = str(run_config.get("drill-attack", ""))
     attackers = run_config.get("drill-attackers", 0)
     if attack and attack not in FAULTS:
-        raise ValueError(f"drill-attack={attack!r} is not valid; choose one of: {', '.join(FAULTS)} (or \"\": none)")
+        raise ConfigError(f"drill-attack={attack!r} is not valid; choose one of: {', '.join(FAULTS)} (or \"\": none)")
     if isinstance(attackers, bool) or not isinstance(attackers, int) or attackers < 0:
-        raise ValueError(f"drill-attackers={attackers!r} must be an integer >= 0 (partitions 0 .. n-1 attack)")
+        raise ConfigError(f"drill-attackers={attackers!r} must be an integer >= 0 (partitions 0 .. n-1 attack)")
     if bool(attack) != bool(attackers):
-        raise ValueError(f"drill-attack={attack!r} with drill-attackers={attackers}: set both (an attack and how "
+        raise ConfigError(f"drill-attack={attack!r} with drill-attackers={attackers}: set both (an attack and how "
                          "many nodes make it) or neither")
     return attack, attackers
 
@@ -70,7 +72,7 @@ def apply_fault(fault: str, trained: ArrayRecord, received: ArrayRecord, seed: i
         return trained
     import torch  # the ClientApp has it loaded; a server checking a drill's settings does not need it
     if fault not in FAULTS:
-        raise ValueError(f"fault={fault!r} is not valid; choose one of: {', '.join(FAULTS)}")
+        raise ConfigError(f"fault={fault!r} is not valid; choose one of: {', '.join(FAULTS)}")
     if fault == "error":
         raise RuntimeError("fault injection: this node was started with fault=error")
     state = trained.to_torch_state_dict()

@@ -29,6 +29,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
+
 DRIFT_SOURCES = ("none", "digits", "inverted")
 DIGIT_DATASETS = ("mnist5k", "mnist")
 
@@ -42,12 +44,12 @@ class DriftConfig:
 
     def __post_init__(self) -> None:
         if self.source not in DRIFT_SOURCES:
-            raise ValueError(f"unknown drift.source {self.source!r}; valid: {', '.join(DRIFT_SOURCES)}")
+            raise ConfigError(f"unknown drift.source {self.source!r}; valid: {', '.join(DRIFT_SOURCES)}")
         if self.source != "none" and not self.rate > 0:
-            raise ValueError(f"drift.source={self.source!r} needs drift.rate > 0 (fraction replaced per time unit), "
+            raise ConfigError(f"drift.source={self.source!r} needs drift.rate > 0 (fraction replaced per time unit), "
                              f"got {self.rate}")
         if self.rate < 0:
-            raise ValueError(f"drift.rate must be >= 0, got {self.rate}")
+            raise ConfigError(f"drift.rate must be >= 0, got {self.rate}")
 
     @property
     def active(self) -> bool:
@@ -68,7 +70,7 @@ def _digits_pool(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
 def check_source(source: str, dataset: str) -> None:
     """Refuse a source that cannot stand in for ``dataset`` (before anything runs)."""
     if source == "digits" and dataset not in DIGIT_DATASETS:
-        raise ValueError(f"drift.source 'digits' replaces handwritten digits by other handwritten digits; valid "
+        raise ConfigError(f"drift.source 'digits' replaces handwritten digits by other handwritten digits; valid "
                          f"for dataset {' or '.join(DIGIT_DATASETS)}, not {dataset!r} (use 'inverted')")
 
 

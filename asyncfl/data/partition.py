@@ -17,6 +17,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
+
 PARTITIONINGS = ("dirichlet", "iid", "shards", "sampled", "dirichlet-sampled")
 
 
@@ -39,7 +41,7 @@ def _make_partitioner(kind: str, num_partitions: int, alpha: float, shards_per_c
         return ShardPartitioner(
             num_partitions=num_partitions, partition_by="label", num_shards_per_partition=shards_per_client, seed=seed
         )
-    raise ValueError(f"unknown partitioning {kind!r}; valid: {', '.join(PARTITIONINGS)}")
+    raise ConfigError(f"unknown partitioning {kind!r}; valid: {', '.join(PARTITIONINGS)}")
 
 
 @lru_cache(maxsize=8)
@@ -70,7 +72,7 @@ def dirichlet_sampled_rows(labels: np.ndarray, partition_id: int, alpha: float, 
 def _partitioner(labels_key: bytes, kind: str, num_partitions: int, alpha: float, shards: int, seed: int):
     labels = np.frombuffer(labels_key, dtype=np.int64)
     if num_partitions > len(labels):
-        raise ValueError(f"cannot split {len(labels)} examples into {num_partitions} partitions")
+        raise ConfigError(f"cannot split {len(labels)} examples into {num_partitions} partitions")
     partitioner = _make_partitioner(kind, num_partitions, alpha, shards, seed)
     dataset = _label_dataset(labels)
     if kind == "iid":  # IidPartitioner splits contiguously: shuffle first, with our seed
@@ -102,7 +104,7 @@ def partition_indices(
     client alone (:func:`dirichlet_sampled_rows`); clients may share rows, so any number of clients fits.
     """
     if not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+        raise ConfigError(f"partition-id {partition_id} is outside [0, {num_partitions})")
     if kind == "sampled":
         return np.random.default_rng([seed, 19, partition_id]).integers(0, len(labels), size=samples_per_client)
     if kind == "dirichlet-sampled":

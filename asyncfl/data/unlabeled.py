@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from asyncfl.data.datasets import CHANNELS, load_dataset
 from asyncfl.data.holdout import holdout_rows
+from asyncfl.errors import ConfigError
 
 #: The built-in app's unlabeled sets: a cross-dataset set or the server's hold-out rows.
 DISTILL_SETS = ("digits", "mnist5k", "cifar10", "cifar100", "holdout")
@@ -69,30 +70,30 @@ def distillation_inputs(kind: str, x_train: np.ndarray, y_train: np.ndarray, siz
 
     Raises
     ------
-    ValueError
+    ConfigError
         When ``kind`` is unknown or does not fit the clients' input shape.
     """
     input_shape = tuple(x_train.shape[1:])
     channels, height, width = input_shape
     if kind == "digits":
         if channels != 1:
-            raise ValueError(f"distill-set 'digits' is grayscale; the clients' inputs have {channels} channels")
+            raise ConfigError(f"distill-set 'digits' is grayscale; the clients' inputs have {channels} channels")
         pool = _resized_digits(height, width)
     elif kind == "mnist5k":
         pool = load_dataset("mnist5k").x_train
         if tuple(pool.shape[1:]) != input_shape:
-            raise ValueError(f"distill-set 'mnist5k' has inputs {pool.shape[1:]}, the clients {input_shape}")
+            raise ConfigError(f"distill-set 'mnist5k' has inputs {pool.shape[1:]}, the clients {input_shape}")
     elif kind in ("cifar10", "cifar100"):
         pool = load_dataset(kind, data_dir).x_train
         if tuple(pool.shape[1:]) != input_shape:
-            raise ValueError(f"distill-set {kind!r} has inputs {pool.shape[1:]}, the clients {input_shape}")
+            raise ConfigError(f"distill-set {kind!r} has inputs {pool.shape[1:]}, the clients {input_shape}")
     elif kind == "holdout":
         rows = holdout_rows(y_train, holdout_fraction, seed)
         if len(rows) == 0:
-            raise ValueError("distill-set 'holdout' needs server-holdout > 0")
+            raise ConfigError("distill-set 'holdout' needs server-holdout > 0")
         pool = x_train[rows]
     else:
-        raise ValueError(f"unknown distill-set {kind!r}; valid: {', '.join(DISTILL_SETS)}")
+        raise ConfigError(f"unknown distill-set {kind!r}; valid: {', '.join(DISTILL_SETS)}")
     return np.ascontiguousarray(pool[_subsample(len(pool), size, seed)], dtype=np.float32)
 
 

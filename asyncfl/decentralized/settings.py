@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncfl.errors import ConfigError
+
 GOSSIP_METHODS = ("pushcen", "async-dfedavg", "divshare", "swift", "independent")
 TOPOLOGIES = ("random", "fixed")
 #: How the centroid regulariser reduces a layer's squared distance (asyncfl/decentralized/regularizer.py).
@@ -42,21 +44,21 @@ class GossipConfig:
 
     def __post_init__(self) -> None:
         if self.method not in GOSSIP_METHODS:
-            raise ValueError(f"unknown gossip method {self.method!r}; valid: {', '.join(GOSSIP_METHODS)}")
+            raise ConfigError(f"unknown gossip method {self.method!r}; valid: {', '.join(GOSSIP_METHODS)}")
         if self.out_degree < 1 or self.buffer_capacity < 1 or self.eval_points < 1:
-            raise ValueError("gossip.out-degree, gossip.buffer-capacity and gossip.eval-points must be >= 1")
+            raise ConfigError("gossip.out-degree, gossip.buffer-capacity and gossip.eval-points must be >= 1")
         if not 0.0 <= self.delayed_fraction < 1.0 or self.horizon <= 0 or self.link_delay < 0:
-            raise ValueError("need 0 <= gossip.delayed-fraction < 1, max-time > 0 and gossip.link-delay >= 0")
+            raise ConfigError("need 0 <= gossip.delayed-fraction < 1, max-time > 0 and gossip.link-delay >= 0")
         if not 0.0 < self.local_test_fraction < 1.0:
-            raise ValueError(f"gossip.local-test-fraction must be in (0, 1), got {self.local_test_fraction}")
+            raise ConfigError(f"gossip.local-test-fraction must be in (0, 1), got {self.local_test_fraction}")
         if self.topology not in TOPOLOGIES:
-            raise ValueError(f"unknown gossip.topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
+            raise ConfigError(f"unknown gossip.topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if self.cache_size < 1:
-            raise ValueError(f"swift.cache-size must be >= 1, got {self.cache_size}")
+            raise ConfigError(f"swift.cache-size must be >= 1, got {self.cache_size}")
         if not 1 <= self.divshare_copies <= self.out_degree:
-            raise ValueError(f"divshare.copies must be in [1, gossip.out-degree = {self.out_degree}], "
+            raise ConfigError(f"divshare.copies must be in [1, gossip.out-degree = {self.out_degree}], "
                              f"got {self.divshare_copies}")
         if self.penalty not in PENALTIES:
-            raise ValueError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
+            raise ConfigError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
         if not 2 <= self.k <= 256 or self.lam < 0:
-            raise ValueError(f"need 2 <= pushcen.k <= 256 and pushcen.lambda >= 0, got k={self.k}, lambda={self.lam}")
+            raise ConfigError(f"need 2 <= pushcen.k <= 256 and pushcen.lambda >= 0, got k={self.k}, lambda={self.lam}")

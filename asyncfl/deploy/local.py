@@ -31,6 +31,7 @@ from asyncfl.deploy.processes import (
     wait_for_port,
     write_connection,
 )
+from asyncfl.errors import ConfigError
 
 CONNECTION = "asyncfl-deploy"
 
@@ -65,14 +66,14 @@ class LocalDeployment:
                  link_netns: str | None = None, nodes_netns: str | None = None, link_host: str = "127.0.0.1",
                  workdir: Path | None = None) -> None:
         if num_supernodes < 1:
-            raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")
+            raise ConfigError(f"num_supernodes must be >= 1, got {num_supernodes}")
         self.app_dir = app_dir.resolve()
         self.num_supernodes = num_supernodes
         self.num_partitions = num_partitions or num_supernodes
         if self.num_partitions < num_supernodes:
-            raise ValueError(f"num_partitions ({self.num_partitions}) < num_supernodes ({num_supernodes})")
+            raise ConfigError(f"num_partitions ({self.num_partitions}) < num_supernodes ({num_supernodes})")
         if supernode_auth and tls is None:
-            raise ValueError("supernode_auth needs tls: Flower's SuperLink refuses --enable-supernode-auth "
+            raise ConfigError("supernode_auth needs tls: Flower's SuperLink refuses --enable-supernode-auth "
                              "without TLS certificates (scripts/make-certs.sh writes development ones)")
         self.tls = tls
         self.supernode_auth = supernode_auth
@@ -128,7 +129,7 @@ class LocalDeployment:
         the SuperLink first unless ``register`` is false (an intruder, for tests).
         """
         if not 0 <= partition_id < self.num_partitions:
-            raise ValueError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
+            raise ConfigError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
         private_key = None
         if self.supernode_auth:
             keys = write_node_keys(self.workdir / "keys", f"supernode-{partition_id}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncfl.deploy.material import secret_file
+from asyncfl.errors import ConfigError
 
 FLOWER_VERSION = "1.42.0"
 SUPERLINK_PORT = 9093
@@ -106,7 +107,7 @@ def cpu_tiers(text: str) -> list[float]:
 
     Raises
     ------
-    ValueError
+    ConfigError
         For a value that is not a positive number.
     """
     tiers = []
@@ -114,9 +115,9 @@ def cpu_tiers(text: str) -> list[float]:
         try:
             value = float(item)
         except ValueError:
-            raise ValueError(f"--cpus-per-client {text!r}: write comma-separated CPU counts such as '0.5,1,2'") from None
+            raise ConfigError(f"--cpus-per-client {text!r}: write comma-separated CPU counts such as '0.5,1,2'") from None
         if not value > 0:
-            raise ValueError(f"--cpus-per-client {text!r}: every CPU count must be > 0, got {value}")
+            raise ConfigError(f"--cpus-per-client {text!r}: every CPU count must be > 0, got {value}")
         tiers.append(value)
     return tiers
 
@@ -154,17 +155,17 @@ def deployment_services(num_supernodes: int, images: Images, insecure: bool = Fa
 
     Raises
     ------
-    ValueError
+    ConfigError
         For no SuperNode, fewer partitions than SuperNodes, or ``register`` with ``insecure``.
     """
     if num_supernodes < 1:
-        raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")
+        raise ConfigError(f"num_supernodes must be >= 1, got {num_supernodes}")
     if register and insecure:
-        raise ValueError("register with insecure: an insecure SuperLink admits any SuperNode, there is nothing to "
+        raise ConfigError("register with insecure: an insecure SuperLink admits any SuperNode, there is nothing to "
                          "register")
     partitions = num_partitions or num_supernodes
     if partitions < num_supernodes:
-        raise ValueError(f"num-partitions ({partitions}) must be >= the number of SuperNodes ({num_supernodes})")
+        raise ConfigError(f"num-partitions ({partitions}) must be >= the number of SuperNodes ({num_supernodes})")
 
     def entry(executable: str) -> str | None:
         return executable if entrypoints else None

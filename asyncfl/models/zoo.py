@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from asyncfl.errors import ConfigError
+
 MODELS = ("cnn", "lenet5", "resnet18", "mlp")
 
 
@@ -74,7 +76,7 @@ class CNN(nn.Module):
                  track_statistics: bool = False) -> None:
         super().__init__()
         if batchnorm and track_statistics:
-            raise ValueError("model 'cnn': choose BatchNorm or statistics trackers, not both")
+            raise ConfigError("model 'cnn': choose BatchNorm or statistics trackers, not both")
 
         def block(cin: int, cout: int) -> list[nn.Module]:
             layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1)]
@@ -163,25 +165,25 @@ def build_model(
 
     ``batchnorm`` and ``track_statistics`` apply to ``cnn`` (see :class:`CNN`).
 
-    Raises ``ValueError`` naming the valid models, or the input sizes a model accepts.
+    Raises ``ConfigError`` (a ``ValueError``) naming the valid models, or the input sizes a model accepts.
     """
     channels, height, width = input_shape
     if track_statistics and name != "cnn":
-        raise ValueError(f"statistics trackers (model.track-statistics) are built into 'cnn' only, not {name!r}")
+        raise ConfigError(f"statistics trackers (model.track-statistics) are built into 'cnn' only, not {name!r}")
     if seed is not None:
         torch.manual_seed(seed)
     if name == "cnn":
         if (height, width) != (28, 28):
-            raise ValueError(f"model 'cnn' needs 28x28 inputs, the dataset has {height}x{width}; use 'mlp' or 'lenet5'")
+            raise ConfigError(f"model 'cnn' needs 28x28 inputs, the dataset has {height}x{width}; use 'mlp' or 'lenet5'")
         return CNN(channels, num_classes, batchnorm, track_statistics)
     if name == "lenet5":
         if (height, width) not in ((28, 28), (32, 32)):
-            raise ValueError(f"model 'lenet5' needs 28x28 or 32x32 inputs, the dataset has {height}x{width}")
+            raise ConfigError(f"model 'lenet5' needs 28x28 or 32x32 inputs, the dataset has {height}x{width}")
         return LeNet5(channels, num_classes, height)
     if name == "resnet18":
         if height < 8 or width < 8:
-            raise ValueError(f"model 'resnet18' needs inputs of at least 8x8, the dataset has {height}x{width}")
+            raise ConfigError(f"model 'resnet18' needs inputs of at least 8x8, the dataset has {height}x{width}")
         return ResNet18(channels, num_classes)
     if name == "mlp":
         return MLP(channels * height * width, num_classes)
-    raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+    raise ConfigError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")

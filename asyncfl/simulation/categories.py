@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
+
 CATEGORIES = ("short", "medium", "long")
 
 
@@ -55,13 +57,13 @@ class RuntimeCategories:
         for name in CATEGORIES:
             low, high = getattr(self, name)
             if not 0.0 <= low <= high:
-                raise ValueError(f"{name} runtime interval must satisfy 0 <= low <= high, got ({low}, {high})")
+                raise ConfigError(f"{name} runtime interval must satisfy 0 <= low <= high, got ({low}, {high})")
         if not (0.0 <= self.long_fraction and 0.0 <= self.medium_fraction
                 and self.long_fraction + self.medium_fraction <= 1.0):
-            raise ValueError(f"need long_fraction ({self.long_fraction}) and medium_fraction "
+            raise ConfigError(f"need long_fraction ({self.long_fraction}) and medium_fraction "
                              f"({self.medium_fraction}) >= 0 with a sum <= 1")
         if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma={self.gamma} must be in [0, 1]")
+            raise ConfigError(f"gamma={self.gamma} must be in [0, 1]")
 
     def interval(self, category: int) -> tuple[float, float]:
         """The ``(low, high)`` runtime interval of category index ``category``."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
+
 DISTRIBUTIONS = ("constant", "uniform", "exponential", "lognormal", "pareto")
 COMPONENTS = ("download", "train", "upload")
 
@@ -50,18 +52,18 @@ class ComponentDelay:
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(f"unknown delay distribution {self.distribution!r}; valid: {', '.join(DISTRIBUTIONS)}")
+            raise ConfigError(f"unknown delay distribution {self.distribution!r}; valid: {', '.join(DISTRIBUTIONS)}")
         if not self.tiers:
-            raise ValueError("a delay component needs at least one tier (probability, mean)")
+            raise ConfigError("a delay component needs at least one tier (probability, mean)")
         probabilities = [p for p, _ in self.tiers]
         if any(p < 0 for p in probabilities) or abs(sum(probabilities) - 1.0) > 1e-6:
-            raise ValueError(f"tier probabilities must be >= 0 and sum to 1, got {probabilities}")
+            raise ConfigError(f"tier probabilities must be >= 0 and sum to 1, got {probabilities}")
         if any(mean < 0 for _, mean in self.tiers):
-            raise ValueError(f"tier means must be >= 0, got {[m for _, m in self.tiers]}")
+            raise ConfigError(f"tier means must be >= 0, got {[m for _, m in self.tiers]}")
         if self.distribution == "pareto" and self.spread <= 1.0:
-            raise ValueError(f"pareto delays need a shape (spread) > 1 for a finite mean, got {self.spread}")
+            raise ConfigError(f"pareto delays need a shape (spread) > 1 for a finite mean, got {self.spread}")
         if self.distribution in ("uniform", "lognormal") and self.spread < 0:
-            raise ValueError(f"{self.distribution} delays need spread >= 0, got {self.spread}")
+            raise ConfigError(f"{self.distribution} delays need spread >= 0, got {self.spread}")
 
     def shared_means(self, num_clients: int, rng: np.random.Generator) -> list[float]:
         """Per-client means with tier ``k`` on exactly ``round(p_k * N)`` clients (the last tier takes the rest)."""
@@ -181,7 +183,7 @@ def parse_tiers(text: str) -> tuple[tuple[float, float], ...]:
     """Parse ``"0.25:1.0,0.5:1.3,0.25:1.6"`` (probability:mean pairs) or a single mean ``"0.1"``."""
     text = text.strip()
     if not text:
-        raise ValueError("empty delay tiers; write a mean like '0.1' or pairs like '0.5:0.15,0.5:0.25'")
+        raise ConfigError("empty delay tiers; write a mean like '0.1' or pairs like '0.5:0.15,0.5:0.25'")
     try:
         if ":" not in text:
             return ((1.0, float(text)),)
@@ -191,7 +193,7 @@ def parse_tiers(text: str) -> tuple[tuple[float, float], ...]:
             pairs.append((float(probability), float(mean)))
         return tuple(pairs)
     except ValueError as exc:
-        raise ValueError(
+        raise ConfigError(
             f"cannot parse delay tiers {text!r}; write a mean like '0.1' or probability:mean pairs like "
             "'0.5:0.15,0.5:0.25'"
         ) from exc

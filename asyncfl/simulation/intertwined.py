@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncfl.errors import MissingClientInfo
+from asyncfl.errors import ConfigError, MissingClientInfo
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,13 @@ class IntertwinedDelays:
 
     def __post_init__(self) -> None:
         if self.affected_class < 0:
-            raise ValueError(f"intertwined.class must be >= 0, got {self.affected_class}")
+            raise ConfigError(f"intertwined.class must be >= 0, got {self.affected_class}")
         if self.delayed_clients < 0:
-            raise ValueError(f"intertwined.clients must be >= 0, got {self.delayed_clients}")
+            raise ConfigError(f"intertwined.clients must be >= 0, got {self.delayed_clients}")
         if self.staleness < 1:
-            raise ValueError(f"intertwined.staleness must be >= 1 round, got {self.staleness}")
+            raise ConfigError(f"intertwined.staleness must be >= 1 round, got {self.staleness}")
         if not 0.0 < self.on_time <= 1.0:
-            raise ValueError(f"intertwined.on-time must be in (0, 1] (a round is 1 unit), got {self.on_time}")
+            raise ConfigError(f"intertwined.on-time must be in (0, 1] (a round is 1 unit), got {self.on_time}")
 
     @property
     def delayed_duration(self) -> float:

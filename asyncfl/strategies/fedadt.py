@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from asyncfl.errors import ConfigError
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.data.holdout import stratified_rows
 from asyncfl.strategies.base import Arrival, Strategy
@@ -143,7 +144,7 @@ class FedADT(Strategy):
         if isinstance(server_data, ServerSet):
             server_data = (server_data.x, server_data.y)
         if isinstance(server_data, (tuple, list)) and len(server_data) == 2 and len(server_data[1]) == 0:
-            raise ValueError("FedADT needs a non-empty server set (fedadt.server-fraction too small?)")
+            raise ConfigError("FedADT needs a non-empty server set (fedadt.server-fraction too small?)")
         server_set = ServerSet(*labeled_arrays(server_data, "FedADT", "server_data"))
         self.teacher, self.student = model_fn(), model_fn()
         self.server_set = server_set
@@ -162,7 +163,7 @@ class FedADT(Strategy):
                     **flower_options: Any) -> "FedADT":
         """Built-in app: the server set is a class-stratified ``server_fraction`` of the training split."""
         if resources is None:
-            raise ValueError("FedADT needs the built-in app's model and training split (resources)")
+            raise ConfigError("FedADT needs the built-in app's model and training split (resources)")
         rows = server_rows(resources.y_train, config.server_fraction, resources.seed)
         return cls(resources.make_model, ServerSet(resources.x_train[rows], resources.y_train[rows]),
                    seed=resources.seed, **config.keywords(), **flower_options)

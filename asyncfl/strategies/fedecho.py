@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from asyncfl.data.unlabeled import DISTILL_SETS, distill_set_problem, distillation_inputs, distillation_labels
+from asyncfl.errors import ConfigError
 from asyncfl.models.device import SERVER_DEVICES, device_problem, torch_device
 from asyncfl.models.flat import load_flat, model_to_flat
 from asyncfl.models.inference import chunked_forward
@@ -257,7 +258,7 @@ class FedEcho(Strategy):
         self.distill_labels = None if distill_labels is None else torch.as_tensor(np.asarray(distill_labels),
                                                                                    dtype=torch.int64)
         if self.distill_labels is not None and len(self.distill_labels) != len(self.unlabeled):
-            raise ValueError(f"FedEcho: distill_labels has {len(self.distill_labels)} labels for "
+            raise ConfigError(f"FedEcho: distill_labels has {len(self.distill_labels)} labels for "
                              f"{len(self.unlabeled)} distill_inputs")
         # sums over aggregations: is the stored-logit ensemble (the teacher) better than the model it teaches?
         self._teacher_figures = {"aggregations": 0.0, "agreement": 0.0, "ensemble-correct": 0.0,
@@ -268,7 +269,7 @@ class FedEcho(Strategy):
                     **flower_options: Any) -> "FedEcho":
         """Built-in app: ``U`` is ``distill_size`` inputs of ``distill_set`` (labels dropped)."""
         if resources is None:
-            raise ValueError("FedEcho needs the built-in app's model and training split (resources)")
+            raise ConfigError("FedEcho needs the built-in app's model and training split (resources)")
         unlabeled = distillation_inputs(config.distill_set, resources.x_train, resources.y_train,
                                         config.distill_size, resources.seed, data_dir=resources.data_dir,
                                         holdout_fraction=resources.server_holdout)

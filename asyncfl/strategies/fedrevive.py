@@ -260,9 +260,9 @@ class FedRevive(Strategy):
         self.num_classes = num_classes
         make_model = checked_model_fn(model_fn, "FedRevive")
         if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"FedRevive: num_classes must be an integer >= 2, got {num_classes!r}")
+            raise ConfigError(f"FedRevive: num_classes must be an integer >= 2, got {num_classes!r}")
         if len(tuple(input_shape)) != 3:
-            raise ValueError(f"FedRevive: input_shape must be (channels, height, width), got {input_shape!r}")
+            raise ConfigError(f"FedRevive: input_shape must be (channels, height, width), got {input_shape!r}")
         self.make_model = make_model
         self.device = torch_device(config.server_device)
         self.student = make_model().to(self.device).eval()
@@ -299,11 +299,11 @@ class FedRevive(Strategy):
         """Built-in app: the zoo model, the dataset's classes and shape; ``proportions="true"`` reads the
         clients' label histograms (simulation only)."""
         if resources is None:
-            raise ValueError(f"{cls.__name__} needs the built-in app's model and training split (resources)")
+            raise ConfigError(f"{cls.__name__} needs the built-in app's model and training split (resources)")
         true_proportions = None
         if config.proportions == "true":
             if resources.label_histogram is None:
-                raise ValueError("FedRevive with true label proportions needs the clients' label histograms "
+                raise ConfigError("FedRevive with true label proportions needs the clients' label histograms "
                                  "(simulation only)")
             true_proportions = resources.label_histogram
         return cls(resources.make_model, resources.num_classes, resources.input_shape, seed=resources.seed,
@@ -472,7 +472,7 @@ class DDFedRevive(FedRevive):
                  **options: Any) -> None:
         x, y = labeled_arrays(server_data, "DDFedRevive", "server_data")
         if not callable(label_proportions):
-            raise ValueError("DDFedRevive needs label_proportions: a callable (client index, number of clients) -> "
+            raise ConfigError("DDFedRevive needs label_proportions: a callable (client index, number of clients) -> "
                              f"label histogram, got {type(label_proportions).__name__}")
         super().__init__(model_fn, num_classes, input_shape, seed=seed, true_proportions=label_proportions, **options)
         self.data_driven = True
@@ -485,7 +485,7 @@ class DDFedRevive(FedRevive):
                     **flower_options: Any) -> "DDFedRevive":
         """Built-in app: the pool is the server's hold-out rows; teachers weighted by the true histograms."""
         if resources is None or resources.label_histogram is None:
-            raise ValueError("DDFedRevive needs the built-in app's training split and the clients' label "
+            raise ConfigError("DDFedRevive needs the built-in app's training split and the clients' label "
                              "histograms (simulation only)")
         rows = holdout_rows(resources.y_train, resources.server_holdout, resources.seed)
         return cls(resources.make_model, resources.num_classes, resources.input_shape,

@@ -28,6 +28,8 @@ from flwr.app import MetricRecord, RecordDict
 
 from asyncfl import protocol
 
+from asyncfl.errors import ConfigError
+
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
@@ -73,22 +75,22 @@ class FlowerOptions:
         for name in ("fraction_train", "fraction_evaluate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}={value!r} must be a number in [0, 1]")
+                raise ConfigError(f"{name}={value!r} must be a number in [0, 1]")
         for name in ("min_train_nodes", "min_evaluate_nodes", "min_available_nodes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name}={value!r} must be an integer >= 0")
+                raise ConfigError(f"{name}={value!r} must be an integer >= 0")
         if self.fraction_train == 0.0 and self.min_train_nodes == 0:
-            raise ValueError("fraction_train=0 with min_train_nodes=0 would train on no node; an asynchronous "
+            raise ConfigError("fraction_train=0 with min_train_nodes=0 would train on no node; an asynchronous "
                              "run needs at least one job in flight")
         for name in ("weighted_by_key", "arrayrecord_key", "configrecord_key"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"{name}={value!r} must be a non-empty string")
+                raise ConfigError(f"{name}={value!r} must be a non-empty string")
         for name in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
             value = getattr(self, name)
             if value is not None and not callable(value):
-                raise ValueError(f"{name} must be a callable (list[RecordDict], str) -> MetricRecord, "
+                raise ConfigError(f"{name} must be a callable (list[RecordDict], str) -> MetricRecord, "
                                  f"got {type(value).__name__}")
 
     @property

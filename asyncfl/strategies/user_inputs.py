@@ -2,7 +2,7 @@
 
 Methods that run a network on the server (FedEcho, FedADT, FedRevive, GI compensation)
 take the user's own ``model_fn`` (e.g. ``model_fn=Net``) and data as numpy arrays, torch
-tensors or a torch ``Dataset``. A missing or unusable piece is a ``ValueError`` that says
+tensors or a torch ``Dataset``. A missing or unusable piece is a ``ConfigError`` (a ``ValueError``) that says
 what was expected, raised before any run starts.
 """
 
@@ -14,15 +14,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from asyncfl.errors import ConfigError
+
 
 def checked_model_fn(model_fn: Any, owner: str) -> Callable[[], nn.Module]:
     """``model_fn`` if calling it builds a ``torch.nn.Module``; else a clear error."""
     if not callable(model_fn):
-        raise ValueError(f"{owner} needs model_fn: a callable that builds your torch.nn.Module "
+        raise ConfigError(f"{owner} needs model_fn: a callable that builds your torch.nn.Module "
                          f"(e.g. model_fn=Net), got {type(model_fn).__name__}")
     built = model_fn()
     if not isinstance(built, nn.Module):
-        raise ValueError(f"{owner}: model_fn() must return a torch.nn.Module, got {type(built).__name__}")
+        raise ConfigError(f"{owner}: model_fn() must return a torch.nn.Module, got {type(built).__name__}")
     return model_fn
 
 
@@ -45,17 +47,17 @@ def _columns(data: Any) -> list[np.ndarray]:
 def input_array(data: Any, owner: str, name: str) -> np.ndarray:
     """Model inputs as float32: an array, a tensor, or a ``Dataset`` whose samples are ``x`` or ``(x, ...)``."""
     if data is None:
-        raise ValueError(f"{owner} needs {name}: model inputs as a numpy array, a torch tensor or a torch Dataset")
+        raise ConfigError(f"{owner} needs {name}: model inputs as a numpy array, a torch tensor or a torch Dataset")
     if isinstance(data, (np.ndarray, torch.Tensor)):
         array = _as_numpy(data)
     elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         columns = _columns(data)
         array = columns[0] if columns else np.empty((0,))
     else:
-        raise ValueError(f"{owner}: {name} must be a numpy array, a torch tensor or a torch Dataset, "
+        raise ConfigError(f"{owner}: {name} must be a numpy array, a torch tensor or a torch Dataset, "
                          f"got {type(data).__name__}")
     if len(array) == 0:
-        raise ValueError(f"{owner}: {name} is empty")
+        raise ConfigError(f"{owner}: {name} is empty")
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
@@ -66,11 +68,11 @@ def labeled_arrays(data: Any, owner: str, name: str) -> tuple[np.ndarray, np.nda
     elif data is not None and hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         columns = _columns(data)
         if len(columns) < 2:
-            raise ValueError(f"{owner}: {name} must yield (input, label) samples")
+            raise ConfigError(f"{owner}: {name} must yield (input, label) samples")
         x, y = columns[0], columns[1]
     else:
-        raise ValueError(f"{owner} needs {name}: labeled server data as (x, y) or a torch Dataset of (x, y)")
+        raise ConfigError(f"{owner} needs {name}: labeled server data as (x, y) or a torch Dataset of (x, y)")
     if len(x) == 0 or len(x) != len(y):
-        raise ValueError(f"{owner}: {name} needs as many labels as inputs and at least one sample "
+        raise ConfigError(f"{owner}: {name} needs as many labels as inputs and at least one sample "
                          f"(got {len(x)} inputs, {len(y)} labels)")
     return np.ascontiguousarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)

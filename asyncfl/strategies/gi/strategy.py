@@ -143,7 +143,7 @@ class GICompensation(FedAvg):
             switch_comparisons=switch_comparisons, switch_margin=switch_margin, uniqueness=uniqueness,
             inversion_workers=inversion_workers)
         if not isinstance(local_program, LocalProgram):
-            raise ValueError("GICompensation needs local_program: a LocalProgram describing the clients' SGD "
+            raise ConfigError("GICompensation needs local_program: a LocalProgram describing the clients' SGD "
                              f"(steps or epochs, batch size, lr, momentum), got {type(local_program).__name__}")
         self._model_fn = checked_model_fn(model_fn, "GICompensation")
         self.layout = FlatLayout(self._model_fn())
@@ -171,7 +171,7 @@ class GICompensation(FedAvg):
                     **flower_options: Any) -> "GICompensation":
         """Built-in app: replays the run-config's local-training program on the zoo model."""
         if resources is None or resources.train_config is None:
-            raise ValueError("GICompensation needs the built-in app's model, data shape and local-training config")
+            raise ConfigError("GICompensation needs the built-in app's model, data shape and local-training config")
         return cls(resources.make_model, resources.input_shape, resources.num_classes,
                    LocalProgram.from_message_config(resources.train_config), seed=resources.seed,
                    **config.keywords(), **flower_options)

@@ -21,6 +21,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
+from asyncfl.errors import ConfigError
 from asyncfl.models.flat import load_flat
 
 Tensors = dict[str, torch.Tensor]
@@ -44,10 +45,10 @@ class LocalProgram:
 
     def __post_init__(self) -> None:
         if self.optimizer != "sgd":
-            raise ValueError(f"gradient-inversion compensation replays SGD clients only, got optimizer={self.optimizer!r}"
+            raise ConfigError(f"gradient-inversion compensation replays SGD clients only, got optimizer={self.optimizer!r}"
                              " (the paper's Appendix E: inversion fails under Adam); set optimizer='sgd'")
         if self.batch_size < 1 or self.lr <= 0 or (self.epochs <= 0 and self.steps <= 0):
-            raise ValueError(f"invalid local program {self}: need batch-size >= 1, lr > 0 and epochs or steps > 0")
+            raise ConfigError(f"invalid local program {self}: need batch-size >= 1, lr > 0 and epochs or steps > 0")
 
     @classmethod
     def from_message_config(cls, config: dict) -> "LocalProgram":
