@@ -28,6 +28,7 @@ from pathlib import Path
 from asyncfl.deploy.builtin_app import builtin_app_folder, is_builtin_app, is_flower_app
 from asyncfl.deploy.processes import TlsFiles
 from asyncfl.deploy.simulation import check_ray_address, run_app, stream_to_end
+from asyncfl.errors import ConfigError
 from asyncfl.resume_args import DEFAULT_SUPERNODES, RESUMABLE_KEYS, resume_run_config, write_resume_run_config
 from asyncfl.run_config_args import app_overrides, check_node_count, check_run_config, flwr_run_config
 
@@ -277,7 +278,7 @@ def deployment_run_config(app_dir: Path, run_config: list[str]) -> list[str]:
     working directory, so a relative ``output-dir`` would land there.
     """
     if any(item.endswith(".toml") for item in run_config):
-        raise ValueError("asyncfl deploy takes key=value overrides only (Flower cannot mix a TOML file with them)")
+        raise ConfigError("asyncfl deploy takes key=value overrides only (Flower cannot mix a TOML file with them)")
     return [f"clock='wall' output-dir='{(app_dir / 'outputs').resolve()}'"] + list(run_config)
 
 
@@ -332,7 +333,6 @@ def _compose(args) -> int:
     """``asyncfl compose``: the file and, unless ``--insecure``, its key material; a refused setting is one line
     on stderr (exit status 2) before anything is written."""
     from asyncfl.deploy.compose import write_compose
-    from asyncfl.errors import ConfigError
 
     try:
         if args.tls:
@@ -395,7 +395,6 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
     from asyncfl.deploy import images
     from asyncfl.deploy.containers import DockerDeployment, check_security, docker_client, remove_deployment
     from asyncfl.deploy.topology import cpu_tiers
-    from asyncfl.errors import ConfigError
 
     root = Path(__file__).resolve().parents[1]
     if args.action == "requirements":
@@ -419,7 +418,7 @@ def _docker(parser: argparse.ArgumentParser, args) -> int:
             tiers = cpu_tiers(args.cpus_per_client) if args.cpus_per_client else None
             run_config = list(args.run_config)
             if any(item.endswith(".toml") for item in run_config):
-                raise ValueError("asyncfl docker up takes key=value overrides only")
+                raise ConfigError("asyncfl docker up takes key=value overrides only")
             check_run_config(args.app, [f"clock='wall' output-dir='{args.workdir.resolve()}'"] + run_config)
             run_config = flwr_run_config(app_overrides(args.app, run_config)[1])  # old key spellings read as the new
         except ValueError as exc:

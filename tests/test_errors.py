@@ -40,6 +40,9 @@ def test_a_bad_setting_is_a_config_error_wherever_it_is_made():
 
     from asyncfl.client_app.drills import check_drill
     from asyncfl.config import parse_run_config
+    from asyncfl.data.datasets import load_dataset
+    from asyncfl.data.partition import _make_partitioner
+    from asyncfl.decentralized.peer import PeerConfig
     from asyncfl.decentralized.settings import GossipConfig
     from asyncfl.errors import ConfigError
     from asyncfl.models.zoo import build_model
@@ -62,6 +65,11 @@ def test_a_bad_setting_is_a_config_error_wherever_it_is_made():
             {**cfg, "drill-attack": "meteor", "drill-attackers": 1})),
         (lambda: build_model("vgg", (1, 28, 28), 10), lambda: parse_run_config({**cfg, "model": "vgg"})),
         (lambda: asyncfl.RunOptions(clock="sundial"), lambda: parse_run_config({**cfg, "clock": "sundial"})),
+        (lambda: load_dataset("imagenet"), lambda: parse_run_config({**cfg, "dataset": "imagenet"})),
+        (lambda: PeerConfig(penalty="l7"), lambda: parse_run_config(
+            {**cfg, "strategy": "pushcen", "max-time": 5.0, "pushcen.penalty": "l7"})),
+        (lambda: _make_partitioner("stripes", 4, 0.5, 2, 0), lambda: parse_run_config(
+            {**cfg, "partitioning": "stripes"})),
     ]
     for in_python, in_run_config in pairs:
         assert type(_raised(in_python)) is ConfigError, _raised(in_python)

@@ -41,6 +41,41 @@ def test_every_registered_name_is_the_one_its_class_declares_and_every_declaring
     assert Strategy.run_config_name is None
 
 
+def _parsed_declarations(folder: Path, package: str) -> dict[str, str]:
+    """What the line scan must find, by Python's own parser: a top-level class whose body assigns a string to
+    ``run_config_name`` (with any annotation)."""
+    import ast
+
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        module = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
+        for node in ast.parse(path.read_bytes()).body:
+            for statement in getattr(node, "body", []) if isinstance(node, ast.ClassDef) else []:
+                target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
+                if isinstance(target, ast.Name) and target.id == registry.NAME_ATTRIBUTE \
+                        and isinstance(getattr(statement, "value", None), ast.Constant) \
+                        and isinstance(statement.value.value, str):
+                    found[statement.value.value] = f"{module}:{node.name}"
+    return found
+
+
+def test_the_line_scan_finds_what_pythons_parser_finds_in_the_package():
+    folder = Path(registry.__file__).parent
+    assert declared_strategies(folder, "asyncfl.strategies") == _parsed_declarations(folder, "asyncfl.strategies")
+
+
+def test_the_scan_takes_any_annotation_and_skips_strings_functions_and_stray_files(tmp_path):
+    (tmp_path / "annotated.py").write_text(TOY.replace('run_config_name = "latest-wins"',
+                                                       'run_config_name: ClassVar[str] = "latest-wins"'))
+    (tmp_path / "later.py").write_text('class A:\n    """Doc."""\n\n\ndef f():\n    run_config_name = "not-a-method"\n')
+    (tmp_path / ".#annotated.py").symlink_to(tmp_path / "gone")  # an editor's lock file: a dangling link
+    (tmp_path / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n")
+    assert declared_strategies(tmp_path, "pkg") == {"latest-wins": "pkg.annotated:LatestWins"}
+    assert _parsed_declarations(tmp_path, "pkg") == {"latest-wins": "pkg.annotated:LatestWins"}
+
+
 def test_the_scan_reads_names_from_source_and_refuses_a_name_claimed_twice(tmp_path):
     (tmp_path / "toy.py").write_text(TOY)
     (tmp_path / "nested").mkdir()

@@ -36,6 +36,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import MessageType
 
 from asyncfl import protocol
+from asyncfl.errors import ConfigError
 
 
 def ray_node_id() -> str | None:
@@ -64,7 +65,7 @@ def node_ids(context: Context) -> tuple[int, int]:
     try:
         return int(context.node_config[protocol.PARTITION_ID]), int(context.node_config[protocol.NUM_PARTITIONS])
     except KeyError as exc:
-        raise ValueError(
+        raise ConfigError(
             f"node-config lacks {exc.args[0]!r}; start the SuperNode with "
             "--node-config \"partition-id=<i> num-partitions=<n>\""
         ) from exc

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from asyncfl.errors import ConfigError
 from asyncfl.models.inference import CACHE_FRIENDLY_BATCH
 
 
@@ -20,7 +21,7 @@ def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weig
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam")
+    raise ConfigError(f"unknown optimizer {name!r}; valid: sgd, adam")
 
 
 def train_local(

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncfl.data import readers
+from asyncfl.errors import ConfigError
 
 DATASETS = ("mnist5k", "digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "svhn")
 #: Input channels of each dataset (1 = grayscale), known before any data is read.
@@ -92,7 +93,7 @@ def _raw(name: str, data_dir: Path | None):
         return (*readers.read_cifar(data_dir or Path("."), 100), 255.0)
     if name == "svhn":
         return (*readers.read_svhn(data_dir or Path(".")), 255.0)
-    raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+    raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
 
 
 @lru_cache(maxsize=4)
@@ -103,7 +104,7 @@ def load_dataset(name: str, data_dir: str = "", test_fraction: float = 0.2, seed
     test split (``mnist5k``, ``digits``), which are split per class.
     """
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+        raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
     x_train, y_train, x_test, y_test, scale = _raw(name, Path(data_dir).expanduser() if data_dir else None)
     if x_test is None:
         x_train, y_train, x_test, y_test = _stratified_split(x_train, y_train, test_fraction, seed)

@@ -22,6 +22,7 @@ from asyncfl.decentralized.pushsum import push_sum_merge, split_mass
 from asyncfl.decentralized.regularizer import enforce_mask_, proximal_penalty
 from asyncfl.decentralized.settings import PENALTIES
 from asyncfl.decentralized.wcp import nearest_sorted, wcp_encode
+from asyncfl.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,11 @@ class PeerConfig:
 
     def __post_init__(self) -> None:
         if not 2 <= self.k <= 256:
-            raise ValueError(f"pushcen.k must be in [2, 256], got {self.k}")
+            raise ConfigError(f"pushcen.k must be in [2, 256], got {self.k}")
         if self.lam < 0 or self.out_degree < 0 or self.wcp_iterations < 1:
-            raise ValueError("need pushcen.lambda >= 0, an out-degree >= 0 and wcp iterations >= 1")
+            raise ConfigError("need pushcen.lambda >= 0, an out-degree >= 0 and wcp iterations >= 1")
         if self.penalty not in PENALTIES:
-            raise ValueError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
+            raise ConfigError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
 
 
 @dataclass

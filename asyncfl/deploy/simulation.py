@@ -17,6 +17,7 @@ from pathlib import Path
 
 from asyncfl.deploy.processes import (FlowerProcess, flower_env, flower_tool, free_port, signals_held, superlink_command,
                                       wait_for_port, write_connection)
+from asyncfl.errors import ConfigError
 
 CONNECTION = "asyncfl-local"
 
@@ -133,13 +134,13 @@ def check_ray_address(address: str, timeout: float = RAY_PROBE_S) -> None:
                 "default), or leave --ray-address out to start Ray on this machine")
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--ray-address {address!r} is not HOST:PORT; {expected}")
+        raise ConfigError(f"--ray-address {address!r} is not HOST:PORT; {expected}")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise ValueError(f"--ray-address {address}: nothing answers there ({reason}); {expected}") from None
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({reason}); {expected}") from None
 
 
 def run_failed(app_dir: Path, env: dict[str, str]) -> bool:

@@ -130,12 +130,12 @@ def log_through_flower() -> None:
 def codec_and_model(initial_arrays: ArrayRecord) -> tuple[ModelCodec, np.ndarray]:
     """The layout of ``initial_arrays`` (names, shapes, dtypes) and the model as one flat float32 vector."""
     if not isinstance(initial_arrays, ArrayRecord) or len(initial_arrays) == 0:
-        raise ValueError("initial_arrays must be a non-empty flwr.app.ArrayRecord, e.g. "
+        raise ConfigError("initial_arrays must be a non-empty flwr.app.ArrayRecord, e.g. "
                          "ArrayRecord(model.state_dict())")
     state = OrderedDict((name, array.numpy()) for name, array in initial_arrays.items())
     for name, array in state.items():
         if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-            raise ValueError(f"initial_arrays[{name!r}] has dtype {array.dtype}; only numeric arrays can be averaged")
+            raise ConfigError(f"initial_arrays[{name!r}] has dtype {array.dtype}; only numeric arrays can be averaged")
     codec = ModelCodec.from_state(state)
     return codec, codec.flatten(list(state.values()))
 

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import math
 
-from asyncfl.errors import ConfigError
-
 #: What a server step of 0 (automatic) follows: the clients' measured response, or the bound for any client.
 PACES = ("measured", "stable")
 #: The automatic buffer's bounds: two updates at least (one would let the measured pace read a client's response
@@ -54,7 +52,7 @@ def auto_buffer_size(concurrency: int) -> int:
     re-dispatched from the model its own update made reads its own delta back as no response.
     """
     if concurrency < 1:
-        raise ConfigError(f"concurrency={concurrency} must be >= 1")
+        raise ValueError(f"concurrency={concurrency} must be >= 1")
     low, high = BUFFER_BOUNDS
     return min(concurrency, high, max(low, concurrency // 4))
 
@@ -62,7 +60,7 @@ def auto_buffer_size(concurrency: int) -> int:
 def update_delay(concurrency: int, updates_per_step: int = 1) -> float:
     """``d = K - 1 + (B - 1) / 2``: accepted updates between a job's dispatch and its update's application."""
     if concurrency < 1 or updates_per_step < 1:
-        raise ConfigError(f"concurrency={concurrency} and updates_per_step={updates_per_step} must be >= 1")
+        raise ValueError(f"concurrency={concurrency} and updates_per_step={updates_per_step} must be >= 1")
     return (concurrency - 1) + (updates_per_step - 1) / 2
 
 

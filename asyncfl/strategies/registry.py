@@ -37,7 +37,9 @@ def declared_strategies(folder: Path, package: str) -> dict[str, str]:
     """
     found: dict[str, str] = {}
     for path in sorted(folder.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
+        if path.name.startswith(".") or not path.is_file():  # an editor's lock file or backup link
+            continue
+        text = path.read_bytes().decode("utf-8", errors="replace")  # only ASCII names are looked for
         if NAME_ATTRIBUTE not in text:
             continue
         module = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
@@ -45,6 +47,8 @@ def declared_strategies(folder: Path, package: str) -> dict[str, str]:
         for line in text.splitlines():
             if line.startswith("class "):
                 owner = _CLASS.match(line).group(1)
+            elif line[:1] not in ("", " ", "\t", "#", ")", "@"):  # back at module level: no class owns what follows
+                owner = None
             elif owner is not None and (declared := _DECLARED.match(line)):
                 name = declared.group(1)
                 if name in found:
@@ -54,10 +58,13 @@ def declared_strategies(folder: Path, package: str) -> dict[str, str]:
 
 
 _CLASS = re.compile(r"class (\w+)")
-_DECLARED = re.compile(rf"    {NAME_ATTRIBUTE}(?:: *str)? *= *[\"']([^\"']+)[\"']")
+_DECLARED = re.compile(rf"    {NAME_ATTRIBUTE} *(?::[^=]+)?= *[\"']([^\"']+)[\"']")  # any annotation
 
 
 STRATEGY_CLASSES: dict[str, str] = declared_strategies(Path(__file__).parent, __package__)
+if not STRATEGY_CLASSES:  # the methods' sources are not installed (a .pyc-only or zipped package)
+    raise ImportError(f"no strategy declares {NAME_ATTRIBUTE} under {Path(__file__).parent}: asyncfl needs its "
+                      "strategies' .py sources installed")
 
 
 def class_modules() -> dict[str, str]:
