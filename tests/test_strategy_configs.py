@@ -54,6 +54,19 @@ def test_every_strategy_knob_has_a_run_config_default_and_every_strategy_key_is_
     assert unread == []
 
 
+def test_every_strategy_knobs_pyproject_value_is_its_declared_default():
+    # one default per knob: the config dataclass declares it; the app's pyproject (which Flower reads) repeats it
+    from asyncfl.config import same_value
+
+    cfg = defaults()
+    for name in STRATEGY_CLASSES:
+        config_class = strategy_class(name).config_class
+        for spec in fields(config_class):
+            declared = "" if spec.default is None else spec.default
+            key = config_class.key_of(spec.name)
+            assert same_value(cfg[key], declared), f"pyproject {key} = {cfg[key]!r}, declared {spec.default!r}"
+
+
 def test_values_are_typed_and_checked_with_the_keyword_the_key_and_what_is_valid():
     assert FedBuffConfig(buffer_size=5.0).buffer_size == 5  # an integral float from TOML is an int
     assert isinstance(FedAsyncConfig(staleness_decay=1).staleness_decay, float)
