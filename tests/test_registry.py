@@ -109,13 +109,3 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
-
-
-def test_a_line_scan_not_an_import():
-    # the registry is read by every ClientApp process (the run-config parser): it must not load the methods
-    methods = tuple(spec.partition(":")[0] for spec in STRATEGY_CLASSES.values())
-    done = subprocess.run([sys.executable, "-c", "import sys; import asyncfl.config; "
-                           f"print(any(m in {methods!r} for m in sys.modules))"],
-                          cwd=ROOT, capture_output=True, text=True)
-    assert done.stdout.strip() == "False", done.stderr[-2000:]
-    assert registry.NAME_ATTRIBUTE == "run_config_name"
