@@ -256,9 +256,9 @@ class RunOptions(Knobs):
                 raise ConfigError(f"target-accuracy values must be in (0, 1], got {target}")
         if self.evaluate_every < 1 and self.evaluate_every_time <= 0:
             raise ConfigError(f"evaluate-every-time (evaluate_every_time) = {self.evaluate_every_time:g} and "
-                              f"evaluate-every (evaluate_every) = {self.evaluate_every} leave the run without evaluation: "
-                              "set "
-                              "evaluate-every-time > 0 (clock units between evaluations) or evaluate-every >= 1 (rounds)")
+                              f"evaluate-every (evaluate_every) = {self.evaluate_every} leave the run without "
+                              "evaluation: set evaluate-every-time > 0 (clock units between evaluations) or "
+                              "evaluate-every >= 1 (rounds)")
         resolve_delays(self.clock, self.delay_model)
         if self.emulate_delay_scale > 0 and (self.clock != "wall" or self.delay_model is None):
             raise ConfigError(f"emulate-delay-scale (emulate_delay_scale) = {self.emulate_delay_scale:g} needs "
@@ -387,8 +387,8 @@ def resolve_delays(clock: str, delay_model: Any) -> tuple[str, DelayModel | Runt
         raise ConfigError(f"clock={clock!r} is not valid; choose one of: {', '.join(CLOCKS)}")
     if delay_model is None:
         if clock == "virtual":
-            raise ConfigError("clock='virtual' draws each job's duration from a delay model: pass delay_model=<DelayModel> "
-                              f"or a preset name ({', '.join(DELAY_PRESETS)})")
+            raise ConfigError("clock='virtual' draws each job's duration from a delay model: pass "
+                              f"delay_model=<DelayModel> or a preset name ({', '.join(DELAY_PRESETS)})")
         return "uniform-speed", DELAY_PRESETS["uniform-speed"]
     if isinstance(delay_model, str):
         if delay_model not in DELAY_PRESETS:

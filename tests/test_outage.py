@@ -280,7 +280,8 @@ def test_a_grid_error_that_is_no_outage_still_ends_the_run():
 def test_a_bad_outage_limit_is_refused_in_one_line(limit):
     with pytest.raises(ConfigError) as refused:
         Link(FakeGrid(1, honest), limit)
-    assert "\n" not in str(refused.value) and "timeout" in str(refused.value)
+    message = str(refused.value)
+    assert "\n" not in message and "3 x timeout; a timeout must be a number of seconds > 0" in message
 
 
 def test_the_outage_limit_is_three_job_timeouts():

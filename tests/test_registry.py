@@ -53,7 +53,8 @@ def _parsed_declarations(folder: Path, package: str) -> dict[str, str]:
         module = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
         for node in ast.parse(path.read_bytes()).body:
             for statement in getattr(node, "body", []) if isinstance(node, ast.ClassDef) else []:
-                target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
+                target = statement.targets[0] if isinstance(statement, ast.Assign) \
+                    else getattr(statement, "target", None)
                 if isinstance(target, ast.Name) and target.id == registry.NAME_ATTRIBUTE \
                         and isinstance(getattr(statement, "value", None), ast.Constant) \
                         and isinstance(statement.value.value, str):
