@@ -576,13 +576,16 @@ _FEDECHO_SETTINGS_COMMON = {**_FEDECHO_PAPER_COMMON, "server-holdout": 0.0, "fed
                             "fadas.buffer-size": 5, "fadas.beta1": 0.9}
 _FEDECHO_SETTINGS_GRID = {"fedbuff": ((0.01, 0.03, 0.1), (0.5, 1.0)), "ca2fl": ((0.01, 0.03, 0.1), (0.5, 1.0)),
                           "fadas": ((0.03, 0.1, 0.3), (1e-4, 1e-3, 1e-2)), "fedecho": ((0.01, 0.03, 0.1), (0.5, 1.0))}
+# A best point on an edge of its grid grows the grid past that edge (2026-11-28: FedBuff's local 0.1 / global 0.5,
+# the highest local and the lowest global rate of its grid)
+_FEDECHO_SETTINGS_GROWN = {"fedbuff": [(0.3, 0.5), (0.1, 0.25), (0.3, 0.25)]}
 FEDECHO_FMNIST_SETTINGS_TUNE = Study(
     name="fedecho-fmnist-settings-tune",
     supernodes=50,
     common=_FEDECHO_SETTINGS_COMMON,
     methods={f"{method}-l{local:g}-g{server:g}": {"strategy": method, "lr": local, f"{method}.server-lr": server}
-             for method, (locals_, servers) in _FEDECHO_SETTINGS_GRID.items() for local in locals_
-             for server in servers},
+             for method, (locals_, servers) in _FEDECHO_SETTINGS_GRID.items()
+             for local, server in [(l, g) for l in locals_ for g in servers] + _FEDECHO_SETTINGS_GROWN.get(method, [])},
     scenarios={"large-dir0.1": {}},
     seeds=(4,),
     targets=(0.7, 0.75),
