@@ -93,11 +93,13 @@ def _bad_pair_message(item: str) -> str:
             "such as -c \"strategy='fedasync'\"")
 
 
-def app_overrides(app_dir: Path, run_config: list[str]) -> tuple[list[tuple[str | None, dict]], dict]:
+def app_overrides(app_dir: Path, run_config: list[str],
+                  known: dict | None = None) -> tuple[list[tuple[str | None, dict]], dict]:
     """The ``-c`` arguments' sources and their merged overrides for the app in ``app_dir``. For asyncfl's built-in
     app, a key under an old name (:data:`asyncfl.options.RENAMED_KEYS`) that its pyproject has under the new one
     is read as the new one (said in one line); another app's keys are its own. What ``flwr run`` gets
-    (:func:`flwr_run_config`) and what is checked are the same."""
+    (:func:`flwr_run_config`) and what is checked are the same. ``known``: the app's flat run-config, if the
+    caller has read it."""
     from flwr.common.config import flatten_dict, get_project_config
 
     from asyncfl.options import current_keys
@@ -106,7 +108,8 @@ def app_overrides(app_dir: Path, run_config: list[str]) -> tuple[list[tuple[str 
     merged = merge_run_config(sources)
     if not is_builtin_app(app_dir):
         return sources, merged
-    known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+    if known is None:
+        known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
     return sources, current_keys(merged, where="-c", known=known)
 
 
@@ -208,8 +211,8 @@ def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int |
     """
     from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config
 
-    sources, overrides = app_overrides(app_dir, run_config)
     known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+    sources, overrides = app_overrides(app_dir, run_config, known)
     for key in overrides:
         if key not in known:
             raise ConfigError(_origin(sources, key) + unknown_key_message(key, known))
