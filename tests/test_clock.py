@@ -33,7 +33,7 @@ def test_virtual_clock_loses_the_head_job_after_the_timeout_and_stamps_drawn_dur
     in_flight = {"a": job("a", 101, 1.0, 0, sent=time.monotonic() - 10)}
     picked, reply = clock.pick(in_flight, {}, set(), 0.0, timeout=5)
     assert picked.message_id == "a" and reply is None
-    assert clock.job_duration(2) == 3.5 and clock.request_keys(2) == {}
+    assert clock.new_job(2) == (3.5, {})
     assert clock.now(7.25) == 7.25 and clock.server_time(0.5) == 1.0
 
 
@@ -47,24 +47,29 @@ def test_wall_clock_loses_jobs_on_nodes_that_left_before_accepting_replies():
 
 
 def test_wall_clock_costs_no_server_time_and_asks_emulated_durations_only_when_scaled():
-    assert WallClock(FixedDelays()).request_keys(1) == {}
-    assert WallClock(FixedDelays(), emulate_delay_scale=0.5).request_keys(1) == {protocol.EMULATE_SECONDS: 1.25}
-    assert WallClock(FixedDelays()).job_duration(1) == 0.0 and WallClock(FixedDelays()).server_time(3.0) == 0.0
+    assert WallClock(FixedDelays()).new_job(1) == (0.0, {})
+    assert WallClock(FixedDelays(), emulate_delay_scale=0.5).new_job(1) == (0.0, {protocol.EMULATE_SECONDS: 1.25})
+    assert WallClock(FixedDelays()).server_time(3.0) == 0.0
 
 
 def test_hold_window_adds_the_measured_start_wait_on_the_wall_clock_only():
     # jobs that train 1 s but come back after 6 s waited 5 s for a worker: a freed slot may wait that long for
     # the next version on top of a tenth of a job's compute; without train-seconds the round trip is the job
+    out = {"a": Job("a", 101, 1, 0, 2.0, 0.0, 0, 0.0), "b": Job("b", 102, 2, 0, 1.0, 0.0, 1, 0.0)}
     wall = WallClock(FixedDelays())
-    assert wall.hold_window(0.1, 6.0) == pytest.approx(0.6)
+    assert wall.next_version(out, 1, 0.1) is None  # no job came back yet: no estimate of a job's duration
+    wall.recent_durations.extend([6.0, 6.0])
+    due, window = wall.next_version(out, 2, 0.1)  # the second job due: b at 1 + 6, a at 2 + 6
+    assert due == 8.0 and window == pytest.approx(0.6)
     for finish, seconds in ((6.0, 1.0), (6.5, 1.2), (5.5, 0.8)):
         wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, finish, 0, 0.0), seconds, 3)
-    assert wall.hold_window(0.1, 6.0) == pytest.approx(0.1 * 1.0 + 5.0)
+    assert wall.next_version(out, 1, 0.1)[1] == pytest.approx(0.1 * 1.0 + 5.0)
     wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 2.0, 0, 0.0), 3.0, 3)  # longer than its round trip: ignored
     assert len(wall.recent_compute) == 3
     virtual = VirtualClock(FixedDelays())
     virtual.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 6.0, 0, 0.0), 1.0, 3)
-    assert virtual.hold_window(0.1, 6.0) == pytest.approx(0.6)
+    drawn = {"a": Job("a", 101, 1, 0, 0.0, 6.0, 0, 0.0), "b": Job("b", 102, 2, 0, 1.0, 3.0, 1, 0.0)}
+    assert virtual.next_version(drawn, 1, 0.1) == (3.0, pytest.approx(0.1 * 4.0))  # finishes as drawn; median 4
 
 
 def test_train_seconds_reads_only_a_finite_non_negative_number():

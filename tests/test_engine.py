@@ -593,7 +593,7 @@ def test_jobs_per_client_queues_a_clients_next_job_while_it_trains(jobs_per_clie
                          jobs_per_client=jobs_per_client, cap_in_flight=False)
     if jobs_per_client == 1:
         engine.discover_clients()
-        engine._top_up()
+        engine.dispatcher.top_up(0)
         trains = [m for m in grid.pushed if m.metadata.message_type == "train"]
         assert len(trains) == first_wave and sorted(m.metadata.dst_node_id for m in trains) == [101, 102]
         return

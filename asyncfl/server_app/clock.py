@@ -62,17 +62,17 @@ class Clock(Protocol):
 
     #: Nodes may leave and join during the run (track who is online; wait for one to come back).
     nodes_come_and_go: bool
+    #: Jobs may wait in a queue for a worker, so ``cap-in-flight`` keeps fewer out (:meth:`in_flight_cap`).
+    jobs_queue: bool
     #: Seconds the SuperLink was unreachable since a moment (``time.monotonic()``): not part of a job's timeout.
     outage_seconds_since: Callable[[float], float]
 
     def now(self, last_event: float) -> float:
         """The current time, given the time of the last accepted event."""
 
-    def job_duration(self, client: int) -> float:
-        """The duration stamped on a new job (its finish = dispatch time + this; 0: known on arrival)."""
-
-    def request_keys(self, client: int) -> dict:
-        """Extra keys for a new job's request."""
+    def new_job(self, client: int) -> tuple[float, dict]:
+        """What a new job to ``client`` is stamped with: its duration (its finish = dispatch time + this; 0: known
+        on arrival) and the extra keys of its request."""
 
     def server_time(self, seconds: float) -> float:
         """Clock time that ``seconds`` of server compute cost."""
@@ -81,11 +81,11 @@ class Clock(Protocol):
              timeout: float) -> "tuple[Job, Message | None] | None":
         """The next job to accept and its reply (``None``: lost), or ``None`` when none is decided yet."""
 
-    def due(self, job: "Job", typical: float) -> float:
-        """When ``job`` is expected to finish, ``typical`` being :meth:`typical_duration`."""
-
-    def typical_duration(self, in_flight: dict[str, "Job"]) -> float | None:
-        """A job's usual duration on this clock (``None``: no estimate yet)."""
+    def next_version(self, in_flight: dict[str, "Job"], pending: int, hold: float) -> tuple[float, float] | None:
+        """``dispatch-hold``: when the jobs in flight are due to bring the ``pending`` arrivals the strategy's next
+        version needs (the ``pending``-th of their expected finishes), and how long a freed slot may wait for it:
+        ``hold`` x a job's compute, plus the time a job waits before it starts (dead time whichever model it
+        carries). ``None``: no estimate of a job's duration yet."""
 
     def observe_train_seconds(self, job: "Job", seconds: float, in_flight: int, process: str | None = None) -> None:
         """An accepted reply said its ClientApp trained for ``seconds`` (``train-seconds``) in ``process`` (its
@@ -93,10 +93,6 @@ class Clock(Protocol):
 
     def in_flight_cap(self, concurrency: int) -> int:
         """How many jobs to keep in flight, at most ``concurrency``: those the workers can start soon."""
-
-    def hold_window(self, hold: float, typical: float) -> float:
-        """How long a freed slot may wait for the strategy's next version: ``hold`` x a job's compute, plus the
-        time a job waits before it starts (dead time whichever model it carries)."""
 
     def puller(self, grid, concurrency: int) -> ThreadedPuller | None:
         """How replies are pulled: ``None`` for one ``pull_messages`` call over every waiting message."""
@@ -109,6 +105,7 @@ class VirtualClock:
     """Simulated time: durations drawn per job, replies accepted in virtual finish order."""
 
     nodes_come_and_go = False
+    jobs_queue = False  # a virtual job starts when it is dispatched
 
     def __init__(self, delays, server_time_scale: float = 0.0) -> None:
         self.delays = delays
@@ -119,11 +116,8 @@ class VirtualClock:
     def now(self, last_event: float) -> float:
         return last_event
 
-    def job_duration(self, client: int) -> float:
-        return self.delays.job_duration(client)
-
-    def request_keys(self, client: int) -> dict:
-        return {}
+    def new_job(self, client: int) -> tuple[float, dict]:
+        return self.delays.job_duration(client), {}
 
     def server_time(self, seconds: float) -> float:
         return seconds * self.server_time_scale
@@ -136,21 +130,19 @@ class VirtualClock:
             return head, None
         return None
 
-    def due(self, job, typical):
-        return job.finish  # drawn at dispatch
-
-    def typical_duration(self, in_flight):
-        # the median: a few slow clients' jobs must not stretch the fast ones' wait
-        return float(np.median([job.finish - job.start for job in in_flight.values()])) if in_flight else None
+    def next_version(self, in_flight, pending, hold):
+        if not in_flight:
+            return None
+        # finishes are drawn at dispatch; a job's duration is the median in flight: a few slow clients' jobs must
+        # not stretch the fast ones' wait
+        typical = float(np.median([job.finish - job.start for job in in_flight.values()]))
+        return sorted(job.finish for job in in_flight.values())[pending - 1], hold * typical
 
     def observe_train_seconds(self, job, seconds, in_flight, process=None):
         pass  # a virtual job starts when it is dispatched and lasts what was drawn for it
 
     def in_flight_cap(self, concurrency):
         return concurrency  # nothing queues on the virtual clock
-
-    def hold_window(self, hold, typical):
-        return hold * typical
 
     def puller(self, grid, concurrency: int) -> None:
         return None
@@ -163,6 +155,7 @@ class WallClock:
     """Real time: replies accepted as they are pulled; jobs on nodes that left are lost at once."""
 
     nodes_come_and_go = True
+    jobs_queue = True  # Flower's simulation runs many nodes' jobs on a few workers
 
     def __init__(self, delays, emulate_delay_scale: float = 0.0) -> None:
         self.delays = delays  # drawn from only to emulate slow clients (emulate-delay-scale)
@@ -183,13 +176,10 @@ class WallClock:
     def now(self, last_event: float) -> float:
         return time.monotonic() - self.started
 
-    def job_duration(self, client: int) -> float:
-        return 0.0
-
-    def request_keys(self, client: int) -> dict:
+    def new_job(self, client: int) -> tuple[float, dict]:
         if self.emulate_delay_scale <= 0:
-            return {}
-        return {protocol.EMULATE_SECONDS: self.delays.job_duration(client) * self.emulate_delay_scale}
+            return 0.0, {}
+        return 0.0, {protocol.EMULATE_SECONDS: self.delays.job_duration(client) * self.emulate_delay_scale}
 
     def server_time(self, seconds: float) -> float:
         return 0.0  # already on the clock
@@ -213,11 +203,15 @@ class WallClock:
                 return job, None
         return None
 
-    def due(self, job, typical):
-        return job.start + typical
-
-    def typical_duration(self, in_flight):
-        return float(np.median(self.recent_durations)) if self.recent_durations else None
+    def next_version(self, in_flight, pending, hold):
+        if not self.recent_durations:
+            return None
+        typical = float(np.median(self.recent_durations))  # a job is due a usual duration after it started
+        due = sorted(job.start + typical for job in in_flight.values())[pending - 1]
+        # without train-seconds the round trip is all the engine knows of a job: a hold of ``hold`` x that
+        if not self.recent_compute:
+            return due, hold * typical
+        return due, hold * float(np.median(self.recent_compute)) + float(np.median(self.recent_start_waits))
 
     def observe_train_seconds(self, job, seconds, in_flight, process=None):
         round_trip = job.finish - job.start
@@ -261,12 +255,6 @@ class WallClock:
         # one job more than the workers run, so a worker that frees finds the next job there; below the workers no
         # job queues, so the estimate, and with it the cap, grows back by one per window of replies
         return max(1, min(concurrency, max(processes, math.ceil(running - 1e-9)) + 1))
-
-    def hold_window(self, hold, typical):
-        # without train-seconds the round trip is all the engine knows of a job: a hold of ``hold`` x that
-        if not self.recent_compute:
-            return hold * typical
-        return hold * float(np.median(self.recent_compute)) + float(np.median(self.recent_start_waits))
 
     def resume_at(self, clock: float) -> None:
         self.started = time.monotonic() - clock  # wall time goes on from the checkpoint's, never back

@@ -45,6 +45,9 @@ class Dispatcher:
         self.clock, self.roster, self.state = clock, roster, state
         self.slots = Slots(roster, config.jobs_per_client, config.pipeline_late_clients and strategy.synchronous,
                            clock.nodes_come_and_go)
+        # cap-in-flight acts where jobs queue for a worker, for an asynchronous strategy (a synchronous round is its
+        # cohort)
+        self._capped = config.cap_in_flight and clock.jobs_queue and not strategy.synchronous
 
     def discover_clients(self, resumed_clients: int = 0) -> list[int]:
         """Wait for nodes, ask each for its ``partition-id`` and fix the client order.
@@ -100,56 +103,47 @@ class Dispatcher:
         return any(job.finish <= due for job in self.state.in_flight.values())
 
     def top_up(self, rounds_done: int) -> None:
-        """Fill free slots; with ``jobs-per-client`` > 1 a client picked once may be picked again in a next
-        draw (one draw picks each client at most once), until the slots are full or no client has room."""
-        while self._dispatch_batch(rounds_done) and self.config.jobs_per_client > 1:
-            pass
-
-    def _dispatch_batch(self, rounds_done: int) -> int:
-        """Draw up to the free slots among the eligible clients, without replacement, and push their jobs;
-        returns how many were pushed."""
-        state = self.state
-        if self.strategy.synchronous and self.round_open():
-            return 0
-        self.refresh_nodes()
-        late = len(state.in_flight) if self.strategy.synchronous else 0  # late jobs belong to earlier rounds
-        want = self.in_flight_limit() - len(state.in_flight) + late
-        # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
-        # every round; at this point every job still in flight is late, the round having closed)
-        if want <= 0 or not len(self.slots) or self.holding():
-            return 0
-        state.held_since = -1.0
-        chosen = self.slots.draw(state.pick_rng, want)
-        start = self.clock.now(state.now)
-        state.round_start = start
-        jobs = []
-        for client in (int(c) for c in chosen):
-            version = self.state.versions.acquire()
-            seq = state.seq
-            state.seq += 1
-            duration = self.clock.job_duration(client)
-            config = self._config_for(client, rounds_done + 1)
-            config[protocol.MODEL_VERSION] = version
-            config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
-            config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (variant data drifts with it)
-            config.update(self.clock.request_keys(client))
-            custom = self.strategy.dispatch_model(client, self.state.versions.current)
-            if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
-                custom, _ = self.codec.clamp_variances(custom)
-            jobs.append(Job("", self.roster.nodes[client], client, version, start, start + duration, seq, 0.0,
-                            sent_model=custom, request=config))
-        pushed = self.push(jobs)
-        self.state.stats.dispatched += pushed
-        return pushed
+        """Fill free slots: draw up to the free slots among the eligible clients, without replacement, and push their
+        jobs in one call; with ``jobs-per-client`` > 1 a client picked once may be picked again in a next draw (one
+        draw picks each client at most once), until the slots are full or no client has room."""
+        state, synchronous = self.state, self.strategy.synchronous
+        while not (synchronous and self.round_open()):
+            if self.clock.nodes_come_and_go:
+                self.refresh_nodes()
+            late = len(state.in_flight) if synchronous else 0  # late jobs belong to earlier rounds
+            want = (self.in_flight_limit() if self._capped else self.config.concurrency) - len(state.in_flight) + late
+            # a pipelined late client trains again while its late job is out (the GI paper's delayed clients train
+            # every round; at this point every job still in flight is late, the round having closed)
+            if want <= 0 or not self.slots.eligible.count or self.holding():
+                return
+            state.held_since = -1.0
+            start = state.round_start = self.clock.now(state.now)
+            jobs = []
+            for client in self.slots.draw(state.pick_rng, want):
+                version = state.versions.acquire()
+                seq = state.seq
+                state.seq += 1
+                duration, clock_keys = self.clock.new_job(client)
+                config = self._config_for(client, rounds_done + 1)
+                config[protocol.MODEL_VERSION] = version
+                config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
+                config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (drifting data follows it)
+                config.update(clock_keys)
+                custom = self.strategy.dispatch_model(client, state.versions.current) if self.strategy.looks_ahead else None
+                if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
+                    custom, _ = self.codec.clamp_variances(custom)
+                jobs.append(Job("", self.roster.nodes[client], client, version, start, start + duration, seq, 0.0,
+                                sent_model=custom, request=config))
+            pushed = self.push(jobs)
+            state.stats.dispatched += pushed
+            if not pushed or self.config.jobs_per_client == 1:
+                return
 
     def in_flight_limit(self) -> int:
         """``cap-in-flight``: an asynchronous strategy's jobs in flight on the wall clock are capped at what the
         workers can start soon (:meth:`WallClock.in_flight_cap`), so no job waits in a queue growing stale;
-        ``concurrency`` stays what the strategy was configured for (FedBuff's buffer, the pace). A synchronous
-        round is its cohort."""
+        ``concurrency`` stays what the strategy was configured for (FedBuff's buffer, the pace)."""
         concurrency = self.config.concurrency
-        if not self.config.cap_in_flight or self.strategy.synchronous:
-            return concurrency
         cap = self.clock.in_flight_cap(concurrency)
         if cap < concurrency:
             self.state.stats.count_in_flight_cap(cap)
@@ -166,13 +160,13 @@ class Dispatcher:
         pending = self.strategy.arrivals_to_next_version() if hold > 0 and not self.strategy.synchronous else 0
         if pending <= 0 or len(state.in_flight) < pending:
             return False
-        typical = self.clock.typical_duration(state.in_flight)
-        if typical is None:
+        expected = self.clock.next_version(state.in_flight, pending, hold)
+        if expected is None:
             return False
-        dues = [self.clock.due(job, typical) for job in state.in_flight.values()]
+        due, window = expected
         now = self.clock.now(state.now)
         since = now if state.held_since < 0 else state.held_since
-        if max(sorted(dues)[pending - 1], now) - since > self.clock.hold_window(hold, typical):  # overdue: expect now
+        if max(due, now) - since > window:  # overdue: expect it now
             return False
         if state.held_since < 0:
             state.stats.held_dispatches += 1

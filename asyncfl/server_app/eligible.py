@@ -110,11 +110,6 @@ class Slots:
                 self.held_back.discard(i)
             self.eligible.set(i, may)
 
-    def recheck_held_back(self) -> None:
-        """After an arrival the shares moved: a held-back client whose share fell may get jobs again."""
-        if self.held_back:
-            self.update(list(self.held_back))
-
     def update_all(self) -> None:
         """Take in every client of the roster (it may have grown) and re-evaluate each."""
         self.eligible.grow(len(self.roster))
@@ -145,5 +140,5 @@ class Slots:
     def draw(self, rng, want: int) -> list[int]:
         """Up to ``want`` eligible clients, without replacement: positions among the eligible clients in index
         order, so the same draws as from the list of them."""
-        idle = len(self.eligible)
+        idle = self.eligible.count
         return [self.eligible.kth(int(p)) for p in rng.choice(idle, size=min(want, idle), replace=False)]

@@ -158,9 +158,6 @@ class AsyncEngine:
         """Send ``jobs`` and put those the SuperLink took in flight (:meth:`Dispatcher.push`)."""
         return self.dispatcher.push(jobs)
 
-    def _top_up(self) -> None:
-        self.dispatcher.top_up(self.round)
-
     # ------------------------------------------------------------------ loop
     def run(self) -> EngineStats:
         """Run until ``max-arrivals`` accepted arrivals or ``max-time``."""
@@ -182,7 +179,7 @@ class AsyncEngine:
             while not self._should_stop():
                 if self.checkpoints is not None and self.checkpoints.due(self.versions.version):
                     self._checkpoint()
-                self._top_up()
+                self.dispatcher.top_up(self.state.rounds_closed)
                 if not state.in_flight:
                     self._wait_for_an_online_node()
                 job, reply = self._next_completion()
@@ -218,7 +215,7 @@ class AsyncEngine:
         deadline = time.monotonic() + wait
         while not self.state.in_flight and time.monotonic() < deadline:
             time.sleep(self.roster.refresh_every)
-            self._top_up()
+            self.dispatcher.top_up(self.state.rounds_closed)
         if not self.state.in_flight:
             raise NothingToDispatch("no job could be dispatched: no idle client online")
 
@@ -236,7 +233,7 @@ class AsyncEngine:
         max_arrivals, num_rounds = self.config.max_arrivals, self.config.num_rounds
         if max_arrivals and self.stats.arrivals >= max_arrivals:
             self.stop_reason = f"max-arrivals {max_arrivals} reached"
-        elif num_rounds and self.round >= num_rounds:
+        elif num_rounds and self.state.rounds_closed >= num_rounds:  # every round due is closed here
             self.stop_reason = f"num-rounds {num_rounds} reached"
         return self.stop_reason != "running"
 
@@ -272,15 +269,16 @@ class AsyncEngine:
             pull_seconds = time.perf_counter() - started
             if self.federated_eval is not None:
                 self.federated_eval.poll()
-            self.dispatcher.refresh_nodes()
-            self._tell_owners()
+            if self.clock.nodes_come_and_go:  # who is online; nodes that joined (and whose data they hold)
+                self.dispatcher.refresh_nodes()
+                self._tell_owners()
             picked = self.clock.pick(self.state.in_flight, self.state.inbox, self.roster.online, self.state.now,
                                      self.config.timeout)
             if picked is not None:
                 self._pacer.progress()
                 return picked
             if self.state.held_since >= 0:  # wall clock: free slots held past their wait go out now
-                self._top_up()
+                self.dispatcher.top_up(self.state.rounds_closed)
             self._pacer.wait(pull_seconds, got)
 
     def _complete(self, job: Job, reply: Message | None) -> None:
@@ -299,13 +297,15 @@ class AsyncEngine:
                                  self.config.timeout)
             if isinstance(outcome, Arrival):
                 outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
-                self.slots.recheck_held_back()
+                if self.slots.held_back:  # the shares moved: a held-back client whose share fell may get jobs again
+                    self.slots.update(list(self.slots.held_back))
             arrival = self._count(job, reply, outcome)
             if self._journaling:
                 journal.record_event(self.checkpoints, job, arrival, state)
             if arrival is not None:
                 if self.config.overlap_server_compute and not self.strategy.synchronous and not self._last_arrival():
-                    self._top_up()  # the freed slot gets the pre-update model: server compute hidden, +1 staleness
+                    # the freed slot gets the pre-update model: server compute hidden, +1 staleness
+                    self.dispatcher.top_up(self.state.rounds_closed)
                 self.accept(arrival)
         finally:
             self.versions.release(job.version)
@@ -373,7 +373,7 @@ class AsyncEngine:
     def _close_rounds(self) -> None:
         """Step 6, the one place a round closes: aggregate its train metrics, score it when the round schedule
         says so. A round is ``round-arrivals`` accepted updates, or a server version when that is 0."""
-        while self.state.rounds_closed < self.round:
+        while self.state.rounds_closed < self.state.rounds(self.config.round_arrivals)[0]:
             self.state.rounds_closed += 1
             if self.train_metrics is not None:
                 self.train_metrics.on_round(self.state.rounds_closed)

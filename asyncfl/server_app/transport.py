@@ -205,7 +205,8 @@ class Link:
         while True:
             if self._ended:
                 return nothing()
-            self._raise_if_given_up()
+            if self._gave_up is not None:
+                self._raise_if_given_up()
             started = time.monotonic()
             try:
                 result = call(*args)
@@ -218,7 +219,8 @@ class Link:
                 self._up.wait(wait)  # a call that gets through meanwhile wakes every waiting one
                 wait = min(2 * wait, self._longest_wait)
                 continue
-            self._reached(started)
+            if self._down_since is not None:  # an outage was going on: this call may end it
+                self._reached(started)
             return result
 
     # ------------------------------------------------------------------ outages
@@ -243,8 +245,6 @@ class Link:
 
     def _reached(self, started: float) -> None:
         """A call that began at ``started`` got through: an outage that began before it is over."""
-        if self._down_since is None:
-            return
         now = time.monotonic()
         with self._lock:
             if self._down_since is None or started < self._down_since:

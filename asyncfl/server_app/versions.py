@@ -20,14 +20,11 @@ class VersionStore:
         self.codec = codec
         self.version = 0
         self._models: dict[int, np.ndarray] = {0: initial}
+        #: The current global model (flat).
+        self.current: np.ndarray = initial
         self._records: dict[int, ArrayRecord] = {}
         self._refs: dict[int, int] = {}
         self.peak_versions = 1
-
-    @property
-    def current(self) -> np.ndarray:
-        """The current global model (flat)."""
-        return self._models[self.version]
 
     def record(self, version: int) -> ArrayRecord:
         """The ArrayRecord of ``version``, encoded once and shared by all its dispatches."""
@@ -49,21 +46,23 @@ class VersionStore:
         self._refs[version] -= 1
         if self._refs[version] == 0:
             del self._refs[version]
-            self._drop_if_unused(version)
+            if version != self.version:
+                self._drop(version)
 
     def advance(self, new_model: np.ndarray) -> int:
         """Make ``new_model`` the current version; returns the new version number."""
         old = self.version
         self.version += 1
-        self._models[self.version] = new_model
-        self._drop_if_unused(old)
+        self._models[self.version] = self.current = new_model
+        if old not in self._refs:
+            self._drop(old)
         self.peak_versions = max(self.peak_versions, len(self._models))
         return self.version
 
-    def _drop_if_unused(self, version: int) -> None:
-        if version != self.version and version not in self._refs:
-            self._models.pop(version, None)
-            self._records.pop(version, None)
+    def _drop(self, version: int) -> None:
+        """Forget a version that is neither current nor pinned."""
+        self._models.pop(version, None)
+        self._records.pop(version, None)
 
     def state_dict(self) -> dict:
         """The current version number, every stored model and the pins on them (a checkpoint's part)."""
@@ -74,6 +73,7 @@ class VersionStore:
         """Take the versions a checkpoint stored; their records are re-encoded on first use."""
         self.version = int(state["version"])
         self._models = {int(v): m for v, m in state["models"].items()}
+        self.current = self._models[self.version]
         self._refs = {int(v): int(n) for v, n in state["refs"].items()}
         self._records = {}
         self.peak_versions = int(state["peak_versions"])

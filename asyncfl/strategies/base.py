@@ -1,9 +1,8 @@
 """The strategy interface: react to one client arrival, never touch Grid or clocks.
 
-:class:`Strategy` is the method's interface (``on_start``, ``on_arrival``, ``dispatch_model``,
-``on_round_end``, ``summary``) and ``start``; its other concerns are pieces of their own:
-the automatic step (:mod:`asyncfl.strategies.paced`), Flower's hooks
-(:mod:`asyncfl.strategies.hooks`) and checkpoint state (:mod:`asyncfl.strategies.strategy_state`).
+:class:`Strategy` is the method's interface (``on_start``, ``on_arrival``, ``dispatch_model``, ``on_round_end``,
+``summary``) and ``start``; its other concerns are pieces of their own: the automatic step
+(:mod:`asyncfl.strategies.paced`), Flower's hooks (:mod:`asyncfl.strategies.hooks`) and checkpoint state.
 """
 
 from __future__ import annotations
@@ -49,9 +48,11 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     config_class: type[StrategyConfig] = StrategyConfig
     #: Its run-config ``strategy``, set in a built-in method's own body (where the registry finds it).
     run_config_name: str | None = None
+    looks_ahead: bool = False  #: The class overrides :meth:`dispatch_model` (set per subclass): the engine asks it.
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        cls.looks_ahead = cls.dispatch_model is not Strategy.dispatch_model
         init = cls.__dict__.get("__init__")
         if init is not None and init.__doc__ is None:  # help() would say "Initialize self" for the constructor
             init.__doc__ = (f"Build {cls.__name__}: its knobs are the keywords above (Parameters, checked by "
@@ -64,8 +65,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     @classmethod
     def from_config(cls, config: StrategyConfig, resources: "StrategyResources | None" = None,
                     **flower_options: Any) -> "Strategy":
-        """The built-in app's way in: this strategy from its parsed run-config section. Methods that run a network
-        on the server override this to take their model and data from ``resources`` (the built-in app's)."""
+        """The built-in app's way in, from the parsed run-config section (a server-side network: from ``resources``)."""
         if not isinstance(config, cls.config_class):
             raise TypeError(f"{cls.__name__}.from_config needs {cls.config_class.__name__}, not "
                             f"{type(config).__name__}")
@@ -92,7 +92,7 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     def on_start(self, num_clients: int, concurrency: int = 1) -> None:
         """Called once after client discovery, before the first dispatch; ``concurrency``: jobs in flight (``K``),
         which sets a delta-adding method's default step (:func:`asyncfl.strategies.pace.per_update_share`)."""
-        self.concurrency = concurrency
+        self._start_pacing(concurrency)
 
     @abstractmethod
     def on_arrival(self, arrival: Arrival, current: np.ndarray) -> np.ndarray | None:

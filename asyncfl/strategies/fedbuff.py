@@ -177,7 +177,7 @@ class FedBuff(Strategy):
         scale = np.float32(fedbuff_weight(arrival.staleness, self.config.staleness_weighting))
         hooked = self.aggregation_hook is not None  # an aggregate_train override takes the buffer's step
         robust = self.config.aggregation != "mean" or hooked
-        response = self._compensating_response()
+        response = self._compensating_response() if self.config.compensation == "response" else 0.0
         if hooked:
             self._check_held()
             self._held.append(arrival)
@@ -242,8 +242,8 @@ class FedBuff(Strategy):
         return compensated_delta(arrival.delta, arrival.base, current, response) if response else arrival.delta
 
     def _compensating_response(self) -> float:
-        """``lambda_hat`` clipped to ``[0, 1]`` when ``compensation="response"`` and the meter reads one, else 0."""
-        if self.config.compensation != "response" or self.response_meter is None:
+        """``lambda_hat`` clipped to ``[0, 1]`` when the meter reads one (``compensation="response"``), else 0."""
+        if self.response_meter is None:
             return 0.0
         response = self.response_meter.response
         return 0.0 if response is None else min(1.0, max(0.0, response))

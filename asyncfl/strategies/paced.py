@@ -6,10 +6,12 @@ and :mod:`asyncfl.strategies.response`.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from asyncfl.strategies.arrival import Arrival
-from asyncfl.strategies.pace import BUFFER_BOUNDS, auto_buffer_size, paced_server_lr
+from asyncfl.strategies.pace import BUFFER_BOUNDS, auto_buffer_size, per_update_share
 from asyncfl.strategies.response import ResponseMeter
 
 
@@ -29,6 +31,13 @@ class PacedSteps:
 
     #: ``dispatch_hold`` when the user leaves it unset (``None``): 0 unless the method sets its own.
     auto_dispatch_hold: float = 0.0
+
+    def _start_pacing(self, concurrency: int) -> None:
+        """The run's ``K`` is known (:meth:`~asyncfl.strategies.base.Strategy.on_start`): what was resolved from the
+        previous one is forgotten (the automatic buffer, the stable shares), to be resolved again once."""
+        self.concurrency = concurrency
+        self.__dict__.pop("buffer_size", None)
+        self.__dict__.pop("_stable_shares", None)
 
     def arrivals_to_next_version(self) -> int:
         """Accepted arrivals that make the next server version (a buffer's free places; 1 where every arrival
@@ -58,19 +67,26 @@ class PacedSteps:
     def _paced_lr(self, configured: float, updates_per_step: int = 1, extra_delay: float = 0.0) -> float:
         """The server learning rate to use: ``configured``, or when it is 0 (auto) the stable pace for ``K`` jobs
         in flight, ``min(1, B * g(K, B))``, scaled by ``2 / lambda_bound`` when a response meter measures the
-        clients (:mod:`asyncfl.strategies.pace`), with ``extra_delay`` updates added to the delay ``d`` (CA2FL's
-        :func:`~asyncfl.strategies.pace.cache_lag`). Before :meth:`on_start` (no ``K`` known) auto is 1."""
+        clients (:func:`asyncfl.strategies.pace.paced_server_lr`), with ``extra_delay`` updates added to the delay
+        ``d`` (CA2FL's :func:`~asyncfl.strategies.pace.cache_lag`). Before :meth:`on_start` (no ``K`` known) auto
+        is 1. The share ``g`` depends on ``K`` and the step's size only: worked out once per run and step size."""
         if configured > 0:
             return configured
+        shares = self.__dict__.setdefault("_stable_shares", {})
+        share = shares.get((updates_per_step, extra_delay))
+        if share is None:
+            share = shares[updates_per_step, extra_delay] = per_update_share(
+                self.concurrency or updates_per_step, updates_per_step, extra_delay)
         meter = self.response_meter
-        return paced_server_lr(updates_per_step, self.concurrency or updates_per_step,
-                               meter.bound if meter is not None else 2.0, extra_delay)
+        bound = meter.bound if meter is not None else 2.0
+        return min(1.0, updates_per_step * (share * 2.0 / bound))  # paced_server_lr's arithmetic, in its order
 
-    @property
+    @cached_property
     def buffer_size(self) -> int:
         """Updates per server step of a buffered method (FedBuff, CA2FL, FADAS, FedEcho: its ``config.buffer_size``),
         or when that is 0 (auto) ``K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
-        (:func:`asyncfl.strategies.pace.auto_buffer_size`). Before :meth:`on_start` auto is 2."""
+        (:func:`asyncfl.strategies.pace.auto_buffer_size`). Before :meth:`on_start` auto is 2. Resolved once
+        per run (:meth:`_start_pacing` forgets it)."""
         configured = getattr(self.config, "buffer_size", None)
         if configured is None:
             raise AttributeError(f"{type(self).__name__} does not buffer updates")

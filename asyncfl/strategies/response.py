@@ -107,7 +107,9 @@ class ResponseMeter:
                 self.numerator = self.decay * self.numerator - float(np.dot(changed, moved))
                 self.denominator = self.decay * self.denominator + squared
                 self.pairs += 1
-                self._update_bound()
+                if self.pairs >= self.min_pairs:  # the bound follows lambda_hat (response) once it is reported
+                    target = min(2.0, max(RESPONSE_FLOOR, RESPONSE_SAFETY * (self.numerator / self.denominator)))
+                    self.bound = max(target, self.bound / BOUND_EASING)
         if previous is None and len(self._jobs) >= self.tracked_clients:
             previous = self._jobs.pop(next(iter(self._jobs)))  # forget the least recently seen client
         self._spare = None if previous is None else (previous[1], previous[2])
@@ -115,7 +117,9 @@ class ResponseMeter:
 
     def _copy_in(self, arrival: Arrival, entries: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The arrival's start model and delta on the measured entries, written into spare arrays when there are."""
-        chosen = self._chosen_entries(arrival.base.size, entries)
+        known = self._chosen
+        chosen = (known[2] if known is not None and known[0] == arrival.base.size and known[1] is entries
+                  else self._chosen_entries(arrival.base.size, entries))
         size = arrival.base.size if chosen is None else chosen.size
         spare = self._spare
         if spare is not None and spare[0].size == size:
@@ -134,9 +138,7 @@ class ResponseMeter:
 
     def _chosen_entries(self, size: int, entries: np.ndarray | None) -> np.ndarray | None:
         """Indices of the measured entries (``None``: all of them): the trained ones, at most
-        :data:`MEASURED_ENTRIES` of them drawn once with a fixed seed."""
-        if self._chosen is not None and self._chosen[0] == size and self._chosen[1] is entries:
-            return self._chosen[2]
+        :data:`MEASURED_ENTRIES` of them drawn once with a fixed seed (kept for the next arrival of that size)."""
         if entries is None and size <= MEASURED_ENTRIES:
             chosen = None
         else:
@@ -145,13 +147,6 @@ class ResponseMeter:
                 chosen = np.sort(np.random.default_rng(0).choice(chosen, MEASURED_ENTRIES, replace=False))
         self._chosen = (size, entries, chosen)
         return chosen
-
-    def _update_bound(self) -> None:
-        response = self.response
-        if response is None:
-            return
-        target = min(2.0, max(RESPONSE_FLOOR, RESPONSE_SAFETY * response))
-        self.bound = max(target, self.bound / BOUND_EASING)
 
     def summary(self) -> dict[str, float | int | None]:
         """``summary.json``'s figures: the last ``lambda_hat`` (``None`` before ``min_pairs``), the bound, the pairs."""
