@@ -159,9 +159,10 @@ class ModelCodec:
             unknown = sorted(set(keys) - set(self.names))[:3]
             raise MalformedUpdate("wrong-names", f"arrays named {unknown} are not in the model; expected the names "
                                                  f"the model was sent with (e.g. {self.names[:3]})")
-        arrays = [self._checked_array(i, record) for i in range(len(self.names))]
+        flat = np.empty(self.size, dtype=np.float32)
         with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond float32's range becomes inf: refused below
-            flat = self.flatten(arrays)
+            for i in range(len(self.names)):
+                flat[self.offsets[i] : self.offsets[i + 1]] = self._checked_array(i, record).reshape(-1)
         if not np.isfinite(flat).all():
             raise MalformedUpdate("non-finite", "update contains NaN or Inf (or a value beyond float32's range)")
         return flat

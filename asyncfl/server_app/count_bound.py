@@ -46,15 +46,13 @@ class ExampleCountCeiling:
         self.latest: dict[int, int] = {}  # client -> its latest count as capped, oldest first
         self.capped = 0
 
-    def ceiling(self) -> float:
-        """The largest count a reply may carry now (``inf`` while nothing is known)."""
-        if len(self.latest) >= min(MIN_HISTORY, self.clients):
-            return self.multiple * float(np.median(list(self.latest.values())))
-        return self.multiple * self.prior if self.prior > 0 else float("inf")
-
     def apply(self, arrival: Arrival) -> Arrival:
-        """``arrival`` with its count capped at :meth:`ceiling`; its client's entry updated."""
-        ceiling = self.ceiling()
+        """``arrival`` with its count capped at the ceiling (``inf`` while nothing is known); its client's entry
+        updated."""
+        if len(self.latest) >= min(MIN_HISTORY, self.clients):
+            ceiling = self.multiple * float(np.median(list(self.latest.values())))
+        else:
+            ceiling = self.multiple * self.prior if self.prior > 0 else float("inf")
         count = arrival.num_examples
         if count > ceiling:
             self.capped += 1

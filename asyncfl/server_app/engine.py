@@ -183,7 +183,8 @@ class AsyncEngine:
                 if not state.in_flight:
                     self._wait_for_an_online_node()
                 job, reply = self._next_completion()
-                state.check_not_all_failing(self.config.concurrency, self.config.timeout)
+                if state.failures_in_a_row:  # a streak of failed jobs goes on: is every job out failing?
+                    state.check_not_all_failing(self.config.concurrency, self.config.timeout)
                 if self.config.max_time and job.finish > self.config.max_time:
                     state.now = self.config.max_time
                     self.score_until(state.now)
@@ -324,7 +325,7 @@ class AsyncEngine:
         state.failures_in_a_row = 0
         state.failing_clients.clear()
         content = reply.content
-        metrics = self.keys.metrics_of(content)
+        metrics = protocol.reply_metrics(content)
         worker = content.config_records.get(protocol.WORKER_RECORD) or {}
         train_seconds = protocol.train_seconds(metrics)
         self.stats.count_reply(job, content, self.keys.arrays, train_seconds,

@@ -180,7 +180,7 @@ class FederatedEvaluation:
         elif not reply.content.metric_records:
             self._count("no-metrics")
         else:
-            metrics = self.options.keys.metrics_of(reply.content)
+            metrics = protocol.reply_metrics(reply.content)
             weight_key = self.options.weighted_by_key
             count = reported_count(metrics, weight_key) if weight_key in metrics else None
             if isinstance(count, RejectedReply):

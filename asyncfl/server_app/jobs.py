@@ -112,7 +112,7 @@ class EngineStats:
         self.reply_bytes.append(sum(len(array.data) for array in content.array_records[arrays_key].values()))
         if pulled_wall is not None:
             self.round_trip_seconds.append(pulled_wall - job.sent_wall)
-            tally = self.tally(job.client)
+            tally = self.by_client.setdefault(job.client, [0, 0, 0.0, 0])  # created at the client's first reply
             tally[2] += pulled_wall - job.sent_wall
             tally[3] += 1
         if train_seconds is not None:
@@ -131,13 +131,9 @@ class EngineStats:
         self.arrivals += 1
         self.last_arrival_wall = wall
         self.staleness.append(staleness)
-        tally = self.tally(client)
+        tally = self.by_client.setdefault(client, [0, 0, 0.0, 0])
         tally[0] += 1
         tally[1] += staleness
-
-    def tally(self, client: int) -> list[float]:
-        """The client's running figures (created at its first reply)."""
-        return self.by_client.setdefault(client, [0, 0, 0.0, 0])
 
     @property
     def rejected_total(self) -> int:

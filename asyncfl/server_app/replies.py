@@ -66,7 +66,7 @@ def read_reply(job: Job, reply: Message | None, codec: ModelCodec, keys: Message
         weights = read_train_reply(reply, codec, keys)
     except RejectedReply as rejected:
         return rejected
-    metrics = keys.metrics_of(reply.content)
+    metrics = protocol.reply_metrics(reply.content)
     num_examples = reported_count(metrics, keys.weight)
     if isinstance(num_examples, RejectedReply):
         return num_examples

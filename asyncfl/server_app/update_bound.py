@@ -132,7 +132,8 @@ class UpdateNormBound:
         if len(latest) >= self.min_history:
             return float(statistics.median(latest.values()))
         if self.first_norms[group] is None:  # anchored to the first model seen: warm-up steps cannot compound
-            self.first_norms[group] = self._norm(base, self.groups[group])
+            mask = self.groups[group]
+            self.first_norms[group] = l2_norm(base if mask is None else base[mask])
         return WARMUP_FRACTION * self.first_norms[group]
 
     def rate_ratio(self, client: int) -> float:
@@ -145,11 +146,8 @@ class UpdateNormBound:
             return 1.0
         if len(self._counts) < self.min_history:  # warm-up: a client's further updates share its first's bound
             return 1.0 + own
-        return max(1.0, own / self._median_count())
-
-    def _median_count(self) -> float:
-        """The median of the recent clients' counts, from how many clients have each count (asked at every
-        dispatch check: a walk over the few distinct counts, not a sort of every client's)."""
+        # the median of the recent clients' counts, from how many clients have each count (asked at every dispatch
+        # check: a walk over the few distinct counts, not a sort of every client's), kept until the window changes
         if self._median is None:
             n = len(self._counts)
             lower, upper = (n - 1) // 2, n // 2  # the middle positions in the sorted counts (equal when n is odd)
@@ -163,22 +161,13 @@ class UpdateNormBound:
                     at_upper = count
                     break
             self._median = (at_lower + at_upper) / 2.0
-        return self._median
+        return max(1.0, own / self._median)
 
     def over_share(self, client: int) -> bool:
         """``client`` sent more than ``multiple`` x the median client's count of the recent updates: the engine
         gives it no new job while others are out, so its share of the run's updates stays near an honest one's
         (judged once ``min_history`` clients have sent updates)."""
         return len(self._counts) >= self.min_history and self.rate_ratio(client) > self.multiple
-
-    def _count(self, client: int) -> None:
-        """``client`` sent the newest update; the oldest leaves the rate window."""
-        if self.recent_clients and not self._counts:
-            self._recount()
-        if len(self.recent_clients) == self.recent_clients.maxlen:
-            self._add(self.recent_clients[0], -1)
-        self.recent_clients.append(client)
-        self._add(client, 1)
 
     def _add(self, client: int, step: int) -> None:
         """``client``'s count in the rate window moves by ``step``, and the number of clients with each count."""
@@ -222,7 +211,7 @@ class UpdateNormBound:
         weight = max(float(weight), 1.0 / self.multiple**2)  # a light update still has a finite norm bound
         scales = []
         for g, mask in enumerate(self.groups):
-            norm = self._norm(delta, mask)
+            norm = l2_norm(delta if mask is None else delta[mask])
             movement = weight * norm
             known = len(self.latest[g]) >= self.min_history
             reference = self.reference(arrival.base, g)
@@ -238,7 +227,11 @@ class UpdateNormBound:
             bound = ceiling / rate**2  # r x the updates, each at 1/r^2: 1/r of the movement per unit of time
             if movement > bound:
                 scales.append((mask, bound / movement, norm, reference, multiple))
-        self._count(client)
+        # ``client`` sent the newest update; the oldest leaves the rate window (rate_ratio recounted a restored one)
+        if len(self.recent_clients) == self.recent_clients.maxlen:
+            self._add(self.recent_clients[0], -1)
+        self.recent_clients.append(client)
+        self._add(client, 1)
         if not scales:
             return arrival
         self.rate_limited += rate > 1
@@ -264,10 +257,6 @@ class UpdateNormBound:
         latest[client] = norm
         if len(latest) > self.window:
             del latest[next(iter(latest))]
-
-    @staticmethod
-    def _norm(vector: np.ndarray, mask: np.ndarray | None) -> float:
-        return l2_norm(vector if mask is None else vector[mask])
 
     def summary(self) -> dict:
         """The bound's figures for ``summary.json``."""

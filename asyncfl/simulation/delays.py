@@ -131,6 +131,7 @@ class DelaySampler:
         self._profiles: dict[int, ClientProfile] = {}
         self._jobs_done: dict[int, int] = {}
         self._shared: dict[str, list[float]] = {}  # component -> per-client mean (exact_shares components)
+        self._components = model.components()
 
     def bind_clients(self, sizes: list[int], label_counts: list[list[int]] | None = None) -> None:
         """Client sample counts do not matter to component delays (see ``CategorySampler``); their number
@@ -155,8 +156,8 @@ class DelaySampler:
         job = self._jobs_done.get(client, 0)
         self._jobs_done[client] = job + 1
         rng = np.random.default_rng([self.seed, 2, client, job])
-        profile = self.profile(client)
-        return sum(comp.sample(getattr(profile, name), rng) for name, comp in self.model.components())
+        profile = self._profiles.get(client) or self.profile(client)
+        return sum(comp.sample(getattr(profile, name), rng) for name, comp in self._components)
 
 
 class FasterClients:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 from flwr.common.logger import log as flwr_log
 
+from asyncfl import protocol
 from asyncfl.strategies.arrival import Arrival
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class SynchronousRounds:
             except RejectedReply as exc:
                 flwr_log(logging.WARNING, "round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
                 continue
-            metrics = keys.metrics_of(reply.content)
+            metrics = protocol.reply_metrics(reply.content)
             examples = int(metrics.get(strategy.flower.weighted_by_key, 1)) if metrics is not None else 1
             loss = float(metrics.get("train_loss", metrics.get("train-loss", np.nan))) if metrics is not None \
                 else float("nan")

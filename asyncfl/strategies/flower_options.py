@@ -26,8 +26,6 @@ from typing import Callable
 
 from flwr.app import MetricRecord, RecordDict
 
-from asyncfl import protocol
-
 from asyncfl.errors import ConfigError
 
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
@@ -40,10 +38,6 @@ class MessageKeys:
     arrays: str = "arrays"
     config: str = "config"
     weight: str = "num-examples"
-
-    def metrics_of(self, content: RecordDict) -> MetricRecord | None:
-        """The reply's ``"metrics"`` record, else its only MetricRecord (Flower reads the first one)."""
-        return protocol.reply_metrics(content)
 
 
 @dataclass(frozen=True)

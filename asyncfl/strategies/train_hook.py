@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from asyncfl import protocol
 from asyncfl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class TrainHook:
                                  f"the model ({exc.reason}: {exc})") from exc
             if not np.array_equal(weights, self.codec.decode(self.codec.to_record(arrival.weights))):
                 changes["weights"] = weights
-        count = reported_count(self.keys.metrics_of(content), self.keys.weight)
+        count = reported_count(protocol.reply_metrics(content), self.keys.weight)
         if isinstance(count, RejectedReply):
             raise ValueError(f"super().aggregate_train in {name}: reply {i}'s example count: {count}")
         if count != arrival.num_examples:
