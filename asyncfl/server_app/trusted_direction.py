@@ -85,17 +85,20 @@ class TrustedDirection:
         self.unmoved = 0  # calls whose model came back unmoved (nothing to judge by)
         self.seconds = 0.0  # time in train_fn (not checkpointed: a resumed run counts its own)
 
-    def apply(self, arrival: Arrival, shared_base: bool = True) -> tuple[Arrival | RejectedReply, bool]:
+    def apply(self, arrival: Arrival, shared_base: bool = True,
+              delta: np.ndarray | None = None) -> tuple[Arrival | RejectedReply, bool]:
         """``arrival`` with its component against the trusted direction at its base removed, and whether it had
         one (the norm bound then holds the rest to the median: :class:`ParticipantBounds`).
 
         ``shared_base``: the arrival's base is its version's global model, so the version's direction serves
-        every job of it; False for a base made for this job (W-Pred's look-ahead), trained on its own."""
+        every job of it; False for a base made for this job (W-Pred's look-ahead), trained on its own. ``delta``:
+        ``arrival.delta`` when the caller has it."""
         unit = self.direction(arrival.base_version, arrival.base, cached=shared_base)
         if unit is None:  # the trusted data does not move this model: nothing to judge by
             return arrival, False
         self.checked += 1
-        update = (arrival.delta if self.mask is None else arrival.delta[self.mask]).astype(np.float64)
+        delta = arrival.delta if delta is None else delta
+        update = (delta if self.mask is None else delta[self.mask]).astype(np.float64)
         along = float(np.dot(update, unit))  # float64: a huge finite update cannot overflow
         if along >= 0.0:
             return arrival, False

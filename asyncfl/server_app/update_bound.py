@@ -198,14 +198,16 @@ class UpdateNormBound:
         for client in self.recent_clients:
             self._add(client, 1)
 
-    def apply(self, arrival: Arrival, weight: float = 1.0, multiple: float | None = None) -> Arrival | RejectedReply:
+    def apply(self, arrival: Arrival, weight: float = 1.0, multiple: float | None = None,
+              delta: np.ndarray | None = None) -> Arrival | RejectedReply:
         """``arrival`` as it may be aggregated (a group beyond its bound clipped), or the rejection.
 
         ``weight``: how much the strategy lets this update move the model next to a fresh update
         (:func:`asyncfl.server_app.participants.relative_weight`); what is bounded is ``weight x norm``.
         ``multiple``: a tighter multiple for this update's trained entries than the run's (one that pointed against
-        the server's trusted descent is held to the median: :mod:`~asyncfl.server_app.trusted_direction`)."""
-        delta, client = arrival.delta, arrival.client_index
+        the server's trusted descent is held to the median: :mod:`~asyncfl.server_app.trusted_direction`).
+        ``delta``: ``arrival.delta`` when the caller has it."""
+        delta, client = arrival.delta if delta is None else delta, arrival.client_index
         trained_multiple = self.multiple if multiple is None else min(float(multiple), self.multiple)
         rate = self.rate_ratio(client)
         weight = max(float(weight), 1.0 / self.multiple**2)  # a light update still has a finite norm bound
