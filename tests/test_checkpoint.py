@@ -586,6 +586,90 @@ def test_a_wall_clock_run_resumes_without_losing_an_accepted_update(tmp_path):
     assert [r.split(",")[:5] for r in lines][: len(written)] == written
 
 
+def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_reply_path(tmp_path, monkeypatch):
+    """Issue 58: the replay is the live path (read, the participant's bounds, the count, the strategy), so after
+    each replayed reply the bounds' history, the counters and the train metrics are those the dead run had after
+    that reply, a clipped update included."""
+    from asyncfl.server_app.engine import AsyncEngine
+
+    def bounded_state(engine):
+        norm, count, stats = engine.bounds.norm, engine.bounds.count, engine.stats
+        return (stats.arrivals, dict(stats.rejected), len(stats.reply_bytes), len(stats.round_trip_seconds),
+                {c: list(t[:2]) for c, t in stats.by_client.items()}, [dict(g) for g in norm.latest],
+                list(norm.recent_clients), norm.clipped, dict(count.latest), engine.versions.current.tobytes())
+
+    after_reply: dict[tuple[str, int], tuple] = {}
+    phase = ["dead run"]
+    live_take_in = AsyncEngine.take_in
+
+    def take_in(engine, job, reply, base):
+        live_take_in(engine, job, reply, base)
+        if phase[0] == "dead run" or engine.replaying:
+            after_reply[("replayed" if engine.replaying else "live", job.seq)] = bounded_state(engine)
+
+    monkeypatch.setattr(AsyncEngine, "take_in", take_in)
+
+    def loud(grid):  # client 3 sends updates 40 times too large: the norm bound clips them
+        reply_of = grid.handler
+
+        def reply(node, message):
+            out = reply_of(node, message)
+            if message.metadata.message_type == "train" and grid.nodes.index(node) == 3:
+                w = out.content.array_records["arrays"]["w"].numpy()
+                sent = message.content.array_records["arrays"]["w"].numpy()
+                out.content.array_records["arrays"]["w"] = Array(sent + np.float32(40.0) * (w - sent))
+            return out
+
+        grid.handler = reply
+        return grid
+
+    def run(grid, **options):
+        return FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall",
+                                            seed=5, max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path),
+                                            run_name="wall", checkpoint_every=3, dispatch_hold=0.0, **options)
+
+    with pytest.raises(Crash):
+        run(loud(_grid(crash_after=22)))
+    journal = checkpoint.read_journal(checkpoint.find(tmp_path / "wall"))
+    assert journal and all(h["kind"] in ("reply", "scored", "round-end") for h, _ in journal)
+    phase[0] = "resumed run"
+    run(loud(_grid(first_node=501)), resume_from=str(tmp_path / "wall"))
+    replayed = sorted(seq for kind, seq in after_reply if kind == "replayed")
+    assert replayed == sorted(h["seq"] for h, _ in journal if h["kind"] == "reply")
+    assert after_reply["live", replayed[-1]][7] > after_reply["live", replayed[0]][7]  # clipped while replayed
+    for seq in replayed:
+        assert after_reply["replayed", seq] == after_reply["live", seq], seq
+
+
+def test_a_journal_written_before_replies_were_kept_as_they_came_still_resumes(tmp_path):
+    """A journal of the former format (each update as bounded, ``arrival`` / ``failed`` events) is replayed as it was
+    then: its updates, straight to the strategy, first and in order."""
+    import json
+
+    def run(strategy, grid, **options):
+        return strategy.start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
+                              max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
+                              checkpoint_every=3, dispatch_hold=0.0, **options)
+
+    before, after = [], []
+    with pytest.raises(Crash):
+        run(Logged(before, buffer_size=3), _grid(crash_after=22))
+    newest = checkpoint.find(tmp_path / "wall")
+    at_checkpoint = restore(None, checkpoint.read(newest)["stats"])["arrivals"]
+    events = [h for h, _ in checkpoint.read_journal(newest) if h["kind"] == "reply"]
+    taken = before[at_checkpoint:]  # what the strategy got after the checkpoint: the former journal's arrays
+    assert len(taken) == len(events)
+    with open(checkpoint.journal_of(newest), "wb") as handle:
+        for header, (client, examples, weights) in zip(events, taken):
+            legacy = {"kind": "arrival", "seq": header["seq"], "client": client, "version": header["version"],
+                      "num_examples": examples, "train_loss": 0.5, "time": header["finish"],
+                      "dispatched": header["dispatched"], "arrays": 1}
+            np.save(handle, np.frombuffer(json.dumps(legacy).encode(), dtype=np.uint8))
+            np.save(handle, np.frombuffer(weights, dtype=np.float32))
+    resumed = run(Logged(after, buffer_size=3), _grid(first_node=501), resume_from=str(tmp_path / "wall"))
+    assert after[: len(taken)] == taken and resumed.summary["arrivals"] == 30
+
+
 def test_a_wall_clock_run_resumed_keeps_every_row_scored_on_its_clock_before_the_crash(tmp_path):
     def run(grid, **options):
         return FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall",

@@ -146,6 +146,8 @@ class AsyncEngine:
         self._pacer = PollPacer()
         self.checkpoints = checkpoints
         self._journaling = checkpoints is not None and self.clock.nodes_come_and_go  # replies cannot be had again
+        #: A resumed run takes in its journal's replies (nothing recorded again, nothing dispatched meanwhile).
+        self.replaying = False
         if self._journaling:
             checkpoints.journaling = True
         self._resume = resume
@@ -293,21 +295,7 @@ class AsyncEngine:
             return
         self.slots.free(job.client)
         try:
-            base = job.sent_model if job.sent_model is not None else self.versions.model(job.version)
-            outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
-                                 self.config.timeout)
-            if isinstance(outcome, Arrival):
-                outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
-                if self.slots.held_back:  # the shares moved: a held-back client whose share fell may get jobs again
-                    self.slots.update(list(self.slots.held_back))
-            arrival = self._count(job, reply, outcome)
-            if self._journaling:
-                journal.record_event(self.checkpoints, job, arrival, state)
-            if arrival is not None:
-                if self.config.overlap_server_compute and not self.strategy.synchronous and not self._last_arrival():
-                    # the freed slot gets the pre-update model: server compute hidden, +1 staleness
-                    self.dispatcher.top_up(self.state.rounds_closed)
-                self.accept(arrival)
+            self.take_in(job, reply, job.sent_model if job.sent_model is not None else self.versions.model(job.version))
         finally:
             self.versions.release(job.version)
         if self.strategy.synchronous and not self.dispatcher.round_open():
@@ -315,6 +303,24 @@ class AsyncEngine:
                 self.checkpoints.record({"kind": "round-end"})
             self.end_round()
         self.stats.server_seconds += time.perf_counter() - started
+
+    def take_in(self, job: Job, reply: Message | None, base: np.ndarray) -> None:
+        """Steps 3-5 for ``job``'s reply (``base``: the model it was sent), live or replayed from the wall clock's
+        journal (:func:`~asyncfl.server_app.journal.replay`), which records it first: read, bound, count, accept."""
+        if self._journaling and not self.replaying:
+            journal.record_event(self.checkpoints, job, reply, self.state)
+        outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base, self.config.timeout)
+        if isinstance(outcome, Arrival):
+            outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
+            if self.slots.held_back:  # the shares moved: a held-back client whose share fell may get jobs again
+                self.slots.update(list(self.slots.held_back))
+        arrival = self._count(job, reply, outcome)
+        if arrival is not None:
+            if (self.config.overlap_server_compute and not self.strategy.synchronous and not self.replaying
+                    and not self._last_arrival()):
+                # the freed slot gets the pre-update model: server compute hidden, +1 staleness
+                self.dispatcher.top_up(self.state.rounds_closed)
+            self.accept(arrival)
 
     def _count(self, job: Job, reply: Message | None, outcome: Arrival | RejectedReply) -> Arrival | None:
         """Step 4: count the outcome (a rejection by reason; an arrival's transport and train metrics)."""

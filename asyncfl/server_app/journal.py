@@ -1,10 +1,17 @@
-"""The wall clock's journal: every event accepted after a checkpoint, kept so that a resumed run replays it.
+"""The wall clock's journal: every reply taken in after a checkpoint, kept so that a resumed run takes it in again.
 
 On the virtual clock a resumed run sends the checkpoint's jobs again and gets the same
-replies. On the wall clock a reply cannot be had again, so the engine appends each event
-to the newest checkpoint's journal as it happens (:func:`record_event`; the file format is
-:class:`~asyncfl.server_app.checkpoint.Checkpoints`'s), and a resumed run accepts them again,
-in order, before it dispatches anything (:func:`replay`).
+replies. On the wall clock a reply cannot be had again, so the engine appends each reply,
+as it came, to the newest checkpoint's journal before taking it in (:func:`record_event`;
+the file format is :class:`~asyncfl.server_app.checkpoint.Checkpoints`'s), and a resumed
+run hands the replies, in order, to the same steps a live reply takes (read, the
+participant's bounds, the count, the strategy: ``AsyncEngine.take_in``) before it
+dispatches anything (:func:`replay`). So the bounds' history, the counters and the train
+metrics after a resume are those of the run that died, by construction.
+
+Journals written before replies were kept as they came (events ``arrival`` and ``failed``)
+hold the update as bounded and the counts it left: they are replayed as they were then,
+straight to the strategy.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
+from flwr.app import Error, Message, Metadata
+from flwr.app.message import make_message
+from flwr.common import MessageType, serde
+from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from asyncfl.server_app.jobs import Job
 from asyncfl.strategies.arrival import Arrival
@@ -25,21 +36,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("asyncfl.engine")
 
 
-def record_event(checkpoints: Checkpoints, job: Job, arrival: Arrival | None, state: EngineState) -> None:
-    """Log the event about to be accepted: an arrival with its update (and the model it was sent, when that was
-    not a global version), or a job that failed with the counts it left (already counted in ``state``)."""
-    if arrival is None:
-        checkpoints.record({"kind": "failed", "seq": job.seq, "rejected": dict(state.stats.rejected),
-                            "expired": state.expired_jobs, "dispatched": state.stats.dispatched})
-        return
-    arrays = (arrival.weights,) if job.sent_model is None else (arrival.weights, job.sent_model)
-    checkpoints.record({"kind": "arrival", "seq": job.seq, "client": job.client, "version": job.version,
-                        "num_examples": arrival.num_examples, "train_loss": arrival.train_loss,
-                        "time": job.finish, "dispatched": state.stats.dispatched}, *arrays)
+def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, state: EngineState) -> None:
+    """Log the reply of ``job`` about to be taken in: its content as it came (serialized), or its error, or that
+    none came (``job.lost_reason``), with the job's fields and its round trip."""
+    pulled = state.pulled_at.get(job.message_id)
+    header = {"kind": "reply", "seq": job.seq, "client": job.client, "node": job.node_id, "version": job.version,
+              "start": job.start, "finish": job.finish, "lost": job.lost_reason, "outage": job.outage,
+              "round_trip": None if pulled is None else pulled - job.sent_wall,
+              "dispatched": state.stats.dispatched, "sent_model": job.sent_model is not None}
+    arrays = [] if job.sent_model is None else [job.sent_model]
+    if reply is not None and reply.has_error():
+        header["error"] = [int(reply.error.code), reply.error.reason or ""]
+    elif reply is not None:
+        header["content"] = True
+        arrays.append(np.frombuffer(serde.recorddict_to_proto(reply.content).SerializeToString(), dtype=np.uint8))
+    checkpoints.record(header, *arrays)
+
+
+def _reply_of(header: dict, content: np.ndarray | None) -> Message | None:
+    """The reply a journal event recorded, as a Message the reply path reads (``None``: none came)."""
+    metadata = Metadata(run_id=0, message_id="", src_node_id=int(header["node"]), dst_node_id=0,
+                        reply_to_message_id=f"replayed-{header['seq']}", group_id="", created_at=0.0, ttl=0,
+                        message_type=MessageType.TRAIN)
+    if "error" in header:
+        code, reason = header["error"]
+        return make_message(metadata=metadata, error=Error(code=int(code), reason=str(reason)))
+    if content is None:
+        return None
+    proto = RecordDictProto()
+    proto.ParseFromString(content.tobytes())
+    return make_message(metadata=metadata, content=serde.recorddict_from_proto(proto))
 
 
 def replay(engine: AsyncEngine, events: list[tuple[dict, list[np.ndarray]]], saved: list[dict]) -> list[dict]:
-    """Accept again, in order, what the run accepted after its checkpoint; returns the checkpoint's jobs whose
+    """Take in again, in order, what the run took in after its checkpoint; returns the checkpoint's jobs whose
     outcome the journal does not hold (still out when the run died)."""
     state, versions = engine.state, engine.versions
     pending = {job["seq"]: job for job in saved}
@@ -47,34 +77,74 @@ def replay(engine: AsyncEngine, events: list[tuple[dict, list[np.ndarray]]], sav
     # journals that record their scoring points replay them where they were; older ones score before each
     # arrival's time, which can differ from the run where a failed job or a wait reached a point first
     scoring_recorded = any(header["kind"] == "scored" for header, _ in events)
-    for header, arrays in events:
-        if header["kind"] == "scored":
-            engine.score_until(float(header["until"]))
-            continue
-        if header["kind"] == "round-end":
-            before = versions.version
-            engine.end_round()
-            if versions.version != before:
-                made[versions.version] = versions.current
-            continue
-        job = pending.pop(header["seq"], None)
-        state.stats.dispatched = max(state.stats.dispatched, int(header["dispatched"]))
-        if header["kind"] == "failed":
-            state.stats.rejected, state.expired_jobs = dict(header["rejected"]), int(header["expired"])
-        else:
-            version = int(header["version"])
-            base = arrays[1] if len(arrays) > 1 else made.get(version)
-            base = versions.model(version) if base is None else base
-            arrival = Arrival(int(header["client"]), version, versions.version - version, arrays[0], base,
-                              int(header["num_examples"]), float(header["train_loss"]), float(header["time"]))
-            if not scoring_recorded:
-                engine.score_until(arrival.time)
-            state.now = max(state.now, arrival.time)
-            engine.accept(arrival)
+    engine.replaying = True
+    try:
+        for header, arrays in events:
+            if header["kind"] == "scored":
+                engine.score_until(float(header["until"]))
+                continue
+            if header["kind"] == "round-end":
+                before = versions.version
+                engine.end_round()
+                if versions.version != before:
+                    made[versions.version] = versions.current
+                continue
+            job = pending.pop(header["seq"], None)
+            state.stats.dispatched = max(state.stats.dispatched, int(header["dispatched"]))
+            if header["kind"] == "reply":
+                _take_in_again(engine, header, arrays, made, scoring_recorded)
+            else:
+                _legacy_event(engine, header, arrays, made, scoring_recorded)
             made.setdefault(versions.version, versions.current)
-        if job is not None:
-            versions.release(job["version"])
+            if job is not None:
+                versions.release(job["version"])
+    finally:
+        engine.replaying = False
     if events:
-        log.info("replayed %d event(s) accepted after the checkpoint (the journal): %d accepted updates now",
+        engine.slots.update_all()  # the bounds' shares moved with the replayed updates
+        log.info("replayed %d event(s) taken in after the checkpoint (the journal): %d accepted updates now",
                  len(events), state.stats.arrivals)
     return list(pending.values())
+
+
+def _base_of(version: int, sent_model: np.ndarray | None, made: dict[int, np.ndarray], versions) -> np.ndarray:
+    """The model a replayed job was sent: its own, a version made during the replay, or a stored one."""
+    if sent_model is not None:
+        return sent_model
+    base = made.get(version)
+    return versions.model(version) if base is None else base
+
+
+def _take_in_again(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], made: dict[int, np.ndarray],
+                   scoring_recorded: bool) -> None:
+    """A recorded reply through the live reply path (``AsyncEngine.take_in``), its job as it was sent."""
+    sent_model = arrays[0] if header["sent_model"] else None
+    content = arrays[-1] if header.get("content") else None
+    version, finish = int(header["version"]), float(header["finish"])
+    job = Job(f"replayed-{header['seq']}", int(header["node"]), int(header["client"]), version,
+              float(header["start"]), finish, int(header["seq"]), 0.0, lost_reason=str(header["lost"]),
+              sent_model=sent_model, outage=bool(header["outage"]))
+    if header["round_trip"] is not None:  # read by the count as (pulled - sent): sent at 0
+        engine.state.pulled_at[job.message_id] = float(header["round_trip"])
+    if not scoring_recorded:
+        engine.score_until(finish)
+    engine.state.now = max(engine.state.now, finish)
+    engine.take_in(job, _reply_of(header, content), _base_of(version, sent_model, made, engine.versions))
+
+
+def _legacy_event(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], made: dict[int, np.ndarray],
+                  scoring_recorded: bool) -> None:
+    """An event of a journal written before replies were kept as they came: an update as bounded, straight to the
+    strategy, or a failed job's counts."""
+    state = engine.state
+    if header["kind"] == "failed":
+        state.stats.rejected, state.expired_jobs = dict(header["rejected"]), int(header["expired"])
+        return
+    version = int(header["version"])
+    arrival = Arrival(int(header["client"]), version, engine.versions.version - version, arrays[0],
+                      _base_of(version, arrays[1] if len(arrays) > 1 else None, made, engine.versions),
+                      int(header["num_examples"]), float(header["train_loss"]), float(header["time"]))
+    if not scoring_recorded:
+        engine.score_until(arrival.time)
+    state.now = max(state.now, arrival.time)
+    engine.accept(arrival)
