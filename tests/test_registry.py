@@ -110,3 +110,63 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+GOSSIP_TOY = '''"""A toy gossip method: a peer keeps the mean of its own model and the first one that arrived, untrained."""
+
+import numpy as np
+
+from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing
+
+
+class FirstHalf(GossipMethod):
+    """Half-way to the first neighbour model that arrived; nothing trained, the whole model sent."""
+
+    run_config_name = "first-half"
+
+    def event(self, event: GossipEvent) -> Outgoing:
+        for name in event.shared if event.received else ():
+            first = event.received[0].message[name].reshape(event.layout.shapes[name])
+            event.peer.state[name] = ((event.peer.state[name] + first) / 2).astype(event.peer.state[name].dtype)
+        return Outgoing(0.0, push={n: event.peer.state[n].astype(np.float32) for n in event.shared}, share=1.0)
+'''
+
+
+def test_gossip_methods_are_named_beside_their_classes_and_found_by_the_same_scan():
+    from asyncfl.decentralized import settings
+    from asyncfl.decentralized.method import GossipMethod, gossip_method
+
+    folder = Path(settings.__file__).parent
+    assert settings.GOSSIP_CLASSES == _parsed_declarations(folder, "asyncfl.decentralized")
+    assert settings.GOSSIP_METHODS == ("async-dfedavg", "divshare", "independent", "pushcen", "swift")
+    for name in settings.GOSSIP_METHODS:
+        method = gossip_method(name)
+        assert isinstance(method, GossipMethod) and type(method).run_config_name == name
+    assert not set(settings.GOSSIP_CLASSES) & set(STRATEGY_CLASSES)
+
+
+def test_a_new_gossip_method_is_its_own_module_and_nothing_else(tmp_path):
+    # A copy of the package with one gossip module added: the run-config takes it, `asyncfl run --help` lists it and
+    # the gossip relay runs it on fake peers (the peers' ClientApp builds it by name), with no other file changed.
+    package = tmp_path / "asyncfl"
+    shutil.copytree(ROOT / "asyncfl", package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # the relay test reads the app's defaults
+    (package / "decentralized" / "first_half.py").write_text(GOSSIP_TOY)
+    check = '''
+import tempfile
+from pathlib import Path
+from flwr.supercore.task_identity import TaskIdentity
+TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+import asyncfl
+from asyncfl.cli import _run_epilog
+from tests.test_relay import run_relay
+assert asyncfl.__file__.startswith(PACKAGE), asyncfl.__file__
+assert "first-half" in _run_epilog()
+relay, contexts, grid = run_relay(Path(tempfile.mkdtemp()), "first-half")
+assert len(grid.pushed) > 6 and all(c.state.array_records for c in contexts.values())  # every peer ran events
+print("ok")
+'''.replace("PACKAGE", repr(str(package)))
+    done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

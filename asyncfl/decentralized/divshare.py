@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asyncfl import protocol
+from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, train_own
+
 
 def fragment_indices(size: int, fragments: int, seed: int) -> list[np.ndarray]:
     """The seeded partition of ``range(size)`` into ``fragments`` near-equal index sets."""
@@ -50,3 +53,32 @@ def merge_fragments(own: np.ndarray, received: list[Fragment]) -> np.ndarray:
         sums[index] += fragment.values
         counts[index] += 1
     return (sums / counts).astype(own.dtype)
+
+
+class DivShare(GossipMethod):
+    """DivShare: average in the fragments that arrived, train, and send out-neighbour ``j`` fragment ``j mod F``
+    of the trained model (``F``: the relay's ``fragments``, out-degree / the copies of each)."""
+
+    run_config_name = "divshare"
+
+    def event(self, event: GossipEvent) -> Outgoing:
+        peer, shared, layout = event.peer, event.shared, event.layout
+        if event.received:
+            flat = np.concatenate([peer.state[n].reshape(-1).astype(np.float32) for n in shared])
+            merged = merge_fragments(flat, [Fragment(r.message["values"], *(int(v) for v in r.message["fragment"]))
+                                            for r in event.received])
+            offset = 0
+            for name in shared:
+                size = int(np.prod(layout.shapes[name]))
+                peer.state[name] = merged[offset : offset + size].reshape(layout.shapes[name]).astype(peer.state[name].dtype)
+                offset += size
+        loss = train_own(event)
+        out_degree = int(event.request["out-degree"])
+        if out_degree <= 0:
+            return Outgoing(loss)
+        flat = np.concatenate([peer.state[n].reshape(-1).astype(np.float32) for n in shared])
+        seed = int(event.request[protocol.JOB_SEED]) % (2**31)
+        parts = [{"values": f.values, "fragment": np.array([f.seed, f.index, f.fragments], dtype=np.int64)}
+                 for f in split_model(flat, int(event.request["fragments"]), seed)]
+        # out-neighbour j gets fragment j mod the count: each fragment reaches out-degree / count of them
+        return Outgoing(loss, fragments=[parts[j % len(parts)] for j in range(out_degree)], share=1.0)

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from asyncfl.errors import ConfigError
+from asyncfl.strategies.registry import STRATEGY_CLASSES, declared_strategies
 
-GOSSIP_METHODS = ("pushcen", "async-dfedavg", "divshare", "swift", "independent")
+#: ``{run-config name: "module:Class"}`` of the gossip methods, each named in its own class body
+#: (:class:`~asyncfl.decentralized.method.GossipMethod`), found as the server-side methods are.
+GOSSIP_CLASSES: dict[str, str] = declared_strategies(Path(__file__).parent, __package__)
+if set(GOSSIP_CLASSES) & set(STRATEGY_CLASSES):  # one run-config ``strategy`` names one method
+    raise RuntimeError(f"strategy names claimed by a server-side and a gossip method: "
+                       f"{sorted(set(GOSSIP_CLASSES) & set(STRATEGY_CLASSES))}")
+GOSSIP_METHODS = tuple(GOSSIP_CLASSES)
 TOPOLOGIES = ("random", "fixed")
 #: How the centroid regulariser reduces a layer's squared distance (asyncfl/decentralized/regularizer.py).
 PENALTIES = ("layer-mean", "sum")

@@ -18,8 +18,19 @@ is unbounded, hence the bound).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
+from flwr.app import ConfigRecord
+
+from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, load_state, to_record
+from asyncfl.decentralized.peer import train_with_anchor
+
+if TYPE_CHECKING:
+    from flwr.app import Context
+
+#: Where a peer keeps its neighbour cache between events (``context.state``): the models, and their senders in order.
+STATE_CACHE, STATE_CACHE_ORDER = "swift-cache", "swift-cache-order"
 
 
 class NeighbourCache:
@@ -82,3 +93,47 @@ def swift_merge(own: dict[str, np.ndarray], trained: dict[str, np.ndarray], cach
         delta = trained[name].astype(np.float64) - own[name].astype(np.float64)
         out[name] = (stack.mean(axis=0) + delta).astype(own[name].dtype)
     return out
+
+
+def load_cache(context: Context, capacity: int) -> NeighbourCache:
+    """The SWIFT neighbour cache from ``context.state`` (empty on the first event)."""
+    cache = NeighbourCache(capacity)
+    if STATE_CACHE in context.state.array_records:
+        stored = context.state.array_records[STATE_CACHE]
+        for sender in context.state.config_records[STATE_CACHE_ORDER]["senders"]:
+            prefix = f"{int(sender)}/"
+            cache.put(int(sender), {key[len(prefix):]: array.numpy() for key, array in stored.items()
+                                    if key.startswith(prefix)})
+    return cache
+
+
+def save_cache(context: Context, cache: NeighbourCache) -> None:
+    """Keep ``cache`` in ``context.state`` for the next event."""
+    if not len(cache):
+        return
+    context.state[STATE_CACHE] = to_record({f"{sender}/{name}": value
+                                            for sender, model in zip(cache.senders(), cache.models())
+                                            for name, value in model.items()})
+    context.state[STATE_CACHE_ORDER] = ConfigRecord({"senders": [int(s) for s in cache.senders()]})
+
+
+class Swift(GossipMethod):
+    """SWIFT: cache what arrived, train from the own model, then the mean of own and cache plus the delta; the
+    whole model goes to every out-neighbour."""
+
+    run_config_name = "swift"
+
+    def event(self, event: GossipEvent) -> Outgoing:
+        peer, shared = event.peer, event.shared
+        cache = load_cache(event.context, event.settings.cache_size)
+        senders = [int(v) for v in event.request["senders"]][: len(event.received)]
+        for sender, item in zip(senders, event.received):  # oldest first, so the newest sender ends most recent
+            cache.put(int(sender), {name: item.message[name] for name in shared})
+        own = {name: value.copy() for name, value in peer.state.items()}
+        load_state(event.model, event.layout, own)
+        loss = train_with_anchor(event.model, event.x_train, event.y_train, {}, {}, 0.0, **event.training)
+        trained = {n: t.detach().cpu().numpy().copy() for n, t in event.model.state_dict().items()}
+        peer.state = swift_merge(own, trained, cache.models(), shared)
+        load_state(event.model, event.layout, peer.state)  # the peer's accuracy is its merged model's
+        save_cache(event.context, cache)
+        return Outgoing(loss, push={n: peer.state[n].astype(np.float32) for n in shared}, share=1.0)

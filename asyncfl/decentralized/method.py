@@ -1,0 +1,125 @@
+"""A gossip method's peer side: one compute event, from what arrived to what goes out.
+
+Each method is a class with one job, :meth:`GossipMethod.event`, that names itself once in its body
+(``run_config_name = "swift"``), in a module of :mod:`asyncfl.decentralized`; the run-config, the
+CLI and the peers' ClientApp find it there (:data:`asyncfl.decentralized.settings.GOSSIP_CLASSES`),
+as the server-side methods are found (:mod:`asyncfl.strategies.registry`). The relay sends every
+method the same request; adding a method touches its own module only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+
+from asyncfl.decentralized.codec import Layout
+from asyncfl.decentralized.peer import PeerState, Received, train_with_anchor
+from asyncfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flwr.app import ConfigRecord, Context
+
+    from asyncfl.decentralized.settings import GossipConfig
+
+
+@dataclass
+class GossipEvent:
+    """What one compute event of a peer works with.
+
+    Parameters
+    ----------
+    context : Context
+        The peer's Flower context (its ``state`` keeps what a method stores between events).
+    peer : PeerState
+        The peer's model, push-sum mass and centroid dictionary; the event leaves the new state in it.
+    model : torch.nn.Module
+        The network to train (its weights are loaded from ``peer`` as the method needs).
+    layout : Layout
+        The model's entries and which are shared on the wire.
+    shared : list of str
+        The entries neighbours exchange (the peer's local ones excluded).
+    received : list of Received
+        What arrived since the last event, oldest first.
+    request : ConfigRecord
+        The relay's request (``out-degree``, ``senders``, ``fragments``, ``absorbed-mass``, the job seed, ...).
+    x_train, y_train : numpy.ndarray
+        The peer's local training split.
+    training : dict
+        :func:`~asyncfl.decentralized.peer.train_with_anchor`'s keywords (steps, batch size, optimizer, seed).
+    settings : GossipConfig
+        The run's ``gossip.*`` / method knobs.
+    """
+
+    context: Context
+    peer: PeerState
+    model: torch.nn.Module
+    layout: Layout
+    shared: list[str]
+    received: list[Received]
+    request: ConfigRecord
+    x_train: np.ndarray
+    y_train: np.ndarray
+    training: dict
+    settings: GossipConfig
+
+
+@dataclass
+class Outgoing:
+    """What an event sends: one message to every out-neighbour (``push``), or one per out-neighbour in the
+    relay's order (``fragments``), or nothing; ``share``: the push-sum mass each message carries."""
+
+    loss: float
+    push: dict[str, np.ndarray] | None = None
+    fragments: list[dict[str, np.ndarray]] = field(default_factory=list)
+    share: float = 0.0
+
+
+class GossipMethod:
+    """A decentralized method's compute event (module docstring)."""
+
+    #: Its run-config ``strategy``, set in the method's own class body (where the registry finds it).
+    run_config_name: ClassVar[str | None] = None
+
+    def event(self, event: GossipEvent) -> Outgoing:
+        """Merge what arrived, train, and say what goes out; ``event.peer`` holds the new state."""
+        raise NotImplementedError
+
+
+def load_state(model: torch.nn.Module, layout: Layout, state: dict[str, np.ndarray]) -> None:
+    """Load a peer's state (numpy arrays) into ``model``."""
+    model.load_state_dict({n: torch.from_numpy(np.asarray(v)).reshape(layout.shapes[n]) for n, v in state.items()})
+
+
+def train_own(event: GossipEvent) -> float:
+    """Train the peer's own model (``event.peer.state``) and keep the result as its state; returns the loss."""
+    load_state(event.model, event.layout, event.peer.state)
+    loss = train_with_anchor(event.model, event.x_train, event.y_train, {}, {}, 0.0, **event.training)
+    event.peer.state = {n: t.detach().cpu().numpy().copy() for n, t in event.model.state_dict().items()}
+    return loss
+
+
+def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """Named arrays as an ArrayRecord, in their order."""
+    return ArrayRecord(OrderedDict((name, Array(np.ascontiguousarray(value))) for name, value in arrays.items()))
+
+
+def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """An ArrayRecord as named numpy arrays."""
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def gossip_method(name: str) -> GossipMethod:
+    """The method registered as ``name`` (:data:`asyncfl.decentralized.settings.GOSSIP_CLASSES`), built."""
+    from importlib import import_module
+
+    from asyncfl.decentralized.settings import GOSSIP_CLASSES
+
+    if name not in GOSSIP_CLASSES:
+        raise ConfigError(f"unknown gossip method {name!r}; valid: {', '.join(GOSSIP_CLASSES)}")
+    module, _, cls = GOSSIP_CLASSES[name].partition(":")
+    return getattr(import_module(module), cls)()
