@@ -94,20 +94,24 @@ def restore(current: Any, saved: Any, where: str = "state") -> Any:
     if kind.startswith("torch-"):
         return _restore_torch(current, saved, where)
     if kind == "object":
-        if current is None or _type_name(current) != saved["type"]:
+        if current is None or _type_name(current) != MOVED.get(saved["type"], saved["type"]):
             raise StateError(f"{where}: saved a {saved['type']}, the live value is "
                              f"{'missing' if current is None else _type_name(current)}")
         for name, value in saved["attributes"].items():
             setattr(current, name, restore(getattr(current, name, None), value, f"{where}.{name}"))
         return current
     if kind == "dataclass":
-        cls = _asyncfl_type(saved["type"], where)
+        cls = _asyncfl_type(MOVED.get(saved["type"], saved["type"]), where)
         return cls(**{name: restore(None, value, f"{where}.{name}") for name, value in saved["fields"].items()})
     raise StateError(f"{where}: unknown saved kind {kind!r}")
 
 
 def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
+
+
+#: Classes that moved to another module since checkpoints named them: old ``module:qualname`` -> new.
+MOVED = {"asyncfl.server_app.count_bound:ExampleCountCeiling": "asyncfl.server_app.participants:ExampleCountCeiling"}
 
 
 def _type_name(value: Any) -> str:

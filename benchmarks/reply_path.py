@@ -6,7 +6,7 @@ function defined in the ``asyncfl`` package is counted each time it is called (c
 expressions and lambdas are not functions a reader visits: left out). The reply path is the set called
 at least ``ARRIVALS / 2`` times: what a reader follows for one reply, dispatch to the next version. The
 figures and the list are written into docs/engine.md between its ``reply-path`` markers, and
-``tests/test_reply_path.py`` fails when the doc and a fresh trace disagree.
+``tests/server_app/test_reply_path.py`` fails when the doc and a fresh trace disagree.
 
 The doc lists names only: how many times each is called can depend on timing (a node wait's polls), the set does
 not. Usage: ``.venv/bin/python benchmarks/reply_path.py [--write]`` (prints the section; ``--write`` updates the doc).

@@ -6,7 +6,7 @@ from flwr.app import Array, ArrayRecord
 
 from asyncfl.client_app.drills import NOISE_SD, apply_fault, check_drill, fault_of
 from asyncfl.config import ConfigError, parse_run_config
-from tests.test_relay import DEFAULTS
+from tests.server_app.test_relay import DEFAULTS
 
 
 def record(w, steps=3) -> ArrayRecord:

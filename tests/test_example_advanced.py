@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from asyncfl.simulation.inprocess import InProcessGrid
-from tests.test_data import _write_idx
+from tests.data.test_data import _write_idx
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "advanced-pytorch"
 

@@ -304,12 +304,15 @@ class AsyncEngine:
             self.end_round()
         self.stats.server_seconds += time.perf_counter() - started
 
-    def take_in(self, job: Job, reply: Message | None, base: np.ndarray) -> None:
+    def take_in(self, job: Job, reply: Message | None, base: np.ndarray,
+                refused: RejectedReply | None = None) -> None:
         """Steps 3-5 for ``job``'s reply (``base``: the model it was sent), live or replayed from the wall clock's
-        journal (:func:`~asyncfl.server_app.journal.replay`), which records it first: read, bound, count, accept."""
+        journal (:func:`~asyncfl.server_app.journal.replay`), which records it first: read, bound, count, accept.
+        ``refused``: the reply's rejection, decided before it is read (one the journal cannot hold)."""
         if self._journaling and not self.replaying:
-            journal.record_event(self.checkpoints, job, reply, self.state)
-        outcome = read_reply(job, reply, self.codec, self.keys, self.versions.version, base, self.config.timeout)
+            refused = journal.record_event(self.checkpoints, job, reply, self.state, self.keys.arrays)
+        outcome = refused or read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
+                                        self.config.timeout)
         if isinstance(outcome, Arrival):
             outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
             if self.slots.held_back:  # the shares moved: a held-back client whose share fell may get jobs again
@@ -325,6 +328,7 @@ class AsyncEngine:
     def _count(self, job: Job, reply: Message | None, outcome: Arrival | RejectedReply) -> Arrival | None:
         """Step 4: count the outcome (a rejection by reason; an arrival's transport and train metrics)."""
         state = self.state
+        pulled_wall = state.pulled_at.pop(job.message_id, None)
         if isinstance(outcome, RejectedReply):  # counted by reason, in the failure streak unless an outage lost it
             state.count_failure(job, outcome)
             return None
@@ -334,10 +338,11 @@ class AsyncEngine:
         metrics = protocol.reply_metrics(content)
         worker = content.config_records.get(protocol.WORKER_RECORD) or {}
         train_seconds = protocol.train_seconds(metrics)
-        self.stats.count_reply(job, content, self.keys.arrays, train_seconds,
-                               state.pulled_at.pop(job.message_id, None),
+        self.stats.count_reply(job, content, self.keys.arrays, train_seconds, pulled_wall,
                                str(worker[protocol.RAY_NODE]) if protocol.RAY_NODE in worker else None)
-        if train_seconds is not None:  # the wall clock learns how long jobs queue (dispatch-hold, cap-in-flight)
+        # the wall clock learns how long jobs queue (dispatch-hold, cap-in-flight); its estimates are not in a
+        # checkpoint, so a resumed run starts them afresh rather than from replayed jobs in flight it does not have
+        if train_seconds is not None and not self.replaying:
             self.clock.observe_train_seconds(job, train_seconds, len(state.in_flight) + 1,
                                              str(worker[protocol.PROCESS]) if protocol.PROCESS in worker else None)
         if self.train_metrics is not None and metrics is not None:  # weighted by the count as checked and capped

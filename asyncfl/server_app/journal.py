@@ -20,12 +20,14 @@ import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Error, Message, Metadata
+from flwr.app import Error, Message, Metadata, RecordDict
 from flwr.app.message import make_message
 from flwr.common import MessageType, serde
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
+from asyncfl import protocol
 from asyncfl.server_app.jobs import Job
+from asyncfl.server_app.replies import RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
 if TYPE_CHECKING:
@@ -36,21 +38,48 @@ if TYPE_CHECKING:
 log = logging.getLogger("asyncfl.engine")
 
 
-def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, state: EngineState) -> None:
-    """Log the reply of ``job`` about to be taken in: its content as it came (serialized), or its error, or that
-    none came (``job.lost_reason``), with the job's fields and its round trip."""
+def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, state: EngineState,
+                 arrays_key: str) -> RejectedReply | None:
+    """Log the reply of ``job`` about to be taken in, as the reply path reads it: the model record (``arrays_key``),
+    the metrics it reads and the worker record, serialized as they came, or the last line of its error, or that
+    none came (``job.lost_reason``), with the job's fields and its round trip (nothing else a node sends: the
+    journal's size is that of the updates). Returns the reply's rejection when it cannot be written (values no
+    serialization holds, e.g. an int beyond 64 bits): a resumed run could not take it in again, so the live run
+    refuses it too (``unrecordable``), and the journal says so."""
     pulled = state.pulled_at.get(job.message_id)
     header = {"kind": "reply", "seq": job.seq, "client": job.client, "node": job.node_id, "version": job.version,
               "start": job.start, "finish": job.finish, "lost": job.lost_reason, "outage": job.outage,
               "round_trip": None if pulled is None else pulled - job.sent_wall,
               "dispatched": state.stats.dispatched, "sent_model": job.sent_model is not None}
     arrays = [] if job.sent_model is None else [job.sent_model]
+    refused = None
     if reply is not None and reply.has_error():
-        header["error"] = [int(reply.error.code), reply.error.reason or ""]
+        lines = (reply.error.reason or "").strip().splitlines()  # all the reply path reads of it
+        header["error"] = [int(reply.error.code), lines[-1][:300] if lines else ""]
     elif reply is not None:
-        header["content"] = True
-        arrays.append(np.frombuffer(serde.recorddict_to_proto(reply.content).SerializeToString(), dtype=np.uint8))
+        try:
+            arrays.append(np.frombuffer(_serialized(reply.content, arrays_key), dtype=np.uint8))
+            header["content"] = True
+        except Exception as exc:  # whatever a node sent that serialization refuses
+            refused = RejectedReply("unrecordable", f"the reply cannot be written to the journal ({type(exc).__name__}:"
+                                                    f" {str(exc)[:200]}); a resumed run could not take it in again")
+            header["refused"] = [refused.reason, str(refused)]
     checkpoints.record(header, *arrays)
+    return refused
+
+
+def _serialized(content: RecordDict, arrays_key: str) -> bytes:
+    """What the reply path reads of ``content``, as bytes (Flower's own serialization)."""
+    kept = RecordDict()
+    if arrays_key in content.array_records:
+        kept[arrays_key] = content.array_records[arrays_key]
+    metrics = protocol.reply_metrics(content)
+    if metrics is not None:
+        kept["metrics"] = metrics  # the record reply_metrics picks, under the name it picks first
+    worker = content.config_records.get(protocol.WORKER_RECORD)
+    if worker is not None:
+        kept[protocol.WORKER_RECORD] = worker
+    return serde.recorddict_to_proto(kept).SerializeToString()
 
 
 def _reply_of(header: dict, content: np.ndarray | None) -> Message | None:
@@ -73,7 +102,9 @@ def replay(engine: AsyncEngine, events: list[tuple[dict, list[np.ndarray]]], sav
     outcome the journal does not hold (still out when the run died)."""
     state, versions = engine.state, engine.versions
     pending = {job["seq"]: job for job in saved}
-    made: dict[int, np.ndarray] = {}  # versions made during the replay: bases of later replayed jobs
+    # the bases of replayed jobs: the checkpoint's current version (jobs sent after the checkpoint carried it) and
+    # the versions made during the replay, which the store drops once no job it knows of needs them
+    made: dict[int, np.ndarray] = {versions.version: versions.current}
     # journals that record their scoring points replay them where they were; older ones score before each
     # arrival's time, which can differ from the run where a failed job or a wait reached a point first
     scoring_recorded = any(header["kind"] == "scored" for header, _ in events)
@@ -129,7 +160,9 @@ def _take_in_again(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], 
     if not scoring_recorded:
         engine.score_until(finish)
     engine.state.now = max(engine.state.now, finish)
-    engine.take_in(job, _reply_of(header, content), _base_of(version, sent_model, made, engine.versions))
+    refused = RejectedReply(*header["refused"]) if "refused" in header else None
+    engine.take_in(job, None if refused else _reply_of(header, content),
+                   _base_of(version, sent_model, made, engine.versions), refused)
 
 
 def _legacy_event(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], made: dict[int, np.ndarray],

@@ -90,8 +90,8 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
     synchronous: bool = False
 
     def on_start(self, num_clients: int, concurrency: int = 1) -> None:
-        """Called once after client discovery, before the first dispatch; ``concurrency``: jobs in flight (``K``),
-        which sets a delta-adding method's default step (:func:`asyncfl.strategies.pace.per_update_share`)."""
+        """Called once after discovery, before the first dispatch, with ``K`` jobs in flight (``concurrency``), which
+        sets a delta-adding method's default step (:mod:`asyncfl.strategies.pace`); an override calls super()."""
         self._start_pacing(concurrency)
 
     @abstractmethod

@@ -19,7 +19,7 @@ to the staleness. An average over ``1 / (1 - beta1)`` steps applies each buffere
 on top of the ``K - 1`` updates an update is already stale; asynchrony itself acts as
 momentum (Mitliagkas et al., 2016, "Asynchrony begets momentum"). The smaller lag brought
 FADAS level with FedAvg where 0.9 left it behind (measured in the drop-in study: docs/methods.md,
-"Default server steps"); ``tests/test_pace.py`` shows the lag on a stale quadratic.
+"Default server steps"); ``tests/strategies/test_pace.py`` shows the lag on a stale quadratic.
 
 AMSGrad steps the trained entries only. BatchNorm running statistics and counters are
 not trained by gradients (the paper's models carry none); they take FedBuff's stable

@@ -72,7 +72,7 @@ def cache_lag(concurrency: int, updates_per_step: int) -> float:
     arrivals instead of landing once. On the scalar recursion with equal speeds the largest
     stable step then is close to the stable pace of a delay ``d + K / 2 - B / 4`` at ``B = K / 4``,
     and below it for larger buffers (how close, measured on the recursion for ``K`` from 6 to 100:
-    docs/methods.md, "Default server steps"; ``tests/test_pace.py`` runs the recursion through
+    docs/methods.md, "Default server steps"; ``tests/strategies/test_pace.py`` runs the recursion through
     :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is
     0.69 times FedBuff's; at FedBuff's step CA2FL oscillated (docs/methods.md).
     """

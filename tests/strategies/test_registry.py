@@ -11,7 +11,7 @@ from asyncfl.strategies import registry
 from asyncfl.strategies.base import Strategy
 from asyncfl.strategies.registry import STRATEGY_CLASSES, declared_strategies, strategy_class
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TOY = '''"""A toy method: the server model becomes the latest update as it comes."""
 
@@ -160,7 +160,7 @@ from flwr.supercore.task_identity import TaskIdentity
 TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
 import asyncfl
 from asyncfl.cli import _run_epilog
-from tests.test_relay import run_relay
+from tests.server_app.test_relay import run_relay
 assert asyncfl.__file__.startswith(PACKAGE), asyncfl.__file__
 assert "first-half" in _run_epilog()
 relay, contexts, grid = run_relay(Path(tempfile.mkdtemp()), "first-half")

@@ -586,10 +586,15 @@ def test_a_wall_clock_run_resumes_without_losing_an_accepted_update(tmp_path):
     assert [r.split(",")[:5] for r in lines][: len(written)] == written
 
 
-def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_reply_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("make, every, crash, hold", [(lambda: FedBuff(buffer_size=3), 3, 22, 0.0),
+                                                     (FedAsync, 7, 25, None)], ids=["fedbuff", "fedasync"])
+def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_reply_path(tmp_path, monkeypatch, make,
+                                                                                       every, crash, hold):
     """Issue 58: the replay is the live path (read, the participant's bounds, the count, the strategy), so after
     each replayed reply the bounds' history, the counters and the train metrics are those the dead run had after
-    that reply, a clipped update included."""
+    that reply: a clipped update and a reply the journal cannot hold (refused live and on replay) included.
+    FedAsync steps at every arrival: a job sent after the checkpoint with the checkpoint's version is replayed
+    after that version was replaced (its base is kept for it)."""
     from asyncfl.server_app.engine import AsyncEngine
 
     def bounded_state(engine):
@@ -602,14 +607,14 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     phase = ["dead run"]
     live_take_in = AsyncEngine.take_in
 
-    def take_in(engine, job, reply, base):
-        live_take_in(engine, job, reply, base)
+    def take_in(engine, job, reply, base, refused=None):
+        live_take_in(engine, job, reply, base, refused)
         if phase[0] == "dead run" or engine.replaying:
             after_reply[("replayed" if engine.replaying else "live", job.seq)] = bounded_state(engine)
 
     monkeypatch.setattr(AsyncEngine, "take_in", take_in)
 
-    def loud(grid):  # client 3 sends updates 40 times too large: the norm bound clips them
+    def hostile(grid):  # node 3's updates are 40 times too large (clipped); node 4 reports an int beyond 64 bits
         reply_of = grid.handler
 
         def reply(node, message):
@@ -618,27 +623,55 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
                 w = out.content.array_records["arrays"]["w"].numpy()
                 sent = message.content.array_records["arrays"]["w"].numpy()
                 out.content.array_records["arrays"]["w"] = Array(sent + np.float32(40.0) * (w - sent))
+            if message.metadata.message_type == "train" and grid.nodes.index(node) == 4:
+                out.content["metrics"]["junk"] = 2**64
             return out
 
         grid.handler = reply
         return grid
 
     def run(grid, **options):
-        return FedBuff(buffer_size=3).start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall",
-                                            seed=5, max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path),
-                                            run_name="wall", checkpoint_every=3, dispatch_hold=0.0, **options)
+        return make().start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
+                            max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
+                            checkpoint_every=every, dispatch_hold=hold, **options)
 
     with pytest.raises(Crash):
-        run(loud(_grid(crash_after=22)))
+        run(hostile(_grid(crash_after=crash)))
     journal = checkpoint.read_journal(checkpoint.find(tmp_path / "wall"))
     assert journal and all(h["kind"] in ("reply", "scored", "round-end") for h, _ in journal)
     phase[0] = "resumed run"
-    run(loud(_grid(first_node=501)), resume_from=str(tmp_path / "wall"))
+    resumed = run(hostile(_grid(first_node=501)), resume_from=str(tmp_path / "wall"))
     replayed = sorted(seq for kind, seq in after_reply if kind == "replayed")
     assert replayed == sorted(h["seq"] for h, _ in journal if h["kind"] == "reply")
-    assert after_reply["live", replayed[-1]][7] > after_reply["live", replayed[0]][7]  # clipped while replayed
+    assert any("refused" in h for h, _ in journal)  # node 4's replies: refused live, and so on replay
+    assert resumed.summary["rejected-by-reason"].get("unrecordable", 0) > 0
     for seq in replayed:
         assert after_reply["replayed", seq] == after_reply["live", seq], seq
+
+
+def test_a_replayed_job_sent_after_the_checkpoint_keeps_its_base_when_the_replay_replaced_that_version(tmp_path):
+    # FedAsync steps at every arrival: its first replayed reply replaces the checkpoint's version, which a job sent
+    # after the checkpoint carried; that job's reply, replayed later, still finds its base
+    def run(grid, **options):
+        return FedAsync().start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
+                                max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
+                                checkpoint_every=7, **options)
+
+    with pytest.raises(Crash):
+        run(_grid(crash_after=25))
+    assert run(_grid(first_node=501), resume_from=str(tmp_path / "wall")).summary["arrivals"] == 30
+
+
+def test_a_checkpoint_naming_the_count_ceiling_s_former_module_still_loads():
+    from asyncfl.server_app.participants import ExampleCountCeiling
+    from asyncfl.state import capture, restore
+
+    saved = ExampleCountCeiling(3.0, [10, 12, 14])
+    saved.latest, saved.capped = {1: 12, 2: 30}, 1
+    tree = capture(saved, "count_ceiling")
+    tree["type"] = "asyncfl.server_app.count_bound:ExampleCountCeiling"  # as checkpoints before it moved have it
+    live = restore(ExampleCountCeiling(3.0, [10, 12, 14]), tree, "count_ceiling")
+    assert (live.latest, live.capped) == ({1: 12, 2: 30}, 1)
 
 
 def test_a_journal_written_before_replies_were_kept_as_they_came_still_resumes(tmp_path):

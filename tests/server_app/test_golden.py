@@ -20,7 +20,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from asyncfl.strategies import FedAsync, FedAvg, FedBuff
 from tests.fake_grid import FakeGrid, trained_reply
-from tests.test_relay import run_relay
+from tests.server_app.test_relay import run_relay
 
 NODES = 8
 

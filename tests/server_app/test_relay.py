@@ -13,7 +13,7 @@ from asyncfl.config import ConfigError, parse_run_config
 from asyncfl.server_app.relay import GossipRelay
 from tests.fake_grid import FakeGrid
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 

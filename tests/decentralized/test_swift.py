@@ -7,7 +7,7 @@ import pytest
 
 from asyncfl.decentralized.swift import NeighbourCache, swift_merge
 from asyncfl.server_app.relay import GossipRelay
-from tests.test_relay import run_relay
+from tests.server_app.test_relay import run_relay
 
 
 def test_cache_keeps_the_newest_model_per_sender_and_drops_the_least_recently_heard():
@@ -68,7 +68,7 @@ def test_fixed_topology_sends_only_along_a_static_graph(tmp_path, monkeypatch):
 
 def test_bad_topology_and_cache_size_are_refused_before_anything_runs():
     from asyncfl.config import ConfigError, parse_run_config
-    from tests.test_relay import DEFAULTS
+    from tests.server_app.test_relay import DEFAULTS
 
     base = {**DEFAULTS, "strategy": "swift", "max-time": 5.0}
     with pytest.raises(ConfigError, match="gossip.topology.*random, fixed"):

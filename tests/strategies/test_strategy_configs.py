@@ -15,7 +15,7 @@ from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class
 from asyncfl.strategies.settings import ConfigError
 from tests.test_config import defaults
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # run-config tables that belong to the built-in app's shared keys or to the gossip relay, not to a strategy class
 SHARED_PREFIXES = ("delay.", "intertwined.", "drift.", "gossip.", "swift.", "pushcen.", "divshare.", "model.")
 

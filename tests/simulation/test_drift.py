@@ -10,8 +10,8 @@ from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.evaluation import DriftingEvaluator
 from asyncfl.models import build_model
 from tests.fake_grid import FakeGrid
-from tests.test_engine import CODEC, Recording, engine_config, plus_one
-from tests.test_relay import DEFAULTS
+from tests.server_app.test_engine import CODEC, Recording, engine_config, plus_one
+from tests.server_app.test_relay import DEFAULTS
 
 
 def _images(n=40, seed=0):

@@ -26,7 +26,7 @@ from asyncfl import FedBuff
 from asyncfl.errors import ConfigError
 from asyncfl.server_app.transport import Link, SuperLinkUnreachable, is_unreachable, outage_limit
 from tests.fake_grid import FakeGrid, trained_reply
-from tests.test_engine import FIXED, Recording, make_engine, plus_one
+from tests.server_app.test_engine import FIXED, Recording, make_engine, plus_one
 
 JOB_TIMEOUT = 2.0  # seconds; the outage lasts longer, the run's limit is 3 x this
 
