@@ -17,7 +17,9 @@ shared keys without loading the server-side methods.
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Mapping, TypeVar, get_type_hints
 
@@ -57,6 +59,22 @@ def _describe_range(meta: Mapping[str, Any]) -> str:
     low = f">= {meta['minimum']}" if "minimum" in meta else f"> {meta['above']}" if "above" in meta else ""
     high = f"<= {meta['maximum']}" if "maximum" in meta else f"< {meta['below']}" if "below" in meta else ""
     return " and ".join(part for part in (low, high) if part)
+
+
+def _parameters(doc: str | None) -> list[tuple[list[str], str]]:
+    """The entries of a numpy-style docstring's ``Parameters`` section: ``([names], description on one line)``."""
+    if not doc or "Parameters\n" not in inspect.cleandoc(doc):
+        return []
+    section = inspect.cleandoc(doc).split("Parameters\n", 1)[1].split("\n", 1)[1]  # past the dashes
+    section = re.split(r"\n\n(?=[A-Z][a-z]+\n-+\n)", section)[0]  # up to the next section
+    entries: list[tuple[list[str], list[str]]] = []
+    for line in section.splitlines():
+        heading = re.match(r"^(\w+(?:, \w+)*) :", line)
+        if heading:
+            entries.append(([name.strip() for name in heading.group(1).split(",")], []))
+        elif entries and line.strip():
+            entries[-1][1].append(line.strip())
+    return [(names, " ".join(text)) for names, text in entries]
 
 
 def _in_range(value: float, meta: Mapping[str, Any]) -> bool:
@@ -144,6 +162,28 @@ class Knobs:
     def defaults(cls) -> dict[str, Any]:
         """``{field: default}``."""
         return {spec.name: spec.default for spec in fields(cls) if spec.default is not MISSING}
+
+    @classmethod
+    def described(cls) -> list[dict[str, str]]:
+        """One row per field, from its declaration alone: run-config ``key``, ``keyword``, ``type``, ``default``,
+        ``valid`` values and ``help``, the field's entry under ``Parameters`` in the docstring of its class (or of
+        the nearest base class that documents it)."""
+        helps: dict[str, str] = {}
+        for klass in cls.__mro__:
+            for names, text in _parameters(klass.__dict__.get("__doc__")):
+                for name in names:
+                    helps.setdefault(name, text)
+        hints = get_type_hints(cls)
+        rows = []
+        for spec in fields(cls):
+            meta = spec.metadata
+            valid = ", ".join(map(repr, meta["choices"])) if "choices" in meta else _describe_range(meta)
+            default = "" if spec.default is MISSING else repr(spec.default)
+            hint = hints[spec.name]
+            rows.append({"key": cls.key_of(spec.name), "keyword": spec.name,
+                         "type": getattr(hint, "__name__", str(hint)), "default": default, "valid": valid,
+                         "help": helps.get(spec.name, ""), "builtin": "yes" if meta.get("builtin") else ""})
+        return rows
 
 
 @dataclass(frozen=True)
