@@ -14,7 +14,6 @@ not. Usage: ``.venv/bin/python benchmarks/reply_path.py [--write]`` (prints the 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections import Counter
@@ -23,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message  # noqa: E402
 
+import doc_sections  # noqa: E402
 from asyncfl import FedBuff  # noqa: E402
 from tests.fake_grid import FakeGrid, trained_reply  # noqa: E402
 
@@ -88,19 +88,8 @@ def section(calls: Counter) -> str:
 
 def doc_section(text: str) -> str:
     """The generated part as docs/engine.md has it."""
-    return text[text.index(BEGIN):text.index(END) + len(END)]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the section in docs/engine.md")
-    args = parser.parse_args()
-    generated = section(traced_calls())
-    print(generated)
-    if args.write:
-        text = DOC.read_text()
-        DOC.write_text(text.replace(doc_section(text), generated))
+    return doc_sections.doc_section(text, BEGIN, END)
 
 
 if __name__ == "__main__":
-    main()
+    doc_sections.print_or_write(DOC, BEGIN, END, lambda: section(traced_calls()), __doc__.splitlines()[0])

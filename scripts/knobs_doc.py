@@ -10,14 +10,14 @@ Usage: ``.venv/bin/python scripts/knobs_doc.py [--write]`` (prints the section; 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
+import doc_sections  # noqa: E402
 from asyncfl.options import RunOptions  # noqa: E402
 from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class  # noqa: E402
 
@@ -53,19 +53,8 @@ def section() -> str:
 
 def doc_section(text: str) -> str:
     """The generated part as docs/knobs.md has it."""
-    return text[text.index(BEGIN):text.index(END) + len(END)]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the section in docs/knobs.md")
-    args = parser.parse_args()
-    generated = section()
-    print(generated)
-    if args.write:
-        text = DOC.read_text()
-        DOC.write_text(text.replace(doc_section(text), generated))
+    return doc_sections.doc_section(text, BEGIN, END)
 
 
 if __name__ == "__main__":
-    main()
+    doc_sections.print_or_write(DOC, BEGIN, END, section, __doc__.splitlines()[0])

@@ -555,20 +555,31 @@ class Logged(FedBuff):
         return super().on_arrival(arrival, current)
 
 
+def _wall_run(strategy, grid, folder, **options):
+    """A wall-clock run of 30 arrivals checkpointed every 3 versions into ``folder / "wall"``; no dispatch hold:
+    every freed slot goes out at once, so a crash (counted in pushes) comes well after the last checkpoint, with
+    accepted updates between them."""
+    return strategy.start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
+                          max_arrivals=30, evaluate_every=1, output_dir=str(folder), run_name="wall",
+                          **{"checkpoint_every": 3, "dispatch_hold": 0.0, **options})
+
+
+def _crashed_wall_run(folder) -> tuple[list, object, int]:
+    """A logged FedBuff wall-clock run (:func:`_wall_run`) that dies at its 22nd push: what its strategy took in,
+    its newest checkpoint and the accepted updates that checkpoint holds."""
+    before = []
+    with pytest.raises(Crash):
+        _wall_run(Logged(before, buffer_size=3), _grid(crash_after=22), folder)
+    newest = checkpoint.find(folder / "wall")
+    return before, newest, restore(None, checkpoint.read(newest)["stats"])["arrivals"]
+
+
 def test_a_wall_clock_run_resumes_without_losing_an_accepted_update(tmp_path):
     def run(strategy, grid, **options):
-        # no dispatch hold: every freed slot goes out at once, so the crash (counted in pushes) comes well after
-        # the last checkpoint, with accepted updates between them
-        return strategy.start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
-                              max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
-                              checkpoint_every=3, dispatch_hold=0.0, **options)
+        return _wall_run(strategy, grid, tmp_path, **options)
 
-    before, after = [], []
-    with pytest.raises(Crash):
-        run(Logged(before, buffer_size=3), _grid(crash_after=22))
-    newest = checkpoint.find(tmp_path / "wall")
+    (before, newest, at_checkpoint), after = _crashed_wall_run(tmp_path), []
     saved = checkpoint.read(newest)
-    at_checkpoint = restore(None, saved["stats"])["arrivals"]
     journal = checkpoint.read_journal(newest)
     assert len(before) > at_checkpoint and len(journal) >= len(before) - at_checkpoint  # accepted after it
     written = [r.split(",")[:5] for r in (tmp_path / "wall" / "metrics.csv").read_text().splitlines()[1:]]
@@ -631,9 +642,7 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
         return grid
 
     def run(grid, **options):
-        return make().start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
-                            max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
-                            checkpoint_every=every, dispatch_hold=hold, **options)
+        return _wall_run(make(), grid, tmp_path, checkpoint_every=every, dispatch_hold=hold, **options)
 
     with pytest.raises(Crash):
         run(hostile(_grid(crash_after=crash)))
@@ -653,9 +662,7 @@ def test_a_replayed_job_sent_after_the_checkpoint_keeps_its_base_when_the_replay
     # FedAsync steps at every arrival: its first replayed reply replaces the checkpoint's version, which a job sent
     # after the checkpoint carried; that job's reply, replayed later, still finds its base
     def run(grid, **options):
-        return FedAsync().start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
-                                max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
-                                checkpoint_every=7, **options)
+        return _wall_run(FedAsync(), grid, tmp_path, checkpoint_every=7, dispatch_hold=None, **options)
 
     with pytest.raises(Crash):
         run(_grid(crash_after=25))
@@ -679,16 +686,7 @@ def test_a_journal_written_before_replies_were_kept_as_they_came_still_resumes(t
     then: its updates, straight to the strategy, first and in order."""
     import json
 
-    def run(strategy, grid, **options):
-        return strategy.start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
-                              max_arrivals=30, evaluate_every=1, output_dir=str(tmp_path), run_name="wall",
-                              checkpoint_every=3, dispatch_hold=0.0, **options)
-
-    before, after = [], []
-    with pytest.raises(Crash):
-        run(Logged(before, buffer_size=3), _grid(crash_after=22))
-    newest = checkpoint.find(tmp_path / "wall")
-    at_checkpoint = restore(None, checkpoint.read(newest)["stats"])["arrivals"]
+    (before, newest, at_checkpoint), after = _crashed_wall_run(tmp_path), []
     events = [h for h, _ in checkpoint.read_journal(newest) if h["kind"] == "reply"]
     taken = before[at_checkpoint:]  # what the strategy got after the checkpoint: the former journal's arrays
     assert len(taken) == len(events)
@@ -699,7 +697,8 @@ def test_a_journal_written_before_replies_were_kept_as_they_came_still_resumes(t
                       "dispatched": header["dispatched"], "arrays": 1}
             np.save(handle, np.frombuffer(json.dumps(legacy).encode(), dtype=np.uint8))
             np.save(handle, np.frombuffer(weights, dtype=np.float32))
-    resumed = run(Logged(after, buffer_size=3), _grid(first_node=501), resume_from=str(tmp_path / "wall"))
+    resumed = _wall_run(Logged(after, buffer_size=3), _grid(first_node=501), tmp_path,
+                        resume_from=str(tmp_path / "wall"))
     assert after[: len(taken)] == taken and resumed.summary["arrivals"] == 30
 
 
