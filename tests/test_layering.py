@@ -128,3 +128,15 @@ def test_the_engine_and_the_strategy_interface_stay_small(module, most):
     """One reply, one straight path: the loop and the reply path; the method interface apart from pacing, hooks
     and state (issue 41)."""
     assert len((PACKAGE / module).read_text().splitlines()) < most
+
+
+def test_no_function_of_the_server_side_runtime_is_over_60_lines():
+    """Issue 58: fewer layers, not bigger functions; a reader follows each step of the reply path in one screen."""
+    import ast
+
+    long = []
+    for path in sorted((PACKAGE / "server_app").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
