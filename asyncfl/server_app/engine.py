@@ -192,7 +192,8 @@ class AsyncEngine:
                     self.score_until(state.now)
                     self.stop_reason = f"max-time {self.config.max_time:g} reached"
                     break
-                self.score_until(job.finish)
+                if self.scoring.every_time:  # the clock's evaluation points (rounds are scored where they close)
+                    self.score_until(job.finish)
                 state.now = max(state.now, job.finish)  # server time (server-time-scale) may have moved it ahead
                 self._complete(job, reply)
                 if self.recorder is not None:
@@ -266,6 +267,7 @@ class AsyncEngine:
 
     def _next_completion(self) -> tuple[Job, Message | None]:
         """Step 2: block until the clock says which job is accepted next; ``None`` reply = lost."""
+        waited = False  # the pacer backs off only while this call waits: a pick after a wait polls fast again
         while True:
             started = time.perf_counter()
             got = self._pull()
@@ -278,11 +280,13 @@ class AsyncEngine:
             picked = self.clock.pick(self.state.in_flight, self.state.inbox, self.roster.online, self.state.now,
                                      self.config.timeout)
             if picked is not None:
-                self._pacer.progress()
+                if waited:
+                    self._pacer.progress()
                 return picked
             if self.state.held_since >= 0:  # wall clock: free slots held past their wait go out now
                 self.dispatcher.top_up(self.state.rounds_closed)
             self._pacer.wait(pull_seconds, got)
+            waited = True
 
     def _complete(self, job: Job, reply: Message | None) -> None:
         """Steps 3-6 for one job: free its slot, read its reply (and bound its update's norm), count it, hand an
