@@ -48,6 +48,9 @@ class Dispatcher:
         # cap-in-flight acts where jobs queue for a worker, for an asynchronous strategy (a synchronous round is its
         # cohort)
         self._capped = config.cap_in_flight and clock.jobs_queue and not strategy.synchronous
+        # a strategy that may send a client another model than the global one (its class's dispatch_model, or one
+        # set on the instance)
+        self._looks_ahead = strategy.looks_ahead or "dispatch_model" in vars(strategy)
 
     def discover_clients(self, resumed_clients: int = 0) -> list[int]:
         """Wait for nodes, ask each for its ``partition-id`` and fix the client order.
@@ -129,7 +132,7 @@ class Dispatcher:
                 config[protocol.JOB_SEED] = protocol.job_seed(self.config.seed, protocol.ENGINE_STREAM, seq)
                 config[protocol.DISPATCH_TIME] = float(start)  # the clock the job starts at (drifting data follows it)
                 config.update(clock_keys)
-                custom = self.strategy.dispatch_model(client, state.versions.current) if self.strategy.looks_ahead else None
+                custom = self.strategy.dispatch_model(client, state.versions.current) if self._looks_ahead else None
                 if custom is not None:  # an extrapolated model may hold negative BatchNorm variances
                     custom, _ = self.codec.clamp_variances(custom)
                 jobs.append(Job("", self.roster.nodes[client], client, version, start, start + duration, seq, 0.0,
