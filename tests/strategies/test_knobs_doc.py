@@ -50,3 +50,13 @@ def test_the_parameters_reader_takes_shared_entries_and_stops_at_the_next_sectio
     """
     assert _parameters(doc) == [(["low", "high"], "Inclusive bounds, over two lines."), (["name"], "A name.")]
     assert _parameters("No sections.") == [] and _parameters(None) == []
+
+
+def test_the_app_s_pyproject_declares_every_strategy_knob_as_the_declarations_generate():
+    # Flower refuses a run-config key its app does not declare: every knob's default is in pyproject.toml, written
+    # there by the generator (a method with knobs: its module, then scripts/knobs_doc.py --write)
+    generator = _generator()
+    text = generator.PYPROJECT.read_text()
+    begin, end = text.index(generator.TOML_BEGIN), text.index(generator.TOML_END) + len(generator.TOML_END)
+    assert text[begin:end] == generator.pyproject_section(), \
+        "pyproject.toml's strategy knobs are stale: run .venv/bin/python scripts/knobs_doc.py --write"

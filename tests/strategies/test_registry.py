@@ -170,3 +170,74 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+TOY_WITH_A_KNOB = '''"""A toy method with one knob: the model moves part of the way to each update."""
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from asyncfl.strategies.base import Strategy
+from asyncfl.strategies.settings import StrategyConfig, knob
+
+
+@dataclass(frozen=True)
+class HalfwayConfig(StrategyConfig):
+    """Halfway's knobs (run-config ``halfway.*``).
+
+    Parameters
+    ----------
+    share : float
+        How far the model moves toward each update.
+    """
+
+    label: ClassVar[str] = "Halfway"
+    prefix: ClassVar[str] = "halfway"
+
+    share: float = knob(0.5, above=0, maximum=1)
+
+
+class Halfway(Strategy):
+    """Moves the model part of the way to each update."""
+
+    run_config_name = "halfway"
+    config_class = HalfwayConfig
+
+    def __init__(self, share: float = 0.5, **flower_options: Any) -> None:
+        super().__init__(**flower_options)
+        self.config = HalfwayConfig(share=share)
+
+    def on_arrival(self, arrival, current):
+        return current + self.config.share * (arrival.weights - current)
+'''
+
+
+def test_a_new_method_with_a_knob_is_its_module_and_the_generator(tmp_path):
+    # A copy of the project with one method module added: the generator writes its knob into the app's pyproject
+    # and the knobs page, and the run-config then takes and checks it
+    for part in ("asyncfl", "scripts", "docs"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "asyncfl" / "strategies" / "halfway.py").write_text(TOY_WITH_A_KNOB)
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    wrote = subprocess.run([sys.executable, str(tmp_path / "scripts" / "knobs_doc.py"), "--write"], cwd=tmp_path,
+                           capture_output=True, text=True, env=env)
+    assert wrote.returncode == 0, wrote.stderr[-2000:]
+    assert '"halfway.share" = 0.5' in (tmp_path / "pyproject.toml").read_text()
+    assert "`halfway.share`" in (tmp_path / "docs" / "knobs.md").read_text()
+    check = '''
+import tomllib
+from flwr.common.config import flatten_dict
+from asyncfl.config import ConfigError, parse_run_config
+defaults = flatten_dict(tomllib.load(open("pyproject.toml", "rb"))["tool"]["flwr"]["app"]["config"])
+assert parse_run_config({**defaults, "strategy": "halfway", "halfway.share": 0.25}).strategy_config.share == 0.25
+try:
+    parse_run_config({**defaults, "strategy": "halfway", "halfway.share": 2.0})
+except ConfigError as exc:
+    assert "halfway.share" in str(exc), exc
+else:
+    raise AssertionError("share=2 taken")
+print("ok")
+'''
+    done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
