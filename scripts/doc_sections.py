@@ -13,7 +13,8 @@ from typing import Callable
 
 def doc_section(text: str, begin: str, end: str) -> str:
     """The generated part of ``text``: from ``begin`` to ``end``, both markers included."""
-    return text[text.index(begin):text.index(end) + len(end)]
+    start = text.index(begin)
+    return text[start:text.index(end, start) + len(end)]
 
 
 def print_or_write(doc: Path, begin: str, end: str, generate: Callable[[], str], description: str) -> None:

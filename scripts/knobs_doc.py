@@ -40,19 +40,33 @@ def _markdown(text: str) -> str:
     return text.replace("``", "`").replace("|", "\\|")
 
 
-def table(rows: list[dict[str, str]]) -> list[str]:
-    """The rows of one knob table."""
-    lines = ["| run-config key | keyword | type | default | valid | meaning |", "|---|---|---|---|---|---|"]
+def table(rows: list[dict[str, str]], app: dict | None = None) -> list[str]:
+    """The rows of one knob table; ``app``: the built-in app's run-config defaults, where they differ from the
+    keywords' (the run options: the app runs a seeded simulation that stops by itself)."""
+    lines = ["| run-config key | keyword | type | default | " + ("built-in app | " if app else "") + "valid | meaning |",
+             "|---|---|---|---|" + ("---|" if app else "") + "---|---|"]
     for row in rows:
         keyword = "(built-in app only)" if row["builtin"] else f"`{row['keyword']}`"
-        lines.append(f"| `{row['key']}` | {keyword} | {_markdown(row['type'])} | `{row['default']}` | "
+        in_app = "" if app is None else (f"`{app[row['key']]!r}` | " if row["key"] in app else "- | ")
+        lines.append(f"| `{row['key']}` | {keyword} | {_markdown(row['type'])} | `{row['default']}` | {in_app}"
                      f"{_markdown(row['valid']) or '-'} | {_markdown(row['help'])} |")
     return lines
 
 
+def app_defaults() -> dict:
+    """The built-in app's run-config defaults (its pyproject.toml, flattened as Flower reads it)."""
+    import tomllib
+
+    from flwr.common.config import flatten_dict
+
+    return flatten_dict(tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"])
+
+
 def section() -> str:
     """The doc's generated part: the run options, then each strategy's knobs in name order."""
-    lines = [BEGIN, "", "## Run options (`RunOptions`, top-level keys)", "", *table(RunOptions.described())]
+    lines = [BEGIN, "", "## Run options (`RunOptions`, top-level keys)", "",
+             "`default` is `start()`'s; `built-in app` the built-in app's run-config default (`-`: not a key there).",
+             "", *table(RunOptions.described(), app_defaults())]
     for name in STRATEGY_CLASSES:
         cls = strategy_class(name)
         lines += ["", f"## `{name}`: `{cls.__name__}` (`{cls.config_class.__name__}`)", "",

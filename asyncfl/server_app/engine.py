@@ -241,11 +241,6 @@ class AsyncEngine:
             self.stop_reason = f"num-rounds {num_rounds} reached"
         return self.stop_reason != "running"
 
-    @property
-    def round(self) -> int:
-        """Rounds completed (:meth:`EngineState.rounds`): what Flower's ``num_rounds`` counts."""
-        return self.state.rounds(self.config.round_arrivals)[0]
-
     # ------------------------------------------------------- the reply path
     def _pull(self) -> int:
         """Step 1: pull every waiting reply into the inbox (a pull is destructive: a reply is pulled once)."""

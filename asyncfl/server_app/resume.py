@@ -78,7 +78,8 @@ def resume_from(engine: AsyncEngine, tree: dict) -> None:
             part.load_state_dict(tree["parts"][name])
         else:
             restore(part, tree["parts"][name], name)
-    engine.state.rounds_closed = engine.round  # every round due was closed before the checkpoint
+    # every round due was closed before the checkpoint
+    engine.state.rounds_closed = engine.state.rounds(engine.config.round_arrivals)[0]
     if engine.checkpoints is not None:
         engine.checkpoints.last_version = engine.versions.version
     engine.clock.resume_at(engine.state.now)

@@ -72,6 +72,8 @@ def _parameters(doc: str | None) -> list[tuple[list[str], str]]:
         heading = re.match(r"^(\w+(?:, \w+)*) :", line)
         if heading:
             entries.append(([name.strip() for name in heading.group(1).split(",")], []))
+        elif line[:1] not in ("", " "):  # an unindented line that names no parameter: the section has ended
+            break
         elif entries and line.strip():
             entries[-1][1].append(line.strip())
     return [(names, " ".join(text)) for names, text in entries]
@@ -171,8 +173,9 @@ class Knobs:
         helps: dict[str, str] = {}
         for klass in cls.__mro__:
             for names, text in _parameters(klass.__dict__.get("__doc__")):
+                shared = f"(with {', '.join(f'``{n}``' for n in names)}) " if len(names) > 1 else ""
                 for name in names:
-                    helps.setdefault(name, text)
+                    helps.setdefault(name, shared + text)
         hints = get_type_hints(cls)
         rows = []
         for spec in fields(cls):
