@@ -309,7 +309,8 @@ class AsyncEngine:
         journal (:func:`~asyncfl.server_app.journal.replay`), which records it first: read, bound, count, accept.
         ``refused``: the reply's rejection, decided before it is read (one the journal cannot hold)."""
         if self._journaling and not self.replaying:
-            refused = journal.record_event(self.checkpoints, job, reply, self.state, self.keys.arrays)
+            refused = journal.record_event(self.checkpoints, job, reply, self.state, self.keys.arrays,
+                                           len(self.codec.names) + 1)
         outcome = refused or read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                         self.config.timeout)
         if isinstance(outcome, Arrival):

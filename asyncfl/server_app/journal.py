@@ -17,10 +17,11 @@ straight to the strategy.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Error, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, Metadata, RecordDict
 from flwr.app.message import make_message
 from flwr.common import MessageType, serde
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
@@ -39,13 +40,14 @@ log = logging.getLogger("asyncfl.engine")
 
 
 def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, state: EngineState,
-                 arrays_key: str) -> RejectedReply | None:
-    """Log the reply of ``job`` about to be taken in, as the reply path reads it: the model record (``arrays_key``),
-    the metrics it reads and the worker record, serialized as they came, or the last line of its error, or that
-    none came (``job.lost_reason``), with the job's fields and its round trip (nothing else a node sends: the
-    journal's size is that of the updates). Returns the reply's rejection when it cannot be written (values no
-    serialization holds, e.g. an int beyond 64 bits): a resumed run could not take it in again, so the live run
-    refuses it too (``unrecordable``), and the journal says so."""
+                 arrays_key: str, most_arrays: int) -> RejectedReply | None:
+    """Log the reply of ``job`` about to be taken in, as the reply path reads it: the model record (``arrays_key``:
+    each array's bytes as they came, at most ``most_arrays`` of them, which is one more than the model has, so a
+    reply with more is refused on replay as live), the metrics it reads and the worker record (serialized), or
+    the last line of its error, or that none came (``job.lost_reason``), with the job's fields and its round trip
+    (nothing else a node sends: the journal's size is that of the updates). Returns the reply's rejection when it
+    cannot be written (values no serialization holds, e.g. an int beyond 64 bits): a resumed run could not take it
+    in again, so the live run refuses it too (``unrecordable``), and the journal says so."""
     pulled = state.pulled_at.get(job.message_id)
     header = {"kind": "reply", "seq": job.seq, "client": job.client, "node": job.node_id, "version": job.version,
               "start": job.start, "finish": job.finish, "lost": job.lost_reason, "outage": job.outage,
@@ -58,8 +60,9 @@ def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, stat
         header["error"] = [int(reply.error.code), lines[-1][:300] if lines else ""]
     elif reply is not None:
         try:
-            arrays.append(np.frombuffer(_serialized(reply.content, arrays_key), dtype=np.uint8))
-            header["content"] = True
+            layout, payload, small = _parts(reply.content, arrays_key, most_arrays)
+            arrays += [*payload, np.frombuffer(small, dtype=np.uint8)]
+            header["content"] = {"key": arrays_key, "arrays": layout}
         except Exception as exc:  # whatever a node sent that serialization refuses
             refused = RejectedReply("unrecordable", f"the reply cannot be written to the journal ({type(exc).__name__}:"
                                                     f" {str(exc)[:200]}); a resumed run could not take it in again")
@@ -68,33 +71,46 @@ def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, stat
     return refused
 
 
-def _serialized(content: RecordDict, arrays_key: str) -> bytes:
-    """What the reply path reads of ``content``, as bytes (Flower's own serialization)."""
-    kept = RecordDict()
+def _parts(content: RecordDict, arrays_key: str, most_arrays: int) -> tuple[list | None, list[np.ndarray], bytes]:
+    """What the reply path reads of ``content``: the model record's arrays as their bytes (no re-encoding: a
+    model-sized record costs one copy) with each one's ``[name, dtype, shape, stype]`` (``None``: no such
+    record), and the metrics and worker records serialized (Flower's serde)."""
+    layout, payload = None, []
     if arrays_key in content.array_records:
-        kept[arrays_key] = content.array_records[arrays_key]
+        items = list(content.array_records[arrays_key].items())[:most_arrays]
+        layout = [[str(name), str(array.dtype), [int(n) for n in array.shape], str(array.stype)]
+                  for name, array in items]
+        payload = [np.frombuffer(array.data, dtype=np.uint8) for _, array in items]
+    kept = RecordDict()
     metrics = protocol.reply_metrics(content)
     if metrics is not None:
         kept["metrics"] = metrics  # the record reply_metrics picks, under the name it picks first
     worker = content.config_records.get(protocol.WORKER_RECORD)
     if worker is not None:
         kept[protocol.WORKER_RECORD] = worker
-    return serde.recorddict_to_proto(kept).SerializeToString()
+    return layout, payload, serde.recorddict_to_proto(kept).SerializeToString()
 
 
-def _reply_of(header: dict, content: np.ndarray | None) -> Message | None:
-    """The reply a journal event recorded, as a Message the reply path reads (``None``: none came)."""
+def _reply_of(header: dict, parts: list[np.ndarray]) -> Message | None:
+    """The reply a journal event recorded (``parts``: its arrays' bytes, then its other records), as a Message the
+    reply path reads (``None``: none came)."""
     metadata = Metadata(run_id=0, message_id="", src_node_id=int(header["node"]), dst_node_id=0,
                         reply_to_message_id=f"replayed-{header['seq']}", group_id="", created_at=0.0, ttl=0,
                         message_type=MessageType.TRAIN)
     if "error" in header:
         code, reason = header["error"]
         return make_message(metadata=metadata, error=Error(code=int(code), reason=str(reason)))
-    if content is None:
+    if "content" not in header:
         return None
     proto = RecordDictProto()
-    proto.ParseFromString(content.tobytes())
-    return make_message(metadata=metadata, content=serde.recorddict_from_proto(proto))
+    proto.ParseFromString(parts[-1].tobytes())
+    content = serde.recorddict_from_proto(proto)
+    layout = header["content"]["arrays"]
+    if layout is not None:
+        content[header["content"]["key"]] = ArrayRecord(OrderedDict(
+            (name, Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data.tobytes()))
+            for (name, dtype, shape, stype), data in zip(layout, parts)))
+    return make_message(metadata=metadata, content=content)
 
 
 def replay(engine: AsyncEngine, events: list[tuple[dict, list[np.ndarray]]], saved: list[dict]) -> list[dict]:
@@ -150,7 +166,6 @@ def _take_in_again(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], 
                    scoring_recorded: bool) -> None:
     """A recorded reply through the live reply path (``AsyncEngine.take_in``), its job as it was sent."""
     sent_model = arrays[0] if header["sent_model"] else None
-    content = arrays[-1] if header.get("content") else None
     version, finish = int(header["version"]), float(header["finish"])
     job = Job(f"replayed-{header['seq']}", int(header["node"]), int(header["client"]), version,
               float(header["start"]), finish, int(header["seq"]), 0.0, lost_reason=str(header["lost"]),
@@ -161,7 +176,7 @@ def _take_in_again(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], 
         engine.score_until(finish)
     engine.state.now = max(engine.state.now, finish)
     refused = RejectedReply(*header["refused"]) if "refused" in header else None
-    engine.take_in(job, None if refused else _reply_of(header, content),
+    engine.take_in(job, None if refused else _reply_of(header, arrays[1:] if sent_model is not None else arrays),
                    _base_of(version, sent_model, made, engine.versions), refused)
 
 

@@ -625,7 +625,8 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
 
     monkeypatch.setattr(AsyncEngine, "take_in", take_in)
 
-    def hostile(grid):  # node 3's updates are 40 times too large (clipped); node 4 reports an int beyond 64 bits
+    def hostile(grid):  # node 3's updates are 40 times too large (clipped); node 4 reports an int beyond 64 bits;
+        # node 5 sends 50 arrays more than the model has
         reply_of = grid.handler
 
         def reply(node, message):
@@ -636,6 +637,9 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
                 out.content.array_records["arrays"]["w"] = Array(sent + np.float32(40.0) * (w - sent))
             if message.metadata.message_type == "train" and grid.nodes.index(node) == 4:
                 out.content["metrics"]["junk"] = 2**64
+            if message.metadata.message_type == "train" and grid.nodes.index(node) == 5:
+                extra = {f"extra-{i}": Array(np.zeros(1, np.float32)) for i in range(50)}  # journaled: the first
+                out.content.array_records["arrays"].update(extra)  # one past the model's arrays
             return out
 
         grid.handler = reply
@@ -654,6 +658,8 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     assert replayed == sorted(h["seq"] for h, _ in journal if h["kind"] == "reply")
     assert any("refused" in h for h, _ in journal)  # node 4's replies: refused live, and so on replay
     assert resumed.summary["rejected-by-reason"].get("unrecordable", 0) > 0
+    journaled = [len(h["content"]["arrays"]) for h, _ in journal if "content" in h]
+    assert max(journaled) == 3  # node 5's replies with 52 arrays: the model's 2 and 1 more, refused on replay too
     for seq in replayed:
         assert after_reply["replayed", seq] == after_reply["live", seq], seq
 
