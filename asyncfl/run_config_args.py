@@ -15,6 +15,14 @@ from asyncfl.deploy.builtin_app import is_builtin_app
 from asyncfl.errors import ConfigError
 
 
+def app_defaults(app_dir: Path) -> dict:
+    """The flat run-config a Flower app declares (its ``pyproject.toml``'s ``[tool.flwr.app.config]``, as Flower
+    reads it)."""
+    from flwr.common.config import flatten_dict, get_project_config
+
+    return flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+
+
 def run_config_sources(run_config: list[str]) -> list[tuple[str | None, dict]]:
     """Each ``-c`` argument as ``(its TOML file, or None for key=value pairs; its flat keys)``, in order.
 
@@ -100,8 +108,6 @@ def app_overrides(app_dir: Path, run_config: list[str],
     is read as the new one (said in one line); another app's keys are its own. What ``flwr run`` gets
     (:func:`flwr_run_config`) and what is checked are the same. ``known``: the app's flat run-config, if the
     caller has read it."""
-    from flwr.common.config import flatten_dict, get_project_config
-
     from asyncfl.options import current_keys
 
     sources = run_config_sources(run_config)
@@ -109,7 +115,7 @@ def app_overrides(app_dir: Path, run_config: list[str],
     if not is_builtin_app(app_dir):
         return sources, merged
     if known is None:
-        known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+        known = app_defaults(app_dir)
     return sources, current_keys(merged, where="-c", known=known)
 
 
@@ -209,9 +215,9 @@ def check_run_config(app_dir: Path, run_config: list[str], num_supernodes: int |
     Returns the fused run-config. Raises :class:`asyncfl.ConfigError` (a ``ValueError``) for an unknown key,
     bad TOML or an invalid value, naming what is valid.
     """
-    from flwr.common.config import flatten_dict, get_fused_config_from_dir, get_project_config
+    from flwr.common.config import get_fused_config_from_dir
 
-    known = flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"]["config"])
+    known = app_defaults(app_dir)
     sources, overrides = app_overrides(app_dir, run_config, known)
     for key in overrides:
         if key not in known:

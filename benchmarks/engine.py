@@ -172,10 +172,10 @@ def server_ms_per_arrival(arrivals: int) -> dict[str, float]:
     model = build_model("cnn", (1, 28, 28), 10, seed=0)
     state = state_as_numpy(model)
     codec = ModelCodec.from_state(state)
-    from flwr.common.config import flatten_dict, get_project_config
+    from asyncfl.run_config_args import app_defaults
 
     # the built-in app's defaults (pyproject.toml), as a default run would configure each strategy
-    run_config = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
+    run_config = app_defaults(ROOT)
     names = ("fedavg", "fedasync", "fedbuff", "afl-dw", "ca2fl", "fadas", "fedfa", "fedadt", "fedecho")
     distilling = {"fedadt", "fedecho"}  # ~100x the server work per arrival: fewer arrivals suffice
     data = load_dataset("mnist5k", "", 0.2, 42)

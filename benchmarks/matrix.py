@@ -766,15 +766,15 @@ def run_in_process(config: dict, supernodes: int) -> None:
     """The built-in app's ServerApp ``main`` on an in-process Grid of ``supernodes`` nodes running asyncfl's
     ClientApp, with the app's run-config defaults and ``config`` (see the module docstring)."""
     from flwr.app import Context, RecordDict
-    from flwr.common.config import flatten_dict, get_project_config
 
     from asyncfl.client_app.app import app as client_app
     from asyncfl.server_app.app import main as server_main
     from asyncfl.simulation.inprocess import InProcessGrid
 
     from asyncfl.options import current_keys
+    from asyncfl.run_config_args import app_defaults
 
-    run_config = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
+    run_config = app_defaults(ROOT)
     run_config.update(current_keys(config, where="stored run-config"))  # a run stored before a key was renamed
     grid = InProcessGrid(client_app, supernodes, run_config)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))

@@ -55,11 +55,9 @@ def table(rows: list[dict[str, str]], app: dict | None = None) -> list[str]:
 
 def app_defaults() -> dict:
     """The built-in app's run-config defaults (its pyproject.toml, flattened as Flower reads it)."""
-    import tomllib
+    from asyncfl.run_config_args import app_defaults as declared
 
-    from flwr.common.config import flatten_dict
-
-    return flatten_dict(tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"])
+    return declared(PYPROJECT.parent)
 
 
 def section() -> str:
