@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from asyncfl.data.datasets import DATASETS, check_files
@@ -132,24 +132,24 @@ class RunConfig:
     strategy_config: StrategyConfig | None  # the strategy's own keys; None for gossip methods and in a ClientApp
     data: DataConfig
     train: TrainConfig
-    engine: EngineConfig
+    options: RunOptions  # what the built-in app passes to Strategy.start (the run resolves them once, in start)
+    timeout: float  # seconds a job may take (Flower's timeout; run-config timeout)
     output: OutputConfig
     gossip: GossipConfig | None = None  # set for decentralized methods (pushcen and the gossip baselines)
     drift: DriftConfig = field(default_factory=DriftConfig)  # variant data (off by default)
-    options: RunOptions | None = None  # what the built-in app passes to Strategy.start (engine: them resolved)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (for ``config.json``)."""
         return asdict(self)
 
 
-def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCategories | IntertwinedDelays]:
+def _parse_delays(cfg: Mapping[str, Any]) -> DelayModel | RuntimeCategories | IntertwinedDelays:
     preset = str(cfg["delay-model"])
     valid = tuple(DELAY_PRESETS) + ("intertwined", "custom")
     _choice("delay-model", preset, valid)
     if preset == "intertwined":
         try:
-            return preset, IntertwinedDelays(
+            return IntertwinedDelays(
                 affected_class=int(cfg["intertwined.class"]), delayed_clients=int(cfg["intertwined.clients"]),
                 staleness=int(cfg["intertwined.staleness"]), on_time=float(cfg["intertwined.on-time"]))
         except ValueError as exc:
@@ -158,7 +158,7 @@ def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCate
         gamma = float(cfg["delay.gamma"])
         if not 0.0 <= gamma <= 1.0:
             raise ConfigError(f"delay.gamma={gamma} must be in [0, 1]")
-        return preset, with_gamma(DELAY_PRESETS[preset], gamma)
+        return with_gamma(DELAY_PRESETS[preset], gamma)
     parts = {}
     for component in COMPONENTS:
         prefix = f"delay.{component}"
@@ -170,7 +170,7 @@ def _parse_delays(cfg: Mapping[str, Any]) -> tuple[str, DelayModel | RuntimeCate
             )
         except ValueError as exc:
             raise ConfigError(f"{prefix}: {exc}") from exc
-    return preset, DelayModel(**parts)
+    return DelayModel(**parts)
 
 
 def parse_run_config(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
@@ -231,16 +231,12 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         raise ConfigError(str(exc)) from exc
     if train.local_steps == 0 and train.local_epochs == 0:
         raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
-    delay_preset, delays = _parse_delays(cfg)
-    options = RunOptions.from_run_config(cfg, delay_model=delays)
+    options = RunOptions.from_run_config(cfg, delay_model=_parse_delays(cfg))
     timeout = _positive("timeout", float(cfg["timeout"]))
     options.check_run(0, timeout, has_rounds=False)  # it stops by max-arrivals or max-time
     options.check_strategy(strategy_class(strategy) if strategy in STRATEGY_CLASSES else None, strategy)
-    engine = replace(options.engine_config(num_rounds=0, timeout=timeout, concurrency=options.concurrency,
-                                           round_arrivals=0, node_wait=options.wait_for_nodes),
-                     delay_preset=delay_preset)
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
-    gossip = _gossip(cfg, strategy, engine) if strategy in GOSSIP_METHODS else None
+    gossip = _gossip(cfg, strategy, options) if strategy in GOSSIP_METHODS else None
     drift = _drift(cfg, data, gossip)
     strategy_config = None
     if strategy_settings and strategy in STRATEGY_CLASSES:
@@ -249,7 +245,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         check_files(data.dataset, data.data_dir)
     except DatasetNotFoundError as exc:
         raise ConfigError(str(exc)) from exc
-    return RunConfig(strategy, strategy_config, data, train, engine, output, gossip, drift, options)
+    return RunConfig(strategy, strategy_config, data, train, options, timeout, output, gossip, drift)
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -302,8 +298,8 @@ def _drift(cfg: Mapping[str, Any], data: DataConfig, gossip: GossipConfig | None
     return drift
 
 
-def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> GossipConfig:
-    if engine.clock != "virtual" or engine.max_time <= 0:
+def _gossip(cfg: Mapping[str, Any], strategy: str, options: RunOptions) -> GossipConfig:
+    if options.clock != "virtual" or options.max_time <= 0:
         raise ConfigError(f"{strategy} runs on the gossip relay's virtual clock: set clock = 'virtual' and "
                           "max-time > 0 (the horizon)")
     if cfg.get("resume-from"):  # (checkpoint-every has a default in the built-in app: a gossip run writes none)
@@ -316,7 +312,7 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, engine: EngineConfig) -> Goss
         return GossipConfig(
             method=strategy, out_degree=int(cfg["gossip.out-degree"]), buffer_capacity=int(cfg["gossip.buffer-capacity"]),
             dedup=bool(cfg["gossip.dedup"]), delayed_fraction=float(cfg["gossip.delayed-fraction"]),
-            eval_points=int(cfg["gossip.eval-points"]), horizon=engine.max_time,
+            eval_points=int(cfg["gossip.eval-points"]), horizon=options.max_time,
             link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
             k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
             cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]),

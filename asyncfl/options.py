@@ -395,8 +395,8 @@ def resolve_delays(clock: str, delay_model: Any) -> tuple[str, DelayModel | Runt
             raise ConfigError(f"delay_model={delay_model!r} is not a preset; choose one of: "
                               f"{', '.join(DELAY_PRESETS)}")
         return delay_model, DELAY_PRESETS[delay_model]
-    if isinstance(delay_model, DELAY_TYPES):
-        return "custom", delay_model
+    if isinstance(delay_model, DELAY_TYPES):  # a model equal to a preset (the built-in app parses one) is named by it
+        return next((name for name, preset in DELAY_PRESETS.items() if preset == delay_model), "custom"), delay_model
     raise ConfigError(f"delay_model must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
                       f"got {type(delay_model).__name__}")
 
@@ -432,7 +432,7 @@ class EngineConfig:
     timeout: float  # seconds a job may take (Flower's timeout; run-config timeout)
     wait_for_nodes: float
     seed: int = _resumed()
-    delay_preset: str = _resumed()
+    delay_preset: str  # a name for the record (config.json); a resumed run matches on the model itself
     delay_model: DelayModel | RuntimeCategories | IntertwinedDelays
     progress: bool
     emulate_delay_scale: float = _resumed()

@@ -6,6 +6,7 @@ import pytest
 from flwr.common.config import flatten_dict, get_project_config
 
 from asyncfl.config import ConfigError, parse_run_config
+from asyncfl.options import resolve_delays
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,8 +21,8 @@ def test_pyproject_defaults_parse():
     cfg = parse_run_config(defaults())
     assert cfg.strategy == "fedbuff"
     assert cfg.strategy_config.buffer_size == 0  # automatic: concurrency // 4 within [2, 10]
-    assert cfg.engine.delay_preset == "fedrevive-default"
-    assert cfg.engine.target_accuracy == (0.8, 0.9)
+    assert resolve_delays(cfg.options.clock, cfg.options.delay_model)[0] == "fedrevive-default"
+    assert cfg.options.target_accuracy == (0.8, 0.9)
 
 
 @pytest.mark.parametrize(
@@ -57,8 +58,9 @@ def test_statistics_trackers_need_the_cnn_without_batchnorm():
 def test_custom_delay_model_is_parsed():
     cfg = parse_run_config(defaults(**{"delay-model": "custom", "delay.train.distribution": "lognormal",
                                        "delay.train.tiers": "0.5:1,0.5:3", "delay.train.spread": 0.4}))
-    assert cfg.engine.delay_model.train.distribution == "lognormal"
-    assert cfg.engine.delay_model.train.tiers == ((0.5, 1.0), (0.5, 3.0))
+    assert cfg.options.delay_model.train.distribution == "lognormal"
+    assert cfg.options.delay_model.train.tiers == ((0.5, 1.0), (0.5, 3.0))
+    assert resolve_delays(cfg.options.clock, cfg.options.delay_model)[0] == "custom"
 
 
 def test_bad_custom_delay_names_the_component():
@@ -106,7 +108,7 @@ def test_overlap_and_server_time_on_the_clock_exclude_each_other():
     with pytest.raises(ConfigError, match="overlap-server-compute"):
         parse_run_config(defaults(**{"overlap-server-compute": True, "server-time-scale": 1.0}))
     cfg = parse_run_config(defaults(**{"overlap-server-compute": True}))
-    assert cfg.engine.overlap_server_compute and cfg.engine.server_time_scale == 0.0
+    assert cfg.options.overlap_server_compute and cfg.options.server_time_scale == 0.0
 
 
 def test_gradient_inversion_settings_are_validated_before_any_work():
@@ -130,7 +132,7 @@ def test_gradient_inversion_settings_are_validated_before_any_work():
         parse_run_config({**cfg, "delay-model": "intertwined", "intertwined.staleness": 0})
     parsed = parse_run_config({**cfg, "strategy": "gi-compensation", "optimizer": "sgd", "delay-model": "intertwined",
                                "round-deadline": 1.0})
-    assert parsed.engine.round_deadline == 1.0 and parsed.engine.delay_model.staleness == 40
+    assert parsed.options.round_deadline == 1.0 and parsed.options.delay_model.staleness == 40
     assert parsed.strategy_config.inversion.keep_fraction == 0.05
 
 

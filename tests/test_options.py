@@ -82,8 +82,10 @@ def test_the_built_in_app_reads_the_same_options_from_its_run_config():
         PYPROJECT["clock"], PYPROJECT["concurrency"], PYPROJECT["max-arrivals"], PYPROJECT["seed"])
     assert options.identify_nodes is True and options.evaluate_every == 0
     assert options.evaluate_every_time == PYPROJECT["evaluate-every-time"] and options.target_accuracy == (0.8, 0.9)
-    assert cfg.engine.max_time == options.max_time and cfg.engine.concurrency == options.concurrency
-    assert dataclasses.asdict(options)["delay_model"] == dataclasses.asdict(cfg.engine)["delay_model"]
+    engine = options.engine_config(num_rounds=0, timeout=cfg.timeout, concurrency=options.concurrency,
+                                   round_arrivals=0, node_wait=options.wait_for_nodes)  # as start() builds it, once
+    assert engine.max_time == options.max_time and engine.delay_preset == PYPROJECT["delay-model"]
+    assert dataclasses.asdict(options)["delay_model"] == dataclasses.asdict(engine)["delay_model"]
 
 
 @pytest.mark.parametrize("strategy", [asyncfl.FedAvg, asyncfl.CA2FL])
@@ -116,7 +118,7 @@ def test_dispatch_hold_is_on_by_default_for_fedbuff_and_settable_for_fedasync(ca
     assert holds(asyncfl.FedBuff(buffer_size=2), dispatch_hold=0.0) == 0
     assert holds(asyncfl.FedBuff(buffer_size=2), overlap_server_compute=True) == 0
     assert holds(asyncfl.CA2FL()) == 0
-    assert parse_run_config(dict(PYPROJECT)).engine.dispatch_hold == 0.0  # the built-in app's studies: as published
+    assert parse_run_config(dict(PYPROJECT)).options.dispatch_hold == 0.0  # the built-in app's studies: as published
 
 
 def _as_toml(default):
@@ -160,7 +162,7 @@ def test_an_old_spelling_in_a_stored_config_or_a_start_keyword_is_read_as_its_ne
     with caplog.at_level("WARNING", logger="asyncfl"):
         cfg = parse_run_config({**stored, "job-timeout": 45.0, "max-virtual-time": 7.0, "eval-every": 0.5})
         parse_run_config({**stored, "job-timeout": 45.0, "max-virtual-time": 7.0, "eval-every": 0.5})  # said once
-    assert (cfg.engine.timeout, cfg.engine.max_time, cfg.engine.evaluate_every_time) == (45.0, 7.0, 0.5)
+    assert (cfg.timeout, cfg.options.max_time, cfg.options.evaluate_every_time) == (45.0, 7.0, 0.5)
     notices = [r.getMessage() for r in caplog.records if "is now" in r.getMessage()]
     assert notices == ["run-config: key 'max-virtual-time' is now 'max-time' (read as max-time=7.0)",
                        "run-config: key 'eval-every' is now 'evaluate-every-time' (read as evaluate-every-time=0.5)",

@@ -121,7 +121,7 @@ def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strate
             del config[key]
         assert set(config) <= set(defaults), f"{cell}: unknown keys {set(config) - set(defaults)}"
         parsed = parse_run_config({**defaults, **config})
-        assert parsed.strategy == config["strategy"] and parsed.engine.concurrency == overrides["concurrency"]
+        assert parsed.strategy == config["strategy"] and parsed.options.concurrency == overrides["concurrency"]
 
 
 def test_the_comparison_takes_each_methods_settings_from_its_grids_stored_runs():

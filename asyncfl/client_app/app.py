@@ -51,8 +51,8 @@ def _prepare(msg: Message, context: Context):
     _threads(context)
     cfg = parse_run_config(context.run_config, strategy_settings=False)
     partition_id, num_partitions = _node_ids(context)
-    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
-    model = node_model(cfg.data, data, cfg.engine.seed)
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.options.seed)
+    model = node_model(cfg.data, data, cfg.options.seed)
     _load(model, msg.content["arrays"])
     return cfg, data, model
 
@@ -68,7 +68,7 @@ def train(msg: Message, context: Context) -> Message:
     if cfg.drift.active:  # variant data: the share of this node's samples replaced by the job's start
         fraction = cfg.drift.fraction(float(knobs.get(protocol.DISPATCH_TIME, 0.0)))
         x_train = drifted(x_train, data.y_train, fraction, cfg.drift.source,
-                          (cfg.engine.seed, 0, _node_ids(context)[0]))
+                          (cfg.options.seed, 0, _node_ids(context)[0]))
     loss = train_local(
         model,
         x_train,
@@ -116,8 +116,8 @@ def gossip(msg: Message, context: Context) -> Message:
     _threads(context)
     cfg = parse_run_config(context.run_config, strategy_settings=False)
     partition_id, num_partitions = _node_ids(context)
-    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
-    return gossip_event(msg, context, cfg, data, node_model(cfg.data, data, cfg.engine.seed))
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.options.seed)
+    return gossip_event(msg, context, cfg, data, node_model(cfg.data, data, cfg.options.seed))
 
 
 @app.query()
@@ -127,6 +127,6 @@ def identify(msg: Message, context: Context) -> Message:
     counts (for the ``intertwined`` delay model, which delays the biggest holders of one class)."""
     partition_id, num_partitions = _node_ids(context)
     cfg = parse_run_config(context.run_config, strategy_settings=False)
-    data = node_data(cfg.data, partition_id, num_partitions, cfg.engine.seed)
+    data = node_data(cfg.data, partition_id, num_partitions, cfg.options.seed)
     return identity_reply(msg, context, len(data.y_train),
                           lambda: np.bincount(data.y_train, minlength=data.num_classes))

@@ -59,7 +59,7 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     request = msg.content.config_records["config"]
     knobs = {**cfg.train.to_message_config(), **dict(request)}
     x_train, y_train, x_test, y_test = local_split(data.x_train, data.y_train, cfg.gossip.local_test_fraction,
-                                                   cfg.engine.seed)
+                                                   cfg.options.seed)
     if len(y_train) == 0:
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)

@@ -37,7 +37,7 @@ def run_folder(cfg: RunConfig) -> Path:
         found = checkpoint.find(cfg.options.resume_from)
         if found.parent.name == checkpoint.FOLDER:
             return found.parent.parent.resolve()
-    name = cfg.output.run_name or f"{cfg.strategy}-{cfg.data.dataset}-seed{cfg.engine.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.output.run_name or f"{cfg.strategy}-{cfg.data.dataset}-seed{cfg.options.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     return Path(cfg.output.output_dir).expanduser().resolve() / name
 
 
@@ -57,7 +57,7 @@ def _run_gossip(grid: Grid, cfg: RunConfig) -> None:
     folder = run_folder(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "config.json", cfg.to_dict())
-    relay = GossipRelay(grid, cfg.gossip, cfg.engine, cfg.train.to_message_config(), folder)
+    relay = GossipRelay(grid, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), folder)
     log.info("asyncfl: gossip method=%s dataset=%s model=%s horizon=%g -> %s", cfg.strategy, cfg.data.dataset,
              cfg.data.model, cfg.gossip.horizon, folder)
     relay.run()  # writes summary.json as it goes, atomically, and once more at the end
@@ -76,8 +76,8 @@ def main(grid: Grid, context: Context) -> None:
         _run_gossip(grid, cfg)
         return
 
-    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.engine.seed)
-    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=cfg.engine.seed,
+    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.options.seed)
+    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=cfg.options.seed,
                         track_statistics=cfg.data.track_statistics)
     initial_arrays = ArrayRecord(model.state_dict())
     resources = StrategyResources(
@@ -85,11 +85,11 @@ def main(grid: Grid, context: Context) -> None:
                                        track_statistics=cfg.data.track_statistics),
         x_train=splits.x_train,
         y_train=splits.y_train,
-        seed=cfg.engine.seed,
+        seed=cfg.options.seed,
         data_dir=cfg.data.data_dir,
         server_holdout=cfg.data.server_holdout,
         num_classes=splits.num_classes,
-        label_histogram=lambda pid, n: np.bincount(node_data(cfg.data, pid, n, cfg.engine.seed).y_train,
+        label_histogram=lambda pid, n: np.bincount(node_data(cfg.data, pid, n, cfg.options.seed).y_train,
                                                    minlength=splits.num_classes),
         train_config=cfg.train.to_message_config(),
     )
@@ -99,7 +99,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy.name = cfg.strategy
     if cfg.drift.active:
         evaluator = DriftingEvaluator(model, splits.x_test, splits.y_test, cfg.data.eval_batch_size,
-                                      splits.num_classes, cfg.drift, cfg.engine.seed)
+                                      splits.num_classes, cfg.drift, cfg.options.seed)
     else:
         evaluator = CentralEvaluator(model, splits.x_test, splits.y_test, cfg.data.eval_batch_size, splits.num_classes)
 
@@ -107,11 +107,10 @@ def main(grid: Grid, context: Context) -> None:
     if not cfg.options.resume_from:  # a resumed run keeps the run-config it was started with
         folder.mkdir(parents=True, exist_ok=True)
         write_run_config(folder, dict(context.run_config))
-    engine = cfg.engine
-    log.info("asyncfl: strategy=%s dataset=%s model=%s clock=%s concurrency=%d -> %s", cfg.strategy,
-             cfg.data.dataset, cfg.data.model, engine.clock, engine.concurrency, folder)
+    log.info("asyncfl: strategy=%s dataset=%s model=%s clock=%s -> %s", cfg.strategy, cfg.data.dataset,
+             cfg.data.model, cfg.options.clock, folder)  # start() says the concurrency once it knows the nodes
     result = strategy.start(
-        grid, initial_arrays, num_rounds=0, timeout=engine.timeout,
+        grid, initial_arrays, num_rounds=0, timeout=cfg.timeout,
         train_config=ConfigRecord(cfg.train.to_message_config()),
         evaluate_fn=RecordEvaluator(evaluator, best_model_path=folder / BEST_MODEL_FILE),
         options=replace(cfg.options, output_dir=str(folder.parent), run_name=folder.name),

@@ -241,7 +241,7 @@ class _Run:
         folder = _run_folder(options, strategy.name, resumed_from)
         recorder = None
         if folder is not None:
-            recorder = RunRecorder(folder, run_config or _run_settings(strategy.name, config, flower, num_rounds),
+            recorder = RunRecorder(folder, _run_settings(strategy.name, config, flower, num_rounds, run_config),
                                    config.target_accuracy, options.progress, options.max_arrivals, options.max_time,
                                    resuming=resume is not None, clock=options.clock)
         checkpoints = _checkpoints(options, folder)
@@ -458,7 +458,10 @@ def _stops_text(num_rounds: int, max_arrivals: int, max_time: float, round_arriv
     return " or ".join(p for p in parts if p)
 
 
-def _run_settings(name: str, config: EngineConfig, options, num_rounds: int) -> dict:
-    """What ``config.json`` records for a library run."""
-    return {"strategy": name, "num_rounds": num_rounds, "engine": asdict(config), "flower_options": {
-        k: v for k, v in vars(options).items() if not callable(v)}}
+def _run_settings(name: str, config: EngineConfig, options, num_rounds: int, run_config: dict | None) -> dict:
+    """What ``config.json`` records: the caller's ``run_config`` (the built-in app's, typed) or, for a library run,
+    the strategy and its Flower options; and the engine's settings as this run resolved them."""
+    settings = run_config if run_config is not None else {
+        "strategy": name, "num_rounds": num_rounds,
+        "flower_options": {k: v for k, v in vars(options).items() if not callable(v)}}
+    return {**settings, "engine": asdict(config)}

@@ -37,6 +37,7 @@ from asyncfl import protocol
 from asyncfl.decentralized.buffer import DedupBuffer
 from asyncfl.errors import TooFewPeers
 from asyncfl.decentralized.settings import GossipConfig
+from asyncfl.options import resolve_delays
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.run_folder import append_csv, start_csv, write_json
@@ -72,23 +73,26 @@ class GossipRelay:
         Flower's Grid.
     gossip : GossipConfig
         Method and relay knobs.
-    engine_config : EngineConfig
-        Seed, delays, timeouts (``max-time`` is the horizon).
+    options : RunOptions
+        Seed, delay model, node wait (the horizon is ``gossip.horizon``, the run's ``max-time``).
+    timeout : float
+        Seconds a peer's event may take (Flower's timeout; run-config ``timeout``).
     train_config : dict
         Local-training keys forwarded to the peers.
     folder : Path
         Where metrics.csv and summary.json go (written as they come).
     """
 
-    def __init__(self, grid, gossip: GossipConfig, engine_config, train_config: dict, folder: Path) -> None:
+    def __init__(self, grid, gossip: GossipConfig, options, timeout: float, train_config: dict, folder: Path) -> None:
         self.grid = grid
         self.gossip = gossip
-        self.config = engine_config
+        self.seed, self.timeout = options.seed, timeout
+        self.wait_for_nodes = timeout if options.wait_for_nodes is None else options.wait_for_nodes
         self.train_config = dict(train_config)
         self.folder = folder
         self.stats = RelayStats()
-        self.delays = delay_sampler(engine_config.delay_model, engine_config.seed)
-        self.rng = np.random.default_rng([engine_config.seed, 11])
+        self.delays = delay_sampler(resolve_delays(options.clock, options.delay_model)[1], options.seed)
+        self.rng = np.random.default_rng([options.seed, 11])
         self.peers: list[int] = []
         self.unidentified = 0
         self.out_neighbours: dict[int, list[int]] = {}  # topology 'fixed' only
@@ -107,11 +111,11 @@ class GossipRelay:
 
     # ----------------------------------------------------------------- setup
     def discover(self) -> None:
-        nodes = wait_for_nodes(self.grid, 2, self.config.wait_for_nodes)
+        nodes = wait_for_nodes(self.grid, 2, self.wait_for_nodes)
         if len(nodes) < 2:
             raise TooFewPeers("gossip needs at least two peers (SuperNodes)")
         roster = Roster(self.grid, self.delays, identify=True)  # peers ordered by partition id; delays bound
-        roster.start(nodes, max(self.config.wait_for_nodes, self.config.timeout))
+        roster.start(nodes, max(self.wait_for_nodes, self.timeout))
         self.unidentified = roster.unidentified
         self.peers = roster.nodes
         n = len(self.peers)
@@ -120,7 +124,7 @@ class GossipRelay:
         for i in range(n):
             self.join_time[i] = float(self.rng.uniform(0.0, self.gossip.horizon / 2)) if i in self.delayed else 0.0
         if self.gossip.topology == "fixed":  # own stream: the 'random' topology's draws stay as they were
-            graph = np.random.default_rng([self.config.seed, 19])
+            graph = np.random.default_rng([self.seed, 19])
             size = min(self.gossip.out_degree, n - 1)
             self.out_neighbours = {i: sorted(int(j) for j in graph.choice([k for k in range(n) if k != i], size=size,
                                                                             replace=False)) for i in range(n)}
@@ -180,11 +184,11 @@ class GossipRelay:
                   "absorbed-mass": absorbed, "masses": [e.mass for _, e in drained] or [0.0],
                   "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
                   "fragments": max(1, out_degree // self.gossip.divshare_copies),
-                  protocol.JOB_SEED: protocol.job_seed(self.config.seed, protocol.RELAY_STREAM, peer, event)}
+                  protocol.JOB_SEED: protocol.job_seed(self.seed, protocol.RELAY_STREAM, peer, event)}
         content = RecordDict({"config": ConfigRecord(config)})
         for index, (_, entry) in enumerate(drained):
             content[f"msg-{index}"] = entry.payload
-        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.config.timeout)
+        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.timeout)
         message_id = next(iter(self.grid.push_messages([message])))
         self._schedule(at + self.delays.job_duration(peer), "finish", peer)
         return message_id, out_degree, receivers
@@ -235,7 +239,7 @@ class GossipRelay:
     def _wait_for(self, message_id: str) -> Message | None:
         started = time.perf_counter()
         try:
-            return wait_for_reply(self.grid, message_id, self.config.timeout, self._pacer)
+            return wait_for_reply(self.grid, message_id, self.timeout, self._pacer)
         finally:
             self.stats.relay_seconds -= time.perf_counter() - started
 

@@ -30,8 +30,10 @@ def run_clock(folder: Path) -> str | None:
         config = json.loads(path.read_text()) if path.exists() else {}
     except ValueError:
         return None
-    engine = config.get("engine") if isinstance(config, dict) else None
-    return engine.get("clock") if isinstance(engine, dict) else None
+    if not isinstance(config, dict):
+        return None
+    settings = config.get("engine") or config.get("options")  # a gossip run's config.json holds its options only
+    return settings.get("clock") if isinstance(settings, dict) else None
 
 
 def how_it_ended(summary: dict) -> str:

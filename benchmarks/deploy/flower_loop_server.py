@@ -24,14 +24,14 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
     nodes = sorted(grid.get_node_ids())
-    while len(nodes) < cfg.engine.concurrency:
+    while len(nodes) < cfg.options.concurrency:
         time.sleep(0.5)
         nodes = sorted(grid.get_node_ids())
-    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.engine.seed)
+    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.options.seed)
     model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm, seed=0)
     arrays = ArrayRecord(model.state_dict())
     train_config = cfg.train.to_message_config()
-    rounds = max(1, cfg.engine.max_arrivals // len(nodes))
+    rounds = max(1, cfg.options.max_arrivals // len(nodes))
     result = {"nodes": len(nodes), "rounds": []}
     for server_round in range(rounds):
         messages = [

@@ -17,8 +17,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
-    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.engine.seed)
-    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, seed=cfg.engine.seed)
+    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.options.seed)
+    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, seed=cfg.options.seed)
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=2)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2,
                             train_config=ConfigRecord({"lr": 0.05}))

@@ -336,7 +336,7 @@ def _resume(strategy, folder, initial=None, **options):
     ("other knobs", "buffer_size=3 there, 4 here"),
     ("other layout", "model layout differs"),
     ("other seed", "seed=5 there, 6 here"),
-    ("other delays", "delay_preset='fedrevive-default' there, 'uniform-speed' here"),
+    ("other delays", 'delays="DelayModel.*there'),
     ("truncated", "not a readable checkpoint"),
     ("no checkpoint", "no checkpoint in"),
 ])

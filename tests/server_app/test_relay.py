@@ -28,11 +28,11 @@ def run_relay(tmp_path, method, peers=6, **overrides):
 
     def handler(node, message):
         context = contexts[node]
-        data = node_data(cfg.data, int(context.node_config["partition-id"]), peers, cfg.engine.seed)
-        return gossip_event(message, context, cfg, data, node_model(cfg.data, data, cfg.engine.seed))
+        data = node_data(cfg.data, int(context.node_config["partition-id"]), peers, cfg.options.seed)
+        return gossip_event(message, context, cfg, data, node_model(cfg.data, data, cfg.options.seed))
 
     grid = FakeGrid(peers, handler)
-    relay = GossipRelay(grid, cfg.gossip, cfg.engine, cfg.train.to_message_config(), tmp_path / method)
+    relay = GossipRelay(grid, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), tmp_path / method)
     relay.run()
     return relay, contexts, grid
 
