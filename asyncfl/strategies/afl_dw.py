@@ -70,8 +70,7 @@ class AFLDW(Strategy):
     def __init__(self, server_lr: float = 0.0, beta: str = "cosine", max_staleness: float = 150.0,
                  beta_constant: float = 0.5, pace: str = "measured", **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = AFLDWConfig(server_lr=server_lr, beta=beta, max_staleness=max_staleness,
-                                  beta_constant=beta_constant, pace=pace)
+        self.config = AFLDWConfig.from_arguments(locals())
         self._measure_response(pace, server_lr)
         self.mixing = MixingTally()
 

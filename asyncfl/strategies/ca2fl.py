@@ -70,7 +70,7 @@ class CA2FL(Strategy):
     def __init__(self, buffer_size: int = 0, server_lr: float = 0.0, pace: str = "measured",
                  **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = CA2FLConfig(buffer_size, server_lr, pace)
+        self.config = CA2FLConfig.from_arguments(locals())
         self._measure_response(pace, server_lr)
         self.num_clients = 0
         self._cache: dict[int, np.ndarray] = {}

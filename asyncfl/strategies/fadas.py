@@ -111,8 +111,7 @@ class FADAS(Strategy):
     def __init__(self, buffer_size: int = 0, server_lr: float = 1e-3, beta1: float = 0.5, beta2: float = 0.99,
                  epsilon: float = 1e-8, staleness_threshold: int = 5, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FADASConfig(buffer_size=buffer_size, server_lr=server_lr, beta1=beta1, beta2=beta2,
-                                  epsilon=epsilon, staleness_threshold=staleness_threshold)
+        self.config = FADASConfig.from_arguments(locals())
         self.optimizer = AMSGrad(beta1, beta2, epsilon)
         self._sum: np.ndarray | None = None
         self._count = 0

@@ -137,9 +137,7 @@ class FedADT(Strategy):
                  kl_scale: str = "none", alpha_min: float = 0.2, alpha_max: float = 0.6, ramp_arrivals: int = 1000,
                  kd_lr: float = 0.01, kd_batch_size: int = 32, seed: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedADTConfig(temperature=temperature, kl_scale=kl_scale, alpha_min=alpha_min,
-                                   alpha_max=alpha_max, ramp_arrivals=ramp_arrivals, kd_lr=kd_lr,
-                                   kd_batch_size=kd_batch_size)
+        self.config = FedADTConfig.from_arguments(locals())
         model_fn = checked_model_fn(model_fn, "FedADT")
         if isinstance(server_data, ServerSet):
             server_data = (server_data.x, server_data.y)

@@ -59,8 +59,7 @@ class FedAsync(Strategy):
     def __init__(self, alpha: float = 1.0, staleness: str = "polynomial", staleness_decay: float = 0.5,
                  staleness_cutoff: float = 4.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedAsyncConfig(alpha=alpha, staleness=staleness, staleness_decay=staleness_decay,
-                                     staleness_cutoff=staleness_cutoff)
+        self.config = FedAsyncConfig.from_arguments(locals())
 
     def mixing_weight(self, tau: int) -> float:
         """``alpha_t = alpha * s(tau)``."""

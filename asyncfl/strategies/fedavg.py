@@ -64,7 +64,7 @@ class FedAvg(Strategy):
 
     def __init__(self, server_lr: float = 1.0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedAvgConfig(server_lr=server_lr)
+        self.config = FedAvgConfig.from_arguments(locals())
         self._arrivals: list[Arrival] = []
         self.rounds = 0
         self.stale_arrivals = 0

@@ -150,9 +150,7 @@ class FedBuff(Strategy):
                  pace: str = "measured", aggregation: str = "mean", compensation: str = "none",
                  **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedBuffConfig(buffer_size=buffer_size, server_lr=server_lr,
-                                    staleness_weighting=staleness_weighting, pace=pace, aggregation=aggregation,
-                                    compensation=compensation)
+        self.config = FedBuffConfig.from_arguments(locals())
         self._measure_response(pace, server_lr)
         self._sum: np.ndarray | None = None
         self._count = 0

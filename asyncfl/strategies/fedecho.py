@@ -235,10 +235,7 @@ class FedEcho(Strategy):
                  seed: int = 0,
                  distill_labels: Any = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedEchoConfig(buffer_size=buffer_size, server_lr=server_lr, distill_steps=distill_steps,
-                                    distill_batch_size=distill_batch_size, distill_lr=distill_lr,
-                                    distill_move=distill_move, alpha_min=alpha_min, alpha_max=alpha_max, clip=clip,
-                                    overlap_logits=overlap_logits, pace=pace, server_device=server_device)
+        self.config = FedEchoConfig.from_arguments(locals())
         self._measure_response(pace, server_lr)
         model_fn = checked_model_fn(model_fn, "FedEcho")
         unlabeled = input_array(distill_inputs, "FedEcho", "distill_inputs")

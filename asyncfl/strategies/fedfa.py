@@ -55,7 +55,7 @@ class FedFa(Strategy):
 
     def __init__(self, queue_size: int = 0, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = FedFaConfig(queue_size=queue_size)
+        self.config = FedFaConfig.from_arguments(locals())
         self._queue: deque[np.ndarray] = deque()
         self._sum: np.ndarray | None = None
         self._arrivals = 0

@@ -246,15 +246,7 @@ class FedRevive(Strategy):
                  server_device: str = "cpu", seed: int = 0,
                  true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        config = self.config_class(
-            server_lr=server_lr, pace=pace, beta=beta, max_staleness=max_staleness, beta_constant=beta_constant,
-            teacher_buffer_size=teacher_buffer_size, probe_uploads=probe_uploads, probe_temperature=probe_temperature,
-            synthesis_every=synthesis_every, synthesis_start=synthesis_start, warmup=warmup, kd_start=kd_start, kd_steps=kd_steps,
-            kd_batch_size=kd_batch_size, kd_lr=kd_lr, temperature=temperature, pool_capacity=pool_capacity,
-            latent_dim=latent_dim, synthesis_batch_size=synthesis_batch_size, synthesis_steps=synthesis_steps,
-            generator_lr=generator_lr, latent_lr=latent_lr, alpha_target=alpha_target, alpha_feature=alpha_feature,
-            alpha_adversarial=alpha_adversarial, reptile_step=reptile_step, overlap_teachers=overlap_teachers,
-            server_device=server_device)
+        config = self.config_class.from_arguments(locals())
         self.config = config
         self._measure_response(pace, server_lr)
         self.num_classes = num_classes

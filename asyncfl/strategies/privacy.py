@@ -224,8 +224,7 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be an asyncfl strategy (FedBuff, FedAsync, ...), got "
                             f"{type(strategy).__name__}; Flower's own strategies take Flower's DP wrappers")
-        self.config = DifferentialPrivacyConfig(noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
-                                                target_delta=target_delta, insecure_noise_seed=insecure_noise_seed)
+        self.config = DifferentialPrivacyConfig.from_arguments(locals())
         if clipping_norm <= 0:
             raise ConfigError(f"clipping_norm={clipping_norm} must be > 0 (every update is clipped to it)")
         if not 0 < target_delta < 1:

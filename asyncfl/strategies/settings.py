@@ -149,6 +149,18 @@ class Knobs:
         config.check_run_config(run_config)
         return config
 
+    @classmethod
+    def from_arguments(cls: type[C], arguments: Mapping[str, Any]) -> C:
+        """The config of one constructor call: each constructor keyword (every field but the built-in app's data
+        choices) read from ``arguments``, the constructor's ``locals()``, so that a knob is passed on without being
+        spelled again; a keyword the constructor lacks is named (a knob must be one)."""
+        names = [spec.name for spec in fields(cls) if not spec.metadata.get("builtin")]
+        missing = [name for name in names if name not in arguments]
+        if missing:
+            raise TypeError(f"{cls.__name__}: the strategy's constructor has no keyword {', '.join(missing)}; every "
+                            "knob is a keyword of it")
+        return cls(**{name: arguments[name] for name in names})
+
     def check_run_config(self, run_config: Mapping[str, Any]) -> None:
         """Conditions on the built-in app's other keys (its dataset, its server hold-out); none by default."""
 

@@ -79,7 +79,7 @@ class StaleWeighted(FedAvg):
     def __init__(self, server_lr: float = 1.0, steepness: float = 0.25, midpoint: float = 10.0,
                  **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        self.config = StaleWeightedConfig(server_lr=server_lr, steepness=steepness, midpoint=midpoint)
+        self.config = StaleWeightedConfig.from_arguments(locals())
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
         weights = [a.num_examples * sigmoid_staleness_weight(a.staleness, self.config.steepness, self.config.midpoint)
@@ -114,7 +114,7 @@ class DCASGD(FedAvg):
 
     def __init__(self, server_lr: float = 1.0, compensation_strength: float = 4.0, **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        self.config = DCASGDConfig(server_lr=server_lr, compensation_strength=compensation_strength)
+        self.config = DCASGDConfig.from_arguments(locals())
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
         # ``a.base`` is the model the job was sent (W-Pred's look-ahead, or the global model of its version)
@@ -151,7 +151,7 @@ class AsynTiers(FedAvg):
 
     def __init__(self, server_lr: float = 1.0, boundary: int = 0, **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        self.config = AsynTiersConfig(server_lr=server_lr, boundary=boundary)
+        self.config = AsynTiersConfig.from_arguments(locals())
 
     def round_updates(self, arrivals: list[Arrival], current: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
         boundary = self.config.boundary
@@ -196,8 +196,7 @@ class WPred(DCASGD):
     def __init__(self, server_lr: float = 1.0, compensation_strength: float = 4.0, step_average_decay: float = 0.9,
                  **flower_options: Any) -> None:
         super().__init__(server_lr, compensation_strength, **flower_options)
-        self.config = WPredConfig(server_lr=server_lr, compensation_strength=compensation_strength,
-                                  step_average_decay=step_average_decay)
+        self.config = WPredConfig.from_arguments(locals())
         self._expected_staleness: dict[int, int] = {}
         self._step_average: np.ndarray | None = None
         self._steps_seen = 0

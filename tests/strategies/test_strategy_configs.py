@@ -41,6 +41,19 @@ def test_constructor_keywords_are_the_config_fields_with_the_same_defaults(name)
         assert offered[field_name] == default, f"{cls.__name__}({field_name}=...) default differs from its config"
 
 
+def test_a_constructor_passes_its_knobs_on_by_name_and_one_that_lacks_a_knob_is_named():
+    strategy = FedBuff(buffer_size=3, pace="stable", fraction_train=0.5)
+    assert (strategy.config.buffer_size, strategy.config.pace, strategy.config.server_lr) == (3, "stable", 0.0)
+
+    class Forgetful(FedBuff):
+        def __init__(self, buffer_size: int = 0) -> None:
+            FedBuffConfig.from_arguments(locals())
+
+    with pytest.raises(TypeError, match="FedBuffConfig: the strategy's constructor has no keyword server_lr, "
+                                        "staleness_weighting, pace, aggregation, compensation"):
+        Forgetful()
+
+
 def test_every_strategy_knob_has_a_run_config_default_and_every_strategy_key_is_read():
     cfg = defaults()
     read = set()

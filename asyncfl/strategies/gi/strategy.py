@@ -136,12 +136,7 @@ class GICompensation(FedAvg):
                  uniqueness: bool = True, inversion_workers: int = 1, seed: int = 0,
                  **flower_options: Any) -> None:
         super().__init__(server_lr, **flower_options)
-        self.config = GICompensationConfig(
-            server_lr=server_lr, reconstruction_fraction=reconstruction_fraction, max_reconstruction=max_reconstruction,
-            inversion_iterations=inversion_iterations, warm_iterations=warm_iterations, inversion_lr=inversion_lr,
-            keep_fraction=keep_fraction, switch_window=switch_window, switch_rule=switch_rule,
-            switch_comparisons=switch_comparisons, switch_margin=switch_margin, uniqueness=uniqueness,
-            inversion_workers=inversion_workers)
+        self.config = GICompensationConfig.from_arguments(locals())
         if not isinstance(local_program, LocalProgram):
             raise ConfigError("GICompensation needs local_program: a LocalProgram describing the clients' SGD "
                              f"(steps or epochs, batch size, lr, momentum), got {type(local_program).__name__}")
