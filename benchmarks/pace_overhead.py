@@ -4,7 +4,7 @@ Everything runs in this one process, one measurement after another, on one threa
 ratios compare like with like:
 
 * FedBuff (``B = 5``) with ``pace="stable"`` (no measurement) and ``pace="measured"`` (the
-  default: one secant per arrival, six model copies kept; ``asyncfl/strategies/response.py``),
+  default: one secant per arrival, six model copies kept; ``asyncfl/strategies/pace.py``),
   fed the same arrivals: models of the built-in CNN's size and of ResNet-18's (11.2 M entries),
   each arrival from a newer base version than the last (every arrival is measured). Server ms per arrival
   is the mean of ``on_arrival`` over ``--arrivals`` arrivals after a warm-up.

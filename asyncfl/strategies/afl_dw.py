@@ -44,7 +44,7 @@ class AFLDWConfig(StrategyConfig):
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by ``2 / lambda_bound``
         from the clients' response measured on each client's consecutive jobs
-        (:mod:`asyncfl.strategies.response`); it closes the stable step's lag where client steps are
+        (:class:`~asyncfl.strategies.pace.ResponseMeter`); it closes the stable step's lag where client steps are
         small (measured in the drop-in study: docs/methods.md, "Default server steps"). ``"stable"``: the
         bound for any client.
     """

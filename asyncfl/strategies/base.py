@@ -2,7 +2,7 @@
 
 :class:`Strategy` is the method's interface (``on_start``, ``on_arrival``, ``dispatch_model``, ``on_round_end``,
 ``summary``) and ``start``; its other concerns are pieces of their own: the automatic step
-(:mod:`asyncfl.strategies.paced`), Flower's hooks (:mod:`asyncfl.strategies.hooks`) and checkpoint state.
+(:class:`~asyncfl.strategies.pace.PacedSteps`), Flower's hooks (:mod:`asyncfl.strategies.hooks`) and checkpoint state.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from asyncfl.strategies.arrival import Arrival  # noqa: F401  (re-exported: strategies import it from here)
 from asyncfl.strategies.flower_options import FlowerOptions
 from asyncfl.strategies.hooks import FlowerHooks
-from asyncfl.strategies.paced import PacedSteps
+from asyncfl.strategies.pace import PacedSteps
 from asyncfl.strategies.settings import StrategyConfig
 from asyncfl.strategies.strategy_state import StrategyState
 

@@ -8,7 +8,7 @@ Optionally each update is scaled by ``1 / sqrt(1 + tau)`` as in Nguyen et al.
 Defaults: ``B = K // 4`` within ``[2, 10]`` for ``K`` jobs in flight
 (:func:`asyncfl.strategies.pace.auto_buffer_size`), and ``eta_s = min(1, B * g)`` with ``g`` the
 largest per-update share that the staleness of ``K`` jobs leaves stable, up to twice that where the
-clients' measured response allows (:mod:`asyncfl.strategies.pace`, :mod:`asyncfl.strategies.response`).
+clients' measured response allows (:mod:`asyncfl.strategies.pace`).
 Under ``start()`` a freed slot waits up to a tenth of a job for the buffer's step (run option
 ``dispatch_hold``; docs/methods.md, "Dispatch hold"). The paper's setting is ``buffer_size=10,
 server_lr=1.0`` with ``dispatch_hold=0``.
@@ -44,7 +44,7 @@ def compensated_delta(delta: np.ndarray, base: np.ndarray, current: np.ndarray, 
 
     A client's update depends on its start model, ``Delta(x) ~ -A (x - x*)``; between its dispatch
     (``x_base``) and its arrival the server moved to ``x_now``, so ``Delta(x_now) ~ Delta(x_base) - A (x_now -
-    x_base)``. The secant ``lambda`` of :class:`~asyncfl.strategies.response.ResponseMeter` is ``A``'s Rayleigh
+    x_base)``. The secant ``lambda`` of :class:`~asyncfl.strategies.pace.ResponseMeter` is ``A``'s Rayleigh
     quotient along exactly those moves (a scalar stand-in for the matrix, as Zheng et al., 2017, "Asynchronous
     stochastic gradient descent with delay compensation", use a diagonal one). Where a client's update carries it
     most of the way to its own optimum (``lambda`` near 1) the stale start is then almost forgotten, as in
@@ -106,7 +106,7 @@ class FedBuffConfig(StrategyConfig):
     pace : {"measured", "stable"}
         What ``server_lr=0`` follows. ``"measured"`` (default): the stable step scaled by
         ``2 / lambda_bound``, ``lambda_bound`` from the clients' response measured on each client's
-        consecutive jobs (:mod:`asyncfl.strategies.response`; at most twice the stable step). ``"stable"``:
+        consecutive jobs (:class:`~asyncfl.strategies.pace.ResponseMeter`; at most twice the stable step). ``"stable"``:
         the bound for any client, which lags FedAvg where client steps are small (docs/methods.md).
     """
 

@@ -83,7 +83,7 @@ class FedReviveConfig(StrategyConfig):
         What ``server_lr=0`` follows, as for AFL-DW, FedRevive's parameter-space step
         (:class:`asyncfl.strategies.afl_dw.AFLDWConfig`): ``"measured"`` (default) scales the stable
         step by ``2 / lambda_bound`` from each client's consecutive jobs
-        (:mod:`asyncfl.strategies.response`); ``"stable"`` keeps the bound for any client, which lags
+        (:class:`~asyncfl.strategies.pace.ResponseMeter`); ``"stable"`` keeps the bound for any client, which lags
         FedAvg where client steps are small (measured in the drop-in study: docs/methods.md).
     beta, max_staleness, beta_constant : str, float, float
         The ``beta(tau)`` family, ``tau_max`` and the constant family's value (as AFL-DW). ``tau_max`` 0 = 1.5 x

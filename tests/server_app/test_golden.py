@@ -99,7 +99,7 @@ def _run(strategy, **engine) -> dict[str, str]:
 GOLDEN = {
     "fedbuff": {"requests": "e77dee0e606bea4e", "arrivals": "3f80a374f8431546", "model": "d2d62de8143266d8",
                 "versions": 8, "federated": "f06edf1285049292"},
-    # the step that follows the clients' measured response (asyncfl/strategies/response.py)
+    # the step that follows the clients' measured response (asyncfl/strategies/pace.py)
     # the measured pace pairs each update with its own client's previous one (it paired across clients before)
     "fedbuff-measured": {"requests": "e77dee0e606bea4e", "arrivals": "14031947c7c18cdc", "model": "387a2df987fa81ab",
                          "versions": 8, "federated": "2d68225f18f68043"},

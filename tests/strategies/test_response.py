@@ -5,8 +5,7 @@ import pytest
 
 from asyncfl import FedBuff
 from asyncfl.strategies.base import Arrival
-from asyncfl.strategies.pace import paced_server_lr
-from asyncfl.strategies.response import BOUND_EASING, RESPONSE_FLOOR, RESPONSE_SAFETY, ResponseMeter
+from asyncfl.strategies.pace import BOUND_EASING, RESPONSE_FLOOR, RESPONSE_SAFETY, ResponseMeter, paced_server_lr
 
 
 def arrival(version, base, delta, client=0):
@@ -67,7 +66,7 @@ def test_the_meter_forgets_the_least_recently_seen_client_beyond_its_capacity():
 
 
 def test_a_large_model_is_measured_on_a_fixed_subset_of_its_trained_entries(monkeypatch):
-    import asyncfl.strategies.response as response
+    import asyncfl.strategies.pace as response
 
     monkeypatch.setattr(response, "MEASURED_ENTRIES", 50)
     meter = ResponseMeter(min_pairs=1)
