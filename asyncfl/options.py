@@ -27,7 +27,7 @@ from asyncfl.strategies.settings import ConfigError, Knobs, knob
 
 #: ``virtual``: simulation, replies accepted in the order of drawn durations; ``wall``: real arrival order.
 CLOCKS = ("virtual", "wall")
-#: What happens to an update beyond ``update_norm_bound`` (asyncfl.server_app.update_bound.ACTIONS).
+#: What happens to an update beyond ``update_norm_bound`` (asyncfl.server_app.participants.ACTIONS).
 UPDATE_NORM_ACTIONS = ("clip", "reject")
 log = logging.getLogger("asyncfl")
 DELAY_TYPES = (DelayModel, RuntimeCategories, IntertwinedDelays)
@@ -165,7 +165,7 @@ class RunOptions(Knobs):
         Bound each arriving update's movement of the model (its norm x the strategy's staleness weight for it)
         at this multiple of the recent clients' median movement (a tenth of the model's own norm before three
         clients are known), less for a client over its share of the recent updates: no single node moves the
-        model far, so one faulty node cannot send it to chance (:mod:`asyncfl.server_app.update_bound`).
+        model far, so one faulty node cannot send it to chance (:class:`asyncfl.server_app.participants.UpdateNormBound`).
         0 = off. ``update-norm-bound``.
     update_norm_action : {"clip", "reject"}
         An update beyond the bound is scaled back to it (``clip``) or rejected with reason ``update-norm``.

@@ -112,7 +112,8 @@ def _hashable(key: Any) -> Any:
 
 #: Classes that moved to another module since checkpoints named them: old ``module:qualname`` -> new.
 MOVED = {"asyncfl.server_app.count_bound:ExampleCountCeiling": "asyncfl.server_app.participants:ExampleCountCeiling",
-         "asyncfl.strategies.response:ResponseMeter": "asyncfl.strategies.pace:ResponseMeter"}
+         "asyncfl.strategies.response:ResponseMeter": "asyncfl.strategies.pace:ResponseMeter",
+         "asyncfl.server_app.update_bound:UpdateNormBound": "asyncfl.server_app.participants:UpdateNormBound"}
 
 
 def _type_name(value: Any) -> str:

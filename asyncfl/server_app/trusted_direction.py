@@ -8,7 +8,7 @@ component (trained entries only: BatchNorm statistics and integer counters are n
     Delta' = Delta - min(0, <Delta, s_hat>) s_hat,        s_hat = s / ||s||
 
 An update that agrees with the trusted descent, or is orthogonal to it, passes unchanged. One that pointed
-against it keeps only its part orthogonal to ``s``, and the norm bound (:mod:`~asyncfl.server_app.update_bound`)
+against it keeps only its part orthogonal to ``s``, and the norm bound (:class:`~asyncfl.server_app.participants.UpdateNormBound`)
 holds that part to the participants' median movement (multiple 1 instead of ``update-norm-bound``): an update
 that opposed the server's descent has no claim to the headroom the bound leaves large honest updates. A
 sign-flipped update of ten times an honest norm thus moves the model no further than a median honest update,

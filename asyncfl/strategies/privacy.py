@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from asyncfl.server_app.update_bound import l2_norm
+from asyncfl.server_app.participants import l2_norm
 from asyncfl.state import StateError, capture, restore
 from asyncfl.strategies.accounting import ClientPrivacyLedger
 from asyncfl.strategies.base import Arrival, Strategy

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parents[1] / "benchmarks" / "dropin"))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import run as dropin  # noqa: E402
-from asyncfl.server_app import update_bound  # noqa: E402
+from asyncfl.server_app import participants as update_bound  # noqa: E402
 from asyncfl.server_app.codec import ModelCodec  # noqa: E402
 
 SETTING = "sgdm-0.05"
