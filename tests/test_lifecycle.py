@@ -30,7 +30,7 @@ from asyncfl.deploy import simulation
 from asyncfl.deploy.processes import FlowerProcess, running, signals_held, stop_processes
 from asyncfl.server_app import transport
 from asyncfl.server_app.discovery import query_identities
-from asyncfl.server_app.jobs import EngineStats
+from asyncfl.server_app.engine_state import EngineStats
 from asyncfl.server_app.recorder import RunRecorder
 from asyncfl.server_app.scoring import ModelState, Scoring
 from tests.fake_grid import FakeGrid

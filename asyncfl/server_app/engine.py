@@ -31,9 +31,9 @@ from asyncfl.server_app import journal
 from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.dispatch import Dispatcher
-from asyncfl.server_app.eligible import Slots
-from asyncfl.server_app.engine_state import EngineState
-from asyncfl.server_app.jobs import EngineStats, FederatedEvaluator, GridLike, Job, Recorder, TrainMetricsSink
+from asyncfl.server_app.dispatch import Slots
+from asyncfl.server_app.engine_state import (EngineState, EngineStats, FederatedEvaluator, GridLike, Job, Recorder,
+                                             TrainMetricsSink, VersionStore)
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.participants import ParticipantBounds
 from asyncfl.server_app.replies import RejectedReply, read_reply
@@ -42,7 +42,6 @@ from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
 from asyncfl.server_app.transport import SuperLinkUnreachable, guarded
 from asyncfl.server_app.trusted_direction import TrustedDirection
-from asyncfl.server_app.versions import VersionStore
 from asyncfl.simulation.presets import delay_sampler
 from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys

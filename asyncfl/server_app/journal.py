@@ -27,7 +27,7 @@ from flwr.common import MessageType, serde
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from asyncfl import protocol
-from asyncfl.server_app.jobs import Job
+from asyncfl.server_app.engine_state import Job
 from asyncfl.server_app.replies import RejectedReply
 from asyncfl.strategies.arrival import Arrival
 

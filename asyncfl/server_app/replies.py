@@ -18,7 +18,7 @@ from flwr.common.constant import ErrorCode
 
 from asyncfl import protocol
 from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
-from asyncfl.server_app.jobs import Job
+from asyncfl.server_app.engine_state import Job
 from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from asyncfl.errors import CheckpointError
 from asyncfl.server_app import journal
 from asyncfl.server_app.checkpoint import layout_of, resume_settings
-from asyncfl.server_app.jobs import Job
+from asyncfl.server_app.engine_state import Job
 from asyncfl.state import capture, restore
 
 if TYPE_CHECKING:

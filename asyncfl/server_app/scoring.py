@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from asyncfl.server_app.jobs import EngineStats, FederatedEvaluator, Recorder
+from asyncfl.server_app.engine_state import EngineStats, FederatedEvaluator, Recorder
 
 EvaluateFn = Callable[[np.ndarray], tuple]
 

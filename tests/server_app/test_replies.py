@@ -8,7 +8,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.common.constant import ErrorCode
 
 from asyncfl.server_app.codec import ModelCodec
-from asyncfl.server_app.jobs import Job
+from asyncfl.server_app.engine_state import Job
 from asyncfl.server_app.replies import RejectedReply, read_reply, read_train_reply
 from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from asyncfl.server_app.eligible import EligibleClients
+from asyncfl.server_app.dispatch import EligibleClients
 
 
 def test_kth_matches_the_sorted_list_under_random_updates():
