@@ -7,7 +7,7 @@ them, hands them to the strategy as :class:`~asyncfl.strategies.base.Arrival`
 objects and evaluates the global model on a schedule.
 
 A reply takes one path, step by step (``docs/engine.md``): pulled (:meth:`AsyncEngine._pull`),
-picked by the clock, read into an Arrival or a rejection (:func:`~asyncfl.server_app.replies.read_reply`),
+picked by the clock, read into an Arrival or a rejection (:func:`~asyncfl.server_app.codec.read_reply`),
 counted, handed to the strategy (:meth:`AsyncEngine.accept`), made a version, the round closed
 (:meth:`AsyncEngine._close_rounds`), rows written (:class:`~asyncfl.server_app.scoring.Scoring`).
 Everything the loop changes is one :class:`~asyncfl.server_app.engine_state.EngineState`; a checkpoint
@@ -29,14 +29,13 @@ from asyncfl.errors import NothingToDispatch
 from asyncfl.options import EngineConfig
 from asyncfl.server_app import journal
 from asyncfl.server_app.clock import clock_for
-from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.codec import ModelCodec, RejectedReply, read_reply
 from asyncfl.server_app.dispatch import Dispatcher
 from asyncfl.server_app.dispatch import Slots
 from asyncfl.server_app.engine_state import (EngineState, EngineStats, FederatedEvaluator, GridLike, Job, Recorder,
                                              TrainMetricsSink, VersionStore)
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.participants import ParticipantBounds
-from asyncfl.server_app.replies import RejectedReply, read_reply
 from asyncfl.server_app.resume import resume_from, snapshot
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring

@@ -26,7 +26,7 @@ from asyncfl.server_app.codec import ModelCodec
 from asyncfl.state import capture, restore
 
 if TYPE_CHECKING:
-    from asyncfl.server_app.replies import RejectedReply
+    from asyncfl.server_app.codec import RejectedReply
 
 log = logging.getLogger("asyncfl.engine")
 

@@ -25,7 +25,7 @@ from flwr.common.logger import log as flwr_log
 from asyncfl import protocol
 from asyncfl.state import capture, restore
 from asyncfl.server_app.client_metrics import aggregate_replies, rounds_from_state, rounds_state
-from asyncfl.server_app.replies import RejectedReply, reported_count
+from asyncfl.server_app.codec import RejectedReply, reported_count
 from asyncfl.strategies.flower_options import FlowerOptions, configs_by_node
 
 if TYPE_CHECKING:

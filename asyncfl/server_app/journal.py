@@ -28,7 +28,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from asyncfl import protocol
 from asyncfl.server_app.engine_state import Job
-from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.codec import RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
 if TYPE_CHECKING:

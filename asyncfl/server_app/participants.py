@@ -69,7 +69,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.codec import RejectedReply
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.strategies.arrival import Arrival
 
@@ -313,7 +313,7 @@ class ExampleCountCeiling:
     ``multiple`` x the median size the nodes reported when they were identified (when they were).
     An honest client larger than ``multiple`` x the median is capped too: its weight is then that of a
     client ``multiple`` times the median's size (``docs/security.md``). Counts that are not whole
-    numbers >= 0 never get here: the reply is rejected (:func:`asyncfl.server_app.replies.reported_count`).
+    numbers >= 0 never get here: the reply is rejected (:func:`asyncfl.server_app.codec.reported_count`).
 
     Parameters
     ----------

@@ -43,8 +43,7 @@ from typing import Callable
 import numpy as np
 from flwr.app import ArrayRecord
 
-from asyncfl.server_app.codec import MalformedUpdate, ModelCodec
-from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.codec import MalformedUpdate, ModelCodec, RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
 log = logging.getLogger("asyncfl.engine")

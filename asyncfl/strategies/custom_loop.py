@@ -57,7 +57,7 @@ class SynchronousRounds:
                                                                                 "MetricRecord | None"]:
         """The round's replies through the strategy's ``on_arrival``, staleness 0; Flower's return shape."""
         from asyncfl.server_app.client_metrics import aggregate_replies
-        from asyncfl.server_app.replies import RejectedReply, read_train_reply
+        from asyncfl.server_app.codec import RejectedReply, read_train_reply
 
         strategy = self.strategy
         if self.model is None:

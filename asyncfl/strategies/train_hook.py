@@ -117,8 +117,7 @@ class TrainHook:
         copy with the reply's arrays (decoded and checked as an arriving update) and example count."""
         from dataclasses import replace
 
-        from asyncfl.server_app.codec import MalformedUpdate
-        from asyncfl.server_app.replies import RejectedReply, reported_count
+        from asyncfl.server_app.codec import MalformedUpdate, RejectedReply, reported_count
 
         arrival, content = step.arrivals[i], step.replies[i].content
         record = content.array_records.get(self.keys.arrays)

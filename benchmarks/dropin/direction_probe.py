@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import run as dropin  # noqa: E402
 from asyncfl.server_app import participants as update_bound  # noqa: E402
-from asyncfl.server_app.replies import RejectedReply  # noqa: E402
+from asyncfl.server_app.codec import RejectedReply  # noqa: E402
 
 DECAY = 15 / 16
 

@@ -6,7 +6,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from asyncfl import FedAsync, FedBuff
 from asyncfl.errors import ConfigError
-from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.codec import RejectedReply
 from asyncfl.server_app.participants import MIN_HISTORY, UpdateNormBound
 from asyncfl.strategies.arrival import Arrival
 from tests.fake_grid import FakeGrid, trained_reply

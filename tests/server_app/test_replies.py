@@ -7,9 +7,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 
-from asyncfl.server_app.codec import ModelCodec
+from asyncfl.server_app.codec import ModelCodec, RejectedReply, read_reply, read_train_reply
 from asyncfl.server_app.engine_state import Job
-from asyncfl.server_app.replies import RejectedReply, read_reply, read_train_reply
 from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.flower_options import MessageKeys
 
@@ -78,14 +77,14 @@ def test_read_reply_returns_a_rejection_instead_of_raising():
 
 @pytest.mark.parametrize("value, expected", [(12, 12), (12.0, 12), (0, 0), (2**53, 2**53)])
 def test_an_example_count_is_a_whole_number_from_zero(value, expected):
-    from asyncfl.server_app.replies import reported_count
+    from asyncfl.server_app.codec import reported_count
     assert reported_count(MetricRecord({"num-examples": value}), "num-examples") == expected
     assert reported_count(None, "num-examples") == 0 and reported_count(MetricRecord({}), "num-examples") == 0
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, 2.5, [1, 2], 2**53 + 1, 2**70])
 def test_any_other_example_count_is_the_replys_rejection_not_an_exception(value):
-    from asyncfl.server_app.replies import reported_count
+    from asyncfl.server_app.codec import reported_count
     outcome = reported_count(MetricRecord({"num-examples": value}), "num-examples")
     assert isinstance(outcome, RejectedReply) and outcome.reason == "bad-num-examples"
     assert "expected a whole number from 0 to" in str(outcome)
@@ -96,6 +95,6 @@ def test_any_other_example_count_is_the_replys_rejection_not_an_exception(value)
 def test_a_training_loss_that_is_not_a_finite_number_reads_as_nan(value, expected):
     import math
 
-    from asyncfl.server_app.replies import reported_loss
+    from asyncfl.server_app.codec import reported_loss
     loss = reported_loss(MetricRecord({"train_loss": value}))
     assert loss == expected if expected is not None else math.isnan(loss)

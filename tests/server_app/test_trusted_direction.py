@@ -8,8 +8,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from asyncfl import FedAsync, FedBuff
 from asyncfl.errors import ConfigError
-from asyncfl.server_app.codec import ModelCodec
-from asyncfl.server_app.replies import RejectedReply
+from asyncfl.server_app.codec import ModelCodec, RejectedReply
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.strategies.arrival import Arrival
 from tests.adversaries import digits_trusted_steps, drill, toy_trusted_step
