@@ -58,7 +58,7 @@ class TrainMetricsSink(Protocol):
 
 
 class FederatedEvaluator(Protocol):
-    """Sends the model to a sample of nodes for evaluation (see :mod:`asyncfl.server_app.federated_eval`)."""
+    """Sends the model to a sample of nodes for evaluation (see :class:`asyncfl.server_app.client_metrics.FederatedEvaluation`)."""
 
     def dispatch(self, round_: int, version: int, record, nodes: list[int]) -> None: ...
 

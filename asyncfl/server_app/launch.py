@@ -31,10 +31,9 @@ from asyncfl.callbacks import Callback
 from asyncfl.options import EngineConfig, RunOptions
 from asyncfl.errors import CheckpointError, ClientAppsFailing, ConfigError, NoNodesConnected, NothingToDispatch
 from asyncfl.server_app import checkpoint
-from asyncfl.server_app.client_metrics import TrainMetrics, rounds_from_state, rounds_state
+from asyncfl.server_app.client_metrics import FederatedEvaluation, TrainMetrics, rounds_from_state, rounds_state
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
-from asyncfl.server_app.federated_eval import FederatedEvaluation
 from asyncfl.server_app.trusted_direction import TrustedDirection, TrustedTrainFn
 from asyncfl.server_app.transport import Link, SuperLinkUnreachable, outage_limit, wait_for_nodes
 from asyncfl.server_app.recorder import RunRecorder, affected_class_summary, run_summary

@@ -14,7 +14,7 @@ from asyncfl.errors import CheckpointError
 from asyncfl.models import build_model
 from asyncfl.models.flat import model_to_flat
 from asyncfl.server_app import checkpoint
-from asyncfl.state import capture, restore
+from asyncfl.state import MOVED, capture, restore
 from asyncfl.strategies import AFLDW, CA2FL, FADAS, FedAsync, FedAvg, FedBuff, FedFa, Strategy
 from asyncfl.strategies.arrival import Arrival
 from asyncfl.strategies.fedadt import FedADT, ServerSet
@@ -675,16 +675,29 @@ def test_a_replayed_job_sent_after_the_checkpoint_keeps_its_base_when_the_replay
     assert run(_grid(first_node=501), resume_from=str(tmp_path / "wall")).summary["arrivals"] == 30
 
 
-def test_a_checkpoint_naming_the_count_ceiling_s_former_module_still_loads():
-    from asyncfl.server_app.participants import ExampleCountCeiling
-    from asyncfl.state import capture, restore
+def _moved_part(former: str):
+    """A fresh instance of the class ``former`` now names, and some state to save from another one."""
+    from asyncfl.server_app.participants import ExampleCountCeiling, UpdateNormBound
+    from asyncfl.strategies.pace import ResponseMeter
 
-    saved = ExampleCountCeiling(3.0, [10, 12, 14])
-    saved.latest, saved.capped = {1: 12, 2: 30}, 1
-    tree = capture(saved, "count_ceiling")
-    tree["type"] = "asyncfl.server_app.count_bound:ExampleCountCeiling"  # as checkpoints before it moved have it
-    live = restore(ExampleCountCeiling(3.0, [10, 12, 14]), tree, "count_ceiling")
-    assert (live.latest, live.capped) == ({1: 12, 2: 30}, 1)
+    if former.endswith("ExampleCountCeiling"):
+        return lambda: ExampleCountCeiling(3.0, [10, 12, 14]), {"latest": {1: 12, 2: 30}, "capped": 1}
+    if former.endswith("UpdateNormBound"):
+        return lambda: UpdateNormBound(3.0), {"latest": [{4: 0.5, 7: 0.25}], "clipped": 2, "largest_ratio": 1.5}
+    return ResponseMeter, {"numerator": 0.75, "denominator": 2.5, "pairs": 6, "bound": 1.25}
+
+
+@pytest.mark.parametrize("former", sorted(MOVED))
+def test_a_checkpoint_naming_a_class_s_former_module_still_loads(former):
+    make, state = _moved_part(former)
+    saved = make()
+    for name, value in state.items():
+        setattr(saved, name, value)
+    tree = capture(saved, "part")
+    assert tree["type"] == MOVED[former]
+    tree["type"] = former  # as checkpoints written before it moved name it
+    live = restore(make(), tree, "part")
+    assert {name: getattr(live, name) for name in state} == state
 
 
 def test_a_journal_written_before_replies_were_kept_as_they_came_still_resumes(tmp_path):
