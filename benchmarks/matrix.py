@@ -574,8 +574,9 @@ FEDECHO_FMNIST_PAPER = Study(
 _FEDECHO_SETTINGS_COMMON = {**_FEDECHO_PAPER_COMMON, "server-holdout": 0.0, "fedecho.distill-set": "mnist5k",
                             "fedecho.distill-lr": 3e-6, "update-norm-bound": 0.0, "ca2fl.buffer-size": 5,
                             "fadas.buffer-size": 5, "fadas.beta1": 0.9}
+# (FedEcho's points run before FADAS's: the comparison's main method first when the grid spans sessions)
 _FEDECHO_SETTINGS_GRID = {"fedbuff": ((0.01, 0.03, 0.1), (0.5, 1.0)), "ca2fl": ((0.01, 0.03, 0.1), (0.5, 1.0)),
-                          "fadas": ((0.03, 0.1, 0.3), (1e-4, 1e-3, 1e-2)), "fedecho": ((0.01, 0.03, 0.1), (0.5, 1.0))}
+                          "fedecho": ((0.01, 0.03, 0.1), (0.5, 1.0)), "fadas": ((0.03, 0.1, 0.3), (1e-4, 1e-3, 1e-2))}
 # A best point on an edge of its grid grows the grid past that edge (2026-11-28: FedBuff's local 0.1 / global 0.5,
 # the highest local and the lowest global rate of its grid)
 _FEDECHO_SETTINGS_GROWN = {"fedbuff": [(0.3, 0.5), (0.1, 0.25), (0.3, 0.25)]}
