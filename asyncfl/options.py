@@ -37,6 +37,9 @@ DELAY_TYPES = (DelayModel, RuntimeCategories, IntertwinedDelays)
 RENAMED_KEYS = {"max-virtual-time": "max-time", "eval-every": "evaluate-every-time", "job-timeout": "timeout"}
 #: ``Strategy.start`` keywords renamed the same way.
 RENAMED_KEYWORDS = {"delays": "delay_model"}
+#: Longest wait for the first nodes (``min_available_nodes``) and for nodes to reach the concurrency, when
+#: ``wait_for_nodes`` is None.
+NODE_WAIT_CAP_S = 60.0
 
 
 def current_keys(config: Mapping[str, Any], where: str = "run-config",
@@ -330,6 +333,11 @@ class RunOptions(Knobs):
         raise ConfigError(f"the run never stops: {stops}")
 
     # ------------------------------------------------------------- resolution
+    def node_wait(self, timeout: float) -> float:
+        """Seconds to wait for nodes: ``wait_for_nodes``, or when it is None the shorter of ``timeout`` and
+        :data:`NODE_WAIT_CAP_S`."""
+        return min(timeout, NODE_WAIT_CAP_S) if self.wait_for_nodes is None else self.wait_for_nodes
+
     def engine_config(self, *, num_rounds: int, timeout: float, concurrency: int, round_arrivals: int,
                       node_wait: float, auto_hold: float = 0.0) -> "EngineConfig":
         """What the engine runs with, once the nodes are known (``concurrency``: resolved ``K``;

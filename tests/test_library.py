@@ -493,6 +493,13 @@ def test_an_aggregate_train_override_on_the_fedavg_preset_makes_each_round():
                           plain.arrays.to_torch_state_dict()["fc.weight"])
 
 
+def test_a_run_config_that_names_the_engine_key_is_refused_before_any_message():
+    grid = FakeGrid(4, client)
+    with pytest.raises(asyncfl.ConfigError, match="run_config has a key 'engine'"):
+        FedBuff().start(grid, initial_record(), num_rounds=1, run_config={"engine": "mine"})
+    assert grid.pushed == []
+
+
 def test_flower_hook_overrides_that_start_would_not_call_are_refused_before_any_message():
     class MixedAsync(asyncfl.FedAsync):
         def aggregate_train(self, server_round, replies):

@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 ACCURACY_KEYS = ("accuracy", "acc", "eval-acc", "eval_acc", "eval-accuracy", "eval_accuracy")
 LOSS_KEYS = ("loss", "eval-loss", "eval_loss")
 CLASS_ACCURACY_KEY = "class-accuracy"
-#: Longest wait for the first nodes (``min_available_nodes``) and for nodes to reach the concurrency.
-NODE_WAIT_CAP_S = 60.0
 
 
 @dataclass(repr=False)  # keep Flower's report as the repr
@@ -166,6 +164,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     if trusted_train_fn is not None and not callable(trusted_train_fn):
         raise ConfigError(f"trusted_train_fn={trusted_train_fn!r} must be a function (server_version, ArrayRecord) -> "
                           "ArrayRecord that trains the model on the server's trusted data, or None")
+    if run_config is not None and "engine" in run_config:
+        raise ConfigError("run_config has a key 'engine': config.json keeps that key for the engine's settings as the "
+                          "run resolves them; rename yours")
     check_overrides(strategy)
     log_through_flower()
     run = _Run.build(strategy, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn,
@@ -206,7 +207,7 @@ class _Run:
               options: RunOptions, run_config: dict | None, callbacks: Sequence[Callback],
               trusted_train_fn: TrustedTrainFn | None = None) -> "_Run":
         """Wait for the first nodes, resolve the settings against them, and build every part of the run."""
-        node_wait = min(timeout, NODE_WAIT_CAP_S) if options.wait_for_nodes is None else options.wait_for_nodes
+        node_wait = options.node_wait(timeout)
         asynchronous = not strategy.synchronous
         codec, initial = codec_and_model(initial_arrays)
         flower = strategy.flower

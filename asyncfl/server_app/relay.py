@@ -87,7 +87,7 @@ class GossipRelay:
         self.grid = grid
         self.gossip = gossip
         self.seed, self.timeout = options.seed, timeout
-        self.wait_for_nodes = timeout if options.wait_for_nodes is None else options.wait_for_nodes
+        self.wait_for_nodes = options.node_wait(timeout)
         self.train_config = dict(train_config)
         self.folder = folder
         self.stats = RelayStats()

@@ -156,8 +156,8 @@ class Strategy(PacedSteps, FlowerHooks, StrategyState, ABC):
             The asynchronous run's options (clock, delays, concurrency, stops, run folder, ...):
             :class:`asyncfl.options.RunOptions`, which documents each one.
         run_config : dict, optional
-            What the run folder's ``config.json`` records (default: the strategy's name, Flower
-            options and the resolved engine settings).
+            What the run folder's ``config.json`` records (default: the strategy's name and Flower
+            options); the engine's settings as the run resolves them are added under ``"engine"``.
         callbacks : sequence of asyncfl.Callback, optional
             Told of every new server version and every evaluation (tracking): :mod:`asyncfl.callbacks`.
         trusted_train_fn : callable, optional

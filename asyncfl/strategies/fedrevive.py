@@ -246,7 +246,7 @@ class FedRevive(Strategy):
                  server_device: str = "cpu", seed: int = 0,
                  true_proportions: Callable[[int, int], np.ndarray] | None = None, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        config = self.config_class.from_arguments(locals())
+        config = self.config_class.from_arguments(locals(), declared_by=FedReviveConfig)
         self.config = config
         self._measure_response(pace, server_lr)
         self.num_classes = num_classes

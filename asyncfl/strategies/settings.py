@@ -150,11 +150,13 @@ class Knobs:
         return config
 
     @classmethod
-    def from_arguments(cls: type[C], arguments: Mapping[str, Any]) -> C:
+    def from_arguments(cls: type[C], arguments: Mapping[str, Any], declared_by: "type[Knobs] | None" = None) -> C:
         """The config of one constructor call: each constructor keyword (every field but the built-in app's data
         choices) read from ``arguments``, the constructor's ``locals()``, so that a knob is passed on without being
-        spelled again; a keyword the constructor lacks is named (a knob must be one)."""
-        names = [spec.name for spec in fields(cls) if not spec.metadata.get("builtin")]
+        spelled again; a keyword the constructor lacks is named (a knob must be one). ``declared_by``: read only
+        that config's fields (a base strategy building a subclass's config, whose further fields keep their
+        defaults)."""
+        names = [spec.name for spec in fields(declared_by or cls) if not spec.metadata.get("builtin")]
         missing = [name for name in names if name not in arguments]
         if missing:
             raise TypeError(f"{cls.__name__}: the strategy's constructor has no keyword {', '.join(missing)}; every "

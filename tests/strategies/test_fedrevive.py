@@ -110,6 +110,26 @@ def _mlp():
     return build_model("mlp", SHAPE, 3)
 
 
+def test_a_fedrevive_subclass_whose_config_adds_a_knob_is_built_with_fedrevive_s_knobs_passed_on():
+    from dataclasses import dataclass
+
+    from asyncfl.strategies.settings import knob
+
+    @dataclass(frozen=True)
+    class SlowerConfig(FedReviveConfig):
+        slowdown: float = knob(2.0, above=0)
+
+    class Slower(FedRevive):
+        config_class = SlowerConfig
+
+        def __init__(self, *args, slowdown: float = 2.0, **knobs) -> None:
+            super().__init__(*args, **knobs)
+            self.config = SlowerConfig(**{**self.config.keywords(), "slowdown": slowdown})
+
+    revive = Slower(_mlp, 3, SHAPE, slowdown=3.0, kd_steps=4)
+    assert (revive.config.slowdown, revive.config.kd_steps, revive.config.beta) == (3.0, 4, "cosine")
+
+
 def _arrival(client, weights, base, staleness):
     return Arrival(client, 0, staleness, weights, base, 10, 0.1, 0.0)
 
