@@ -314,6 +314,7 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, options: RunOptions) -> Gossi
             dedup=bool(cfg["gossip.dedup"]), delayed_fraction=float(cfg["gossip.delayed-fraction"]),
             eval_points=int(cfg["gossip.eval-points"]), horizon=options.max_time,
             link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
+            local_test_size=int(cfg["gossip.local-test-size"]),
             k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
             cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]),
             divshare_copies=int(cfg["divshare.copies"]))

@@ -680,10 +680,29 @@ PUSHCEN_FMNIST_COMPARE = Study(
     extra_seeds=(1,),
 )
 
+# PushCen at its paper's regime (issue 57): 100 peers (the paper's CIFAR-10 count) on Fashion-MNIST, where
+# collaboration matters (pushcen-fmnist-compare's Dirichlet 1 and 50 training examples per peer), each peer tested on
+# 100 examples of its own partition held out before the training cap (gossip.local-test-size: one image is 1 point,
+# not 10); every method of the paper's Table 1 (DivShare at its Table 2 bytes, J = 2), Table 4's ablations (no
+# regulariser, no buffer = no sender deduplication) and Table 5's delayed peers (10 %, the "delayed best" column).
+PUSHCEN_FMNIST_PAPER = Study(
+    name="pushcen-fmnist-paper",
+    supernodes=100,
+    common={**PUSHCEN_FMNIST_COMPARE.common, "gossip.local-test-size": 100},
+    methods={"independent": {"strategy": "independent"}, "async-dfedavg": {"strategy": "async-dfedavg"},
+             "swift": {"strategy": "swift"}, "divshare-j2": {"strategy": "divshare", "divshare.copies": 2},
+             "pushcen": {"strategy": "pushcen"}, "pushcen-noreg": {"strategy": "pushcen", "pushcen.lambda": 0.0},
+             "pushcen-no-buffer": {"strategy": "pushcen", "gossip.dedup": False}},
+    scenarios={"dir1-cap50": {}},
+    seeds=(1, 2, 3),
+    targets=(),
+)
+
 STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "fedadt-fmnist": FEDADT_FMNIST, "gi": GI, "gi-fmnist": GI_FMNIST,
            "pushcen": PUSHCEN, "pushcen100": PUSHCEN100, "fedrevive": FEDREVIVE, "fedrevive-fmnist": FEDREVIVE_FMNIST,
            "fedecho-fmnist-tune": FEDECHO_FMNIST_TUNE, "fedecho-fmnist": FEDECHO_FMNIST,
            "pushcen-fmnist": PUSHCEN_FMNIST, "pushcen-fmnist-compare": PUSHCEN_FMNIST_COMPARE,
+           "pushcen-fmnist-paper": PUSHCEN_FMNIST_PAPER,
            # issue 43: each method at its paper's staleness
            "fedadt-fmnist-paper": FEDADT_FMNIST_PAPER, "fedecho-fmnist-paper": FEDECHO_FMNIST_PAPER,
            "fedecho-fmnist-paper-cuda": FEDECHO_FMNIST_PAPER_CUDA,

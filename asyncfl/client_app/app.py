@@ -10,6 +10,7 @@ send fall back to the run-config.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -116,8 +117,15 @@ def gossip(msg: Message, context: Context) -> Message:
     _threads(context)
     cfg = parse_run_config(context.run_config, strategy_settings=False)
     partition_id, num_partitions = _node_ids(context)
-    data = node_data(cfg.data, partition_id, num_partitions, cfg.options.seed)
+    data = gossip_data(cfg, partition_id, num_partitions)
     return gossip_event(msg, context, cfg, data, node_model(cfg.data, data, cfg.options.seed))
+
+
+def gossip_data(cfg, partition_id: int, num_partitions: int):
+    """A peer's data: its partition as ``max-samples-per-client`` keeps it, or, with ``gossip.local-test-size``,
+    the whole partition (the peer holds its test examples out before the cap draws its training ones)."""
+    data_config = replace(cfg.data, max_samples_per_client=0) if cfg.gossip.local_test_size else cfg.data
+    return node_data(data_config, partition_id, num_partitions, cfg.options.seed)
 
 
 @app.query()

@@ -17,6 +17,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from asyncfl import protocol
+from asyncfl.client_app.extras import node_ids
 from asyncfl.client_app.training import evaluate
 from asyncfl.decentralized.codec import Layout
 from asyncfl.decentralized.method import GossipEvent, from_record, gossip_method, to_record
@@ -30,6 +31,19 @@ def local_split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> tup
     order = np.random.default_rng([seed, 13]).permutation(len(y))
     test = max(1, int(round(fraction * len(y)))) if len(y) > 1 else 0
     return x[order[test:]], y[order[test:]], x[order[:test]], y[order[:test]]
+
+
+def held_out_split(x: np.ndarray, y: np.ndarray, test_size: int, max_train: int, seed: int,
+                   partition_id: int) -> tuple[np.ndarray, ...]:
+    """The peer's whole partition split into ``test_size`` local test examples (seeded; one example at least stays
+    for training) and training examples, of which at most ``max_train`` are kept (0: all): ``gossip.local-test-size``
+    with ``max-samples-per-client``."""
+    rng = np.random.default_rng([seed, 13, partition_id])
+    order = rng.permutation(len(y))
+    test, rest = order[:min(test_size, max(0, len(y) - 1))], order[min(test_size, max(0, len(y) - 1)):]
+    if 0 < max_train < len(rest):
+        rest = np.sort(rng.choice(rest, size=max_train, replace=False))
+    return x[rest], y[rest], x[test], y[test]
 
 
 def load_peer(context: Context, model: torch.nn.Module) -> PeerState:
@@ -58,8 +72,13 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     """Run one compute event of the configured method and reply with the outgoing message."""
     request = msg.content.config_records["config"]
     knobs = {**cfg.train.to_message_config(), **dict(request)}
-    x_train, y_train, x_test, y_test = local_split(data.x_train, data.y_train, cfg.gossip.local_test_fraction,
-                                                   cfg.options.seed)
+    if cfg.gossip.local_test_size:  # ``data`` is then the whole partition (client_app.app.gossip_data)
+        x_train, y_train, x_test, y_test = held_out_split(data.x_train, data.y_train, cfg.gossip.local_test_size,
+                                                          cfg.data.max_samples_per_client, cfg.options.seed,
+                                                          node_ids(context)[0])
+    else:
+        x_train, y_train, x_test, y_test = local_split(data.x_train, data.y_train, cfg.gossip.local_test_fraction,
+                                                       cfg.options.seed)
     if len(y_train) == 0:
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)

@@ -32,6 +32,11 @@ class GossipConfig:
     ``divshare_copies``: DivShare's J (Biswas et al., 2025), the out-neighbours each fragment goes to; a
     model is cut into ``out_degree // J`` fragments, so one push costs J models (1: one model over all
     out-neighbours; the PushCen paper's DivShare push, 2.06 of 10.27 MB to 10 neighbours, is J = 2).
+    ``local_test_size``: 0 = a peer's local test split is ``local_test_fraction`` of the examples it keeps;
+    N > 0 = N of its own partition's examples, held out before ``max-samples-per-client`` draws its training
+    examples, so that a peer with few training examples is still tested on enough of its own distribution that
+    one image is not several points of its accuracy (the paper splits each client's data into local train and
+    test sets; its CIFAR-10 peers hold ~500 examples).
     """
 
     method: str = "pushcen"
@@ -43,6 +48,7 @@ class GossipConfig:
     horizon: float = 30.0
     link_delay: float = 0.0
     local_test_fraction: float = 0.2
+    local_test_size: int = 0
     k: int = 32
     lam: float = 0.1
     topology: str = "random"
@@ -59,6 +65,12 @@ class GossipConfig:
             raise ConfigError("need 0 <= gossip.delayed-fraction < 1, max-time > 0 and gossip.link-delay >= 0")
         if not 0.0 < self.local_test_fraction < 1.0:
             raise ConfigError(f"gossip.local-test-fraction must be in (0, 1), got {self.local_test_fraction}")
+        if self.local_test_size < 0:
+            raise ConfigError(f"gossip.local-test-size must be >= 0 (0: local-test-fraction), got {self.local_test_size}")
+        if self.local_test_size and self.local_test_fraction != GossipConfig.local_test_fraction:
+            raise ConfigError(f"gossip.local-test-size={self.local_test_size} sets each peer's test split, so "
+                              f"gossip.local-test-fraction={self.local_test_fraction} would be ignored: set one of "
+                              "them (local-test-size = 0 to use the fraction)")
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"unknown gossip.topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if self.cache_size < 1:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 
+from asyncfl.client_app.app import gossip_data
 from asyncfl.client_app.gossip import gossip_event
-from asyncfl.client_app.task import node_data, node_model
+from asyncfl.client_app.task import node_model
 from asyncfl.config import ConfigError, parse_run_config
 from asyncfl.server_app.relay import GossipRelay
 from tests.fake_grid import FakeGrid
@@ -28,13 +29,20 @@ def run_relay(tmp_path, method, peers=6, **overrides):
 
     def handler(node, message):
         context = contexts[node]
-        data = node_data(cfg.data, int(context.node_config["partition-id"]), peers, cfg.options.seed)
+        data = gossip_data(cfg, int(context.node_config["partition-id"]), peers)  # the ClientApp's own door
         return gossip_event(message, context, cfg, data, node_model(cfg.data, data, cfg.options.seed))
 
     grid = FakeGrid(peers, handler)
     relay = GossipRelay(grid, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), tmp_path / method)
     relay.run()
     return relay, contexts, grid
+
+
+def test_peers_tested_on_a_held_out_set_report_its_accuracy_in_steps_of_one_example(tmp_path):
+    relay, _, _ = run_relay(tmp_path, "async-dfedavg", peers=4, **{"gossip.local-test-size": 40,
+                                                                   "max-samples-per-client": 30})
+    accuracies = [value for value in relay.accuracy.values()]
+    assert accuracies and all(abs(a * 40 - round(a * 40)) < 1e-6 for a in accuracies)  # 40 test examples each
 
 
 def test_pushcen_relay_runs_conserves_mass_and_reports_accuracy(tmp_path):
