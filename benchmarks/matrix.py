@@ -65,6 +65,7 @@ class Study:
     paper_time_reference: str | None = None  # the GI paper's Tables 10-11: time relative to this method (= 100)
     stale_window_start: float | None = None  # affected-class accuracy is also averaged over the evaluations after it
     grid_families: tuple[str, ...] = ()  # a tuning grid: rows named "<family>-..." compete for their family's best
+    diverged: tuple[str, ...] = ()  # grid rows that diverged (no final accuracy): run, never a family's best
     paired_against: tuple[str, ...] = ()  # affected class: every row's per-seed differences from these rows
 
 
@@ -591,6 +592,27 @@ FEDECHO_FMNIST_SETTINGS_TUNE = Study(
     seeds=(4,),
     targets=(0.7, 0.75),
     grid_families=tuple(_FEDECHO_SETTINGS_GRID),
+    # every update non-finite from ~1,300 updates on (README): the model at chance, the run stopped (ClientAppsFailing)
+    diverged=("fedbuff-l0.3-g0.5",),
+)
+
+# The comparison (issue 57): every method at its best point of the grid above, seeds 1-3 (the grid used seed 4),
+# FedEcho beside its ablation at equal client work (its tuned rates, no distillation) and our labelled variant (the
+# distillation step following half the buffered step, distill-move 0.5); FedEcho's Table 7 in the extra rows: the
+# entropy weighting (alpha between its bounds, the default) against a fixed alpha of 0 (CE only), 0.5 and 1 (KL only).
+_SETTINGS_TUNED = {family: tuned("fedecho-fmnist-settings-tune", family) for family in _FEDECHO_SETTINGS_GRID}
+FEDECHO_FMNIST_SETTINGS = Study(
+    name="fedecho-fmnist-settings",
+    supernodes=50,
+    common=_FEDECHO_SETTINGS_COMMON,
+    methods={**_SETTINGS_TUNED, "fedecho-no-kd": {**_SETTINGS_TUNED["fedecho"], "fedecho.distill-steps": 0},
+             "fedecho-move0.5": {**_SETTINGS_TUNED["fedecho"], "fedecho.distill-move": 0.5}},
+    scenarios={"large-dir0.1": {}},
+    seeds=(1, 2, 3),
+    targets=(0.7, 0.75),
+    extra={f"fedecho-alpha{alpha:g}__large-dir0.1": {**_SETTINGS_TUNED["fedecho"], "fedecho.alpha-min": alpha,
+                                                     "fedecho.alpha-max": alpha} for alpha in (0.0, 0.5, 1.0)},
+    extra_seeds=(1, 2, 3),
 )
 
 # The same study on a lent CUDA machine (issue 43; benchmarks/on_device.sh): the clients
@@ -707,7 +729,7 @@ STUDIES = {"fedecho": FEDECHO, "fedadt": FEDADT, "fedadt-fmnist": FEDADT_FMNIST,
            "fedadt-fmnist-paper": FEDADT_FMNIST_PAPER, "fedecho-fmnist-paper": FEDECHO_FMNIST_PAPER,
            "fedecho-fmnist-paper-cuda": FEDECHO_FMNIST_PAPER_CUDA,
            # issue 57: FedEcho at its paper's own settings
-           "fedecho-fmnist-settings-tune": FEDECHO_FMNIST_SETTINGS_TUNE,
+           "fedecho-fmnist-settings-tune": FEDECHO_FMNIST_SETTINGS_TUNE, "fedecho-fmnist-settings": FEDECHO_FMNIST_SETTINGS,
            "fedrevive-fmnist-lag": FEDREVIVE_FMNIST_LAG, "fedrevive-fmnist-lag-cuda": FEDREVIVE_FMNIST_LAG_CUDA}
 
 
@@ -1182,29 +1204,38 @@ def grid_best_lines(study: Study, runs_dir: Path) -> list[str]:
     return ["", "Best grid point per method (highest final accuracy):", "", *lines] if lines else []
 
 
+def _unrun_rows(grid: Study, family: str, scores: dict[str, float]) -> list[str]:
+    """``family``'s rows of ``grid`` with no finished run (those listed as diverged count as run)."""
+    return [m for m in grid.methods if m.startswith(family + "-") and m not in scores and m not in grid.diverged]
+
+
 def resolve_tuned(study: Study) -> Study:
     """``study`` with every :func:`tuned` placeholder replaced by its grid's best point, from the grid's stored runs.
 
     Raises
     ------
     SystemExit
-        When the grid has no finished run of that family yet (run the grid first).
+        When the grid has not finished every row of that family yet (run the grid first): a comparison never
+        starts from a best point that a row still to run could change. A row the grid lists as diverged counts
+        as run.
     """
-    best: dict[str, dict] = {}
+    scores_of: dict[str, dict[str, dict[str, float]]] = {}  # grid -> family -> row -> mean final accuracy
 
     def settings(config: dict) -> dict:
         if TUNED_KEY not in config:
             return config
         grid_name, family = config[TUNED_KEY].split("/")
-        if grid_name not in best:
-            grid = STUDIES[grid_name]
-            scores = grid_scores(grid, ROOT / "benchmarks" / grid.name / "runs")
-            best[grid_name] = {f: grid.methods[max(s, key=s.get)] for f, s in scores.items()}
-        if family not in best[grid_name]:
-            raise SystemExit(f"{study.name} takes {family}'s settings from the grid {grid_name}, which has no finished "
-                             f"run of it: run `matrix.py {grid_name}` first")
+        grid = STUDIES[grid_name]
+        if grid_name not in scores_of:
+            scores_of[grid_name] = grid_scores(grid, ROOT / "benchmarks" / grid.name / "runs")
+        scores = scores_of[grid_name].get(family, {})
+        unrun = _unrun_rows(grid, family, scores)
+        if unrun or not scores:
+            raise SystemExit(f"{study.name} takes {family}'s settings from the grid {grid_name}, which has not finished "
+                             f"{len(unrun)} of {family}'s rows ({', '.join(unrun[:3])}{', ...' if len(unrun) > 3 else ''}): "
+                             f"run `matrix.py {grid_name}` first")
         rest = {k: v for k, v in config.items() if k != TUNED_KEY}
-        return {**best[grid_name][family], **rest}
+        return {**grid.methods[max(scores, key=scores.get)], **rest}
 
     return dataclasses.replace(study, methods={m: settings(c) for m, c in study.methods.items()},
                                extra={n: settings(c) for n, c in study.extra.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def test_mean_curve_averages_runs_at_each_time_after_smoothing_each_run(tmp_path
 
 
 @pytest.mark.parametrize("name", ["fedadt-fmnist-paper", "fedecho-fmnist-paper", "fedrevive-fmnist-lag",
-                                  "fedecho-fmnist-settings-tune"])
+                                  "fedecho-fmnist-settings-tune", "fedecho-fmnist-settings", "pushcen-fmnist-paper"])
 def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strategy(name, monkeypatch):
     from flwr.common.config import flatten_dict, get_project_config
 
@@ -113,7 +114,15 @@ def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strate
 
     monkeypatch.setattr(config_module, "check_files", lambda *args: None)  # Fashion-MNIST need not be installed
     matrix = _matrix()
-    study = matrix.STUDIES[name]
+    def untuned(config: dict) -> dict:  # a tuned row: its grid's first row of the family stands in
+        if matrix.TUNED_KEY not in config:
+            return config
+        grid_name, family = config[matrix.TUNED_KEY].split("/")
+        first = next(c for m, c in matrix.STUDIES[grid_name].methods.items() if m.startswith(family + "-"))
+        return {**first, **{k: v for k, v in config.items() if k != matrix.TUNED_KEY}}
+
+    study = dataclasses.replace(matrix.STUDIES[name], methods={m: untuned(c) for m, c in matrix.STUDIES[name].methods.items()},
+                                extra={n: untuned(c) for n, c in matrix.STUDIES[name].extra.items()})
     defaults = flatten_dict(get_project_config(ROOT)["tool"]["flwr"]["app"]["config"])
     for cell, overrides, seed in matrix.cells(study):
         config = {**overrides, "seed": seed}
@@ -121,7 +130,8 @@ def test_every_cell_of_the_paper_regime_studies_is_a_valid_run_of_its_own_strate
             del config[key]
         assert set(config) <= set(defaults), f"{cell}: unknown keys {set(config) - set(defaults)}"
         parsed = parse_run_config({**defaults, **config})
-        assert parsed.strategy == config["strategy"] and parsed.options.concurrency == overrides["concurrency"]
+        assert parsed.strategy == config["strategy"]
+        assert parsed.options.concurrency == overrides.get("concurrency", parsed.options.concurrency)
 
 
 def test_the_comparison_takes_each_methods_settings_from_its_grids_stored_runs():
@@ -142,6 +152,31 @@ def test_a_study_whose_grid_has_not_run_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(matrix, "ROOT", tmp_path)  # no stored runs at all
     with pytest.raises(SystemExit, match="run `matrix.py fedecho-fmnist-tune` first"):
         matrix.resolve_tuned(matrix.STUDIES["fedecho-fmnist"])
+
+
+def test_a_comparison_waits_for_every_row_of_its_grid_and_counts_a_diverged_row_as_run(tmp_path, monkeypatch):
+    import re
+    import shutil
+
+    matrix = _matrix()
+    monkeypatch.setattr(matrix, "ROOT", tmp_path)
+    grid = matrix.STUDIES["fedecho-fmnist-settings-tune"]
+    runs = tmp_path / "benchmarks" / grid.name / "runs"
+    rows = [m for m in grid.methods if m.startswith("fedbuff-")]
+    assert grid.diverged and set(grid.diverged) <= set(rows)
+    for i, row in enumerate(rows):
+        if row not in grid.diverged:  # a finished run whose final accuracy grows with the row's position
+            folder = runs / f"{row}__large-dir0.1__s4"
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text("{}")
+            (folder / "metrics.csv").write_text("time,accuracy\n" + "".join(f"{t},{0.5 + 0.01 * i}\n" for t in range(3)))
+    study = dataclasses.replace(matrix.STUDIES["fedecho-fmnist-settings"],
+                                methods={"fedbuff": matrix.tuned(grid.name, "fedbuff")}, extra={})
+    best = [row for row in rows if row not in grid.diverged][-1]
+    assert matrix.resolve_tuned(study).methods["fedbuff"] == grid.methods[best]
+    shutil.rmtree(runs / f"{rows[0]}__large-dir0.1__s4")  # a row still to run: no best point yet
+    with pytest.raises(SystemExit, match=re.escape(f"has not finished 1 of fedbuff's rows ({rows[0]})")):
+        matrix.resolve_tuned(study)
 
 
 def _wall_clock():
