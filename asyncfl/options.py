@@ -404,9 +404,21 @@ def resolve_delays(clock: str, delay_model: Any) -> tuple[str, DelayModel | Runt
                               f"{', '.join(DELAY_PRESETS)}")
         return delay_model, DELAY_PRESETS[delay_model]
     if isinstance(delay_model, DELAY_TYPES):  # a model equal to a preset (the built-in app parses one) is named by it
-        return next((name for name, preset in DELAY_PRESETS.items() if preset == delay_model), "custom"), delay_model
+        return _preset_name(delay_model), delay_model
     raise ConfigError(f"delay_model must be a DelayModel, RuntimeCategories, IntertwinedDelays or a preset name, "
                       f"got {type(delay_model).__name__}")
+
+
+def _preset_name(model: Any) -> str:
+    """The preset ``model`` is (``"<preset> (gamma g)"`` for a category preset with another ``gamma``), else
+    ``"custom"``."""
+    for name, preset in DELAY_PRESETS.items():
+        if preset == model:
+            return name
+        if isinstance(model, RuntimeCategories) and isinstance(preset, RuntimeCategories) \
+                and dataclasses.replace(model, gamma=preset.gamma) == preset:
+            return f"{name} (gamma {model.gamma:g})"
+    return "custom"
 
 
 #: Marks an EngineConfig field a resumed run must match (a checkpoint records it).

@@ -61,6 +61,8 @@ def test_custom_delay_model_is_parsed():
     assert cfg.options.delay_model.train.distribution == "lognormal"
     assert cfg.options.delay_model.train.tiers == ((0.5, 1.0), (0.5, 3.0))
     assert resolve_delays(cfg.options.clock, cfg.options.delay_model)[0] == "custom"
+    regamma = parse_run_config(defaults(**{"delay-model": "fedecho-large", "delay.gamma": 0.2}))
+    assert resolve_delays(regamma.options.clock, regamma.options.delay_model)[0] == "fedecho-large (gamma 0.2)"
 
 
 def test_bad_custom_delay_names_the_component():
