@@ -66,6 +66,14 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> float:
     return value
 
 
+def _whole_number(key: str, value: Any) -> int:
+    """``value`` as an integer when it is one (an integral float is taken), else the key's one-line error."""
+    whole = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+    if not whole:
+        raise ConfigError(f"{key}={value!r} must be a whole number")
+    return int(value)
+
+
 def _at_least_one(key: str, value: int) -> int:
     if value < 1:
         raise ConfigError(f"{key}={value} must be >= 1")
@@ -314,7 +322,7 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, options: RunOptions) -> Gossi
             dedup=bool(cfg["gossip.dedup"]), delayed_fraction=float(cfg["gossip.delayed-fraction"]),
             eval_points=int(cfg["gossip.eval-points"]), horizon=options.max_time,
             link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
-            local_test_size=int(cfg["gossip.local-test-size"]),
+            local_test_size=_whole_number("gossip.local-test-size", cfg["gossip.local-test-size"]),
             k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
             cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]),
             divshare_copies=int(cfg["divshare.copies"]))

@@ -1179,12 +1179,13 @@ def gi_lines(runs_dir: Path, names: list[tuple[str, list[str | None]]]) -> list[
 
 
 def grid_scores(study: Study, runs_dir: Path) -> dict[str, dict[str, float]]:
-    """A tuning grid's rows by family: ``{family: {method: mean final accuracy over its cells' runs}}``."""
+    """A tuning grid's rows by family: ``{family: {method: mean final accuracy over its cells' runs}}`` (rows listed
+    as diverged left out: never a family's best)."""
     out: dict[str, dict[str, float]] = {}
     for family in study.grid_families:
         scores = {}
         for method in study.methods:
-            if method.startswith(family + "-"):
+            if method.startswith(family + "-") and method not in study.diverged:
                 finals = [v for scenario in study.scenarios
                           for v in cell_results(runs_dir, f"{method}__{scenario}", ())["finals"]]
                 if finals:

@@ -22,7 +22,7 @@ from asyncfl.client_app.drills import apply_fault, fault_of, reported_examples
 from asyncfl.client_app.device_speed import device_speed
 from asyncfl.client_app.extras import identity_reply, worker_record
 from asyncfl.client_app.extras import node_ids as _node_ids
-from asyncfl.client_app.gossip import gossip_event
+from asyncfl.client_app.gossip import gossip_event, peer_split
 from asyncfl.client_app.task import node_data, node_model
 from asyncfl.client_app.training import evaluate as evaluate_model
 from asyncfl.client_app.training import pick_device, train_local
@@ -135,6 +135,12 @@ def identify(msg: Message, context: Context) -> Message:
     counts (for the ``intertwined`` delay model, which delays the biggest holders of one class)."""
     partition_id, num_partitions = _node_ids(context)
     cfg = parse_run_config(context.run_config, strategy_settings=False)
-    data = node_data(cfg.data, partition_id, num_partitions, cfg.options.seed)
-    return identity_reply(msg, context, len(data.y_train),
-                          lambda: np.bincount(data.y_train, minlength=data.num_classes))
+    # a peer that holds its test examples out of its whole partition reports those it trains on (with the fraction's
+    # split a peer reports the examples it keeps, its test fifth included, as the runs stored before had it)
+    if cfg.gossip is not None and cfg.gossip.local_test_size:
+        data = gossip_data(cfg, partition_id, num_partitions)
+        labels = peer_split(cfg, data, partition_id)[1]
+    else:
+        data = node_data(cfg.data, partition_id, num_partitions, cfg.options.seed)
+        labels = data.y_train
+    return identity_reply(msg, context, len(labels), lambda: np.bincount(labels, minlength=data.num_classes))

@@ -35,15 +35,26 @@ def local_split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> tup
 
 def held_out_split(x: np.ndarray, y: np.ndarray, test_size: int, max_train: int, seed: int,
                    partition_id: int) -> tuple[np.ndarray, ...]:
-    """The peer's whole partition split into ``test_size`` local test examples (seeded; one example at least stays
-    for training) and training examples, of which at most ``max_train`` are kept (0: all): ``gossip.local-test-size``
-    with ``max-samples-per-client``."""
+    """The peer's whole partition split into local test examples, ``test_size`` of them but at most half of the
+    partition (a small peer keeps as much to train on as it is tested on), and training examples, of which at most
+    ``max_train`` are kept (0: all): ``gossip.local-test-size`` with ``max-samples-per-client``. Seeded per peer."""
     rng = np.random.default_rng([seed, 13, partition_id])
     order = rng.permutation(len(y))
-    test, rest = order[:min(test_size, max(0, len(y) - 1))], order[min(test_size, max(0, len(y) - 1)):]
+    held = min(test_size, len(y) // 2)
+    test, rest = order[:held], order[held:]
     if 0 < max_train < len(rest):
         rest = np.sort(rng.choice(rest, size=max_train, replace=False))
     return x[rest], y[rest], x[test], y[test]
+
+
+def peer_split(cfg, data, partition_id: int) -> tuple[np.ndarray, ...]:
+    """``(x_train, y_train, x_test, y_test)`` of a peer: its local test split held out of its whole partition
+    (``gossip.local-test-size``; ``data`` is then that partition, :func:`asyncfl.client_app.app.gossip_data`), or
+    ``local-test-fraction`` of the examples it keeps."""
+    if cfg.gossip.local_test_size:
+        return held_out_split(data.x_train, data.y_train, cfg.gossip.local_test_size, cfg.data.max_samples_per_client,
+                              cfg.options.seed, partition_id)
+    return local_split(data.x_train, data.y_train, cfg.gossip.local_test_fraction, cfg.options.seed)
 
 
 def load_peer(context: Context, model: torch.nn.Module) -> PeerState:
@@ -72,13 +83,7 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     """Run one compute event of the configured method and reply with the outgoing message."""
     request = msg.content.config_records["config"]
     knobs = {**cfg.train.to_message_config(), **dict(request)}
-    if cfg.gossip.local_test_size:  # ``data`` is then the whole partition (client_app.app.gossip_data)
-        x_train, y_train, x_test, y_test = held_out_split(data.x_train, data.y_train, cfg.gossip.local_test_size,
-                                                          cfg.data.max_samples_per_client, cfg.options.seed,
-                                                          node_ids(context)[0])
-    else:
-        x_train, y_train, x_test, y_test = local_split(data.x_train, data.y_train, cfg.gossip.local_test_fraction,
-                                                       cfg.options.seed)
+    x_train, y_train, x_test, y_test = peer_split(cfg, data, node_ids(context)[0])
     if len(y_train) == 0:
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)

@@ -23,11 +23,12 @@ def test_a_held_out_test_set_comes_from_the_peer_s_own_rows_before_the_training_
     assert held_out_split(x, y, 4, 0, seed=1, partition_id=7)[1].size == 6  # no cap: every other row trains
 
 
-def test_a_peer_smaller_than_its_test_size_keeps_one_example_for_training():
-    x, y = np.zeros((3, 2), np.float32), np.arange(3)
+def test_a_peer_smaller_than_twice_its_test_size_holds_out_half_of_its_examples():
+    x, y = np.zeros((7, 2), np.float32), np.arange(7)
     _, y_train, _, y_test = held_out_split(x, y, 100, 0, seed=1, partition_id=0)
-    assert (len(y_train), len(y_test)) == (1, 2)
-    assert len(local_split(x, y, 0.2, seed=1)[3]) == 1  # the fraction's split: at least one test example
+    assert (len(y_train), len(y_test)) == (4, 3)
+    assert [len(held_out_split(x, y, 100, 2, seed=1, partition_id=0)[i]) for i in (1, 3)] == [2, 3]  # cap after
+    assert len(local_split(x[:3], y[:3], 0.2, seed=1)[3]) == 1  # the fraction's split: at least one test example
 
 
 def test_the_test_size_and_a_changed_fraction_are_refused_together_and_a_negative_size_alone():
@@ -37,3 +38,26 @@ def test_the_test_size_and_a_changed_fraction_are_refused_together_and_a_negativ
         parse_run_config(defaults(**gossip, **{"gossip.local-test-size": 100, "gossip.local-test-fraction": 0.3}))
     with pytest.raises(ConfigError, match="local-test-size must be >= 0"):
         parse_run_config(defaults(**gossip, **{"gossip.local-test-size": -1}))
+    for odd in (100.5, True, "100"):
+        with pytest.raises(ConfigError, match=f"gossip.local-test-size={odd!r} must be a whole number"):
+            parse_run_config(defaults(**gossip, **{"gossip.local-test-size": odd}))
+
+
+def test_a_peer_that_holds_its_test_examples_out_reports_the_examples_it_trains_on():
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from asyncfl import protocol
+    from asyncfl.client_app.app import gossip_data, identify
+    from asyncfl.client_app.gossip import peer_split
+
+    run_config = defaults(**{"strategy": "pushcen", "clock": "virtual", "max-time": 10.0, "dataset": "digits",
+                             "model": "mlp", "gossip.local-test-size": 40, "max-samples-per-client": 30})
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 2, "num-partitions": 4},
+                      state=RecordDict(), run_config=run_config)
+    query = Message(RecordDict({"config": ConfigRecord({protocol.IDENTIFY: True, protocol.WANT_LABEL_COUNTS: True})}),
+                    dst_node_id=7, message_type="query")
+    answer = identify(query, context).content.config_records["config"]
+    cfg = parse_run_config(run_config, strategy_settings=False)
+    trained = peer_split(cfg, gossip_data(cfg, 2, 4), 2)[1]
+    assert answer[protocol.NUM_EXAMPLES] == len(trained) == 30
+    assert list(answer[protocol.LABEL_COUNTS]) == np.bincount(trained, minlength=10).tolist()
