@@ -205,7 +205,7 @@ class Halfway(Strategy):
 
     def __init__(self, share: float = 0.5, **flower_options: Any) -> None:
         super().__init__(**flower_options)
-        self.config = HalfwayConfig(share=share)
+        self.config = HalfwayConfig.from_arguments(locals())
 
     def on_arrival(self, arrival, current):
         return current + self.config.share * (arrival.weights - current)
