@@ -77,3 +77,11 @@ def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
     assert len(tables) == 2
     for cells, stored in tables:
         assert stored == study.table(study.load(ROOT / "benchmarks" / "wall_sooner" / cells)), cells
+
+
+def test_the_least_device_time_keeps_the_fleets_process_starts_within_the_hosts_share():
+    cost = load_script("benchmarks/wall_sooner/clientapp_cost.py", "clientapp_cost")
+    # nodes at 1x and 5x: 1.2 jobs per device-second; 4 CPU-s per process start on half of 2 cores -> 4.8 s
+    assert cost.least_device_seconds([1.0, 5.0], 4.0, cores=2, host_share=0.5) == 4.8
+    d = cost.least_device_seconds([1.1, 5.0, 0.9], 4.5, cores=2, host_share=0.5)
+    assert abs(sum(1 / (s * d) for s in (1.1, 5.0, 0.9)) * 4.5 - 1.0) < 1e-9  # one core's worth of process starts
