@@ -27,7 +27,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -39,16 +38,11 @@ sys.path.insert(0, str(ROOT))
 from asyncfl.models import build_model  # noqa: E402
 from asyncfl.strategies.gi.inversion import InversionConfig, invert_update  # noqa: E402
 from asyncfl.strategies.gi.unrolled import LocalProgram, flatten_params, soft_cross_entropy  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 
 def _timed(fn, repeats: int) -> float:
-    fn()  # warm-up: allocator and autograd caches
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return median_seconds(fn, repeats)  # one warm-up call: allocator and autograd caches
 
 
 def measure(rec: int, steps: int, iterations: int, repeats: int) -> dict:

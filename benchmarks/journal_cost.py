@@ -11,9 +11,7 @@ Usage: ``.venv/bin/python benchmarks/journal_cost.py``
 from __future__ import annotations
 
 import io
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +22,11 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
 from flwr.common import serde  # noqa: E402
 
 from asyncfl.server_app.journal import _parts  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 
 def _ms(write, repeats: int = 5) -> float:
-    write()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        write()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+    return median_seconds(write, repeats) * 1000
 
 
 def main() -> None:

@@ -53,19 +53,11 @@ from asyncfl.strategies.base import Arrival  # noqa: E402
 from asyncfl.strategies.fedecho import FedEcho  # noqa: E402
 from asyncfl.strategies.gi.strategy import GICompensation  # noqa: E402
 from asyncfl.strategies.gi.unrolled import LocalProgram  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 OLD_CHUNK = 500  # FedEcho's inference chunk and the default eval-batch-size before
 
 
-def median_seconds(run, repeats: int) -> float:
-    """Median wall seconds of ``run()`` over ``repeats`` calls after one warm-up call."""
-    run()
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - started)
-    return float(np.median(seconds))
 
 
 class FedEchoOneBigChunk(FedEcho):
