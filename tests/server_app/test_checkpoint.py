@@ -560,8 +560,8 @@ def _wall_run(strategy, grid, folder, **options):
     every freed slot goes out at once, so a crash (counted in pushes) comes well after the last checkpoint, with
     accepted updates between them."""
     return strategy.start(grid, _initial(), num_rounds=0, evaluate_fn=_evaluate, clock="wall", seed=5,
-                          max_arrivals=30, evaluate_every=1, output_dir=str(folder), run_name="wall",
-                          **{"checkpoint_every": 3, "dispatch_hold": 0.0, **options})
+                          evaluate_every=1, output_dir=str(folder), run_name="wall",
+                          **{"max_arrivals": 30, "checkpoint_every": 3, "dispatch_hold": 0.0, **options})
 
 
 def _crashed_wall_run(folder) -> tuple[list, object, int]:
@@ -618,10 +618,23 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     phase = ["dead run"]
     live_take_in = AsyncEngine.take_in
 
+    def journal_so_far():
+        try:
+            return checkpoint.read_journal(checkpoint.find(tmp_path / "wall"))
+        except checkpoint.CheckpointError:  # no checkpoint yet
+            return []
+
     def take_in(engine, job, reply, base, refused=None):
         live_take_in(engine, job, reply, base, refused)
         if phase[0] == "dead run" or engine.replaying:
             after_reply[("replayed" if engine.replaying else "live", job.seq)] = bounded_state(engine)
+        if phase[0] == "dead run" and engine.stats.arrivals >= crash:
+            # the server dies once the newest checkpoint's journal holds what the replay must meet: node 4's
+            # refused reply and node 5's cut one (wall-clock order decides when that is, so it is waited for)
+            journal = journal_so_far()
+            if (any("refused" in h for h, _ in journal)
+                    and any(len(h.get("content", {}).get("arrays", ())) == 3 for h, _ in journal)):
+                raise Crash("the server process died")
 
     monkeypatch.setattr(AsyncEngine, "take_in", take_in)
 
@@ -646,10 +659,11 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
         return grid
 
     def run(grid, **options):
-        return _wall_run(make(), grid, tmp_path, checkpoint_every=every, dispatch_hold=hold, **options)
+        return _wall_run(make(), grid, tmp_path, checkpoint_every=every, dispatch_hold=hold, max_arrivals=90,
+                         **options)
 
     with pytest.raises(Crash):
-        run(hostile(_grid(crash_after=crash)))
+        run(hostile(_grid()))
     journal = checkpoint.read_journal(checkpoint.find(tmp_path / "wall"))
     assert journal and all(h["kind"] in ("reply", "scored", "round-end") for h, _ in journal)
     phase[0] = "resumed run"
