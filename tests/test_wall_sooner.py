@@ -36,6 +36,23 @@ def test_the_runtime_bound_by_hand(study):
     assert study.round_bound([1.0, 5.0, 1.0], 3.0, workers=8) == 15.0
 
 
+def test_a_loopback_cells_bound_is_its_hosts_cpu_when_that_is_below_the_fleets(study):
+    # nodes at 1x and 5x of 10 s: the fleet allows 0.1 + 0.02 updates/s; 2 rounds of 2 updates ran
+    cell = {"strategy": "fedbuff", "mode": "loopback", "fleet": [1.0, 5.0], "device-seconds": 10.0,
+            "ideal-updates-per-s": 0.12, "ideal-round-s": 50.0, "rounds": 1, "run-rounds": 2, "host-cores": 2}
+    # 40 CPU-s for 4 updates: 10 per update, 2 cores run 0.2/s, more than the fleet's 0.12: the fleet bounds
+    assert study.host_cpu_per_update({**cell, "host-cpu-seconds": 40.0}, 2) == 10.0
+    assert study._ideal_rates({**cell, "host-cpu-seconds": 40.0}, 2) == pytest.approx((0.12, 0.12), rel=1e-3)
+    # 100 CPU-s: 25 per update, the host runs 0.08/s, below the fleet: the host bounds
+    assert study._ideal_rates({**cell, "host-cpu-seconds": 100.0}, 2) == pytest.approx((0.12, 0.08), rel=1e-3)
+    # FedAvg's round: its slowest node's 50 s for 2 updates, 0.04/s, under the host's 0.08
+    fedavg = {**cell, "strategy": "flower-fedavg", "host-cpu-seconds": 100.0}
+    assert study._ideal_rates(fedavg, 2) == pytest.approx((0.04, 0.04), rel=1e-3)
+    # a cell without the host's CPU (simulation, or written before the field was) keeps the runtime's bound
+    assert study.host_cpu_per_update(cell, 2) is None
+    assert study._ideal_rates(cell, 2) == pytest.approx((0.12, 0.12), rel=1e-3)
+
+
 def test_the_ideal_of_a_quarter_5x_slower_fleet_is_its_sum_of_rates(study):
     ideal = study.ideal("quarter-5x-slower", 8, 3.0, 0)
     assert sorted(ideal["fleet"])[-2:] == [5.0, 5.0] and ideal["ideal-round-s"] == 15.0

@@ -162,6 +162,18 @@ def round_bound(fleet: list[float], seconds: float, workers: int) -> float:
     return max(ends)
 
 
+def host_cpu_seconds() -> float | None:
+    """CPU seconds the host's cores have been busy since boot (``/proc/stat``: user, nice, system, irq, softirq,
+    steal), None where there is no ``/proc/stat``. On a host running nothing else, the difference over a run is the
+    run's CPU: every process of it, the short-lived ClientApp processes a loopback SuperNode starts included."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
     done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
                            str(nodes), "--cpus-per-client", "1", "--ray-cpus", str(nodes), "-c", overrides],
@@ -213,9 +225,9 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
         if FOLDER.get(example, example) == "advanced-pytorch":
             overrides += f" save-dir='{Path(folder) / 'saved'}'"
         runner = _run_simulation if mode == "simulation" else _run_loopback
-        started = time.perf_counter()
+        started, cpu_before = time.perf_counter(), host_cpu_seconds()
         code, output = runner(app, nodes, overrides, folder, timeout=3600)
-        wall = time.perf_counter() - started
+        wall, cpu_after = time.perf_counter() - started, host_cpu_seconds()
         if code != 0 or not timeline.exists():
             raise SystemExit(f"{example} / {strategy} / {mode} run {run} failed (rc {code}):\n{output[-4000:]}")
         points = [json.loads(line) for line in timeline.read_text().splitlines()]
@@ -244,6 +256,8 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             "final": round(equal["accuracy"], 4), "train-seconds": last, "process-seconds": round(wall, 1),
             "last-accuracy": round(points[-1]["accuracy"], 4), "updates-per-s": updates / last,
             "first-round-s": first["t"],
+            **({"host-cpu-seconds": round(cpu_after - cpu_before, 1), "host-cores": os.cpu_count()}
+               if cpu_before is not None and cpu_after is not None else {}),
             "steady-updates-per-s": (equal["round"] - first["round"]) * cohort / max(last - first["t"], 1e-9),
             **{key: facts[key] for key in kept if key in facts}}
 
@@ -270,9 +284,22 @@ def _ideal_rates(cell: dict, cohort: int) -> tuple[float, float]:
     # (cells written before the field was: simulation on this study's 2-core host)
     workers = cell.get("runtime-workers") or (6 if cell["mode"] == "simulation" else len(cell["fleet"]))
     if cell["strategy"] == "flower-fedavg":
-        return (cohort / cell["ideal-round-s"],
-                cohort / round_bound(cell["fleet"], cell["device-seconds"], workers))
-    return cell["ideal-updates-per-s"], runtime_bound(cell["fleet"], cell["device-seconds"], workers)
+        fleet, bound = (cohort / cell["ideal-round-s"],
+                        cohort / round_bound(cell["fleet"], cell["device-seconds"], workers))
+    else:
+        fleet, bound = cell["ideal-updates-per-s"], runtime_bound(cell["fleet"], cell["device-seconds"], workers)
+    per_update = host_cpu_per_update(cell, cohort)
+    if cell["mode"] == "loopback" and per_update:  # the host's cores run every process of the deployment
+        bound = min(bound, cell["host-cores"] / per_update)
+    return fleet, bound
+
+
+def host_cpu_per_update(cell: dict, cohort: int) -> float | None:
+    """The host's CPU seconds per client update over ``cell``'s whole run (every update it ran, past equal work
+    too; start and stop included), None for cells that did not record the host's CPU."""
+    if "host-cpu-seconds" not in cell:
+        return None
+    return cell["host-cpu-seconds"] / (cell.get("run-rounds", cell["rounds"]) * cohort)
 
 
 def table(rows: list[dict]) -> str:
@@ -281,8 +308,8 @@ def table(rows: list[dict]) -> str:
     against the fleet's ideal and the runtime's bound, rejected replies."""
     lines = ["| example | mode | strategy | runs | final (mean; worst) | − FedAvg | s to FedAvg's final (mean; slowest) "
              "| share of FedAvg's s (mean; slowest) | s to equal work (first round) | updates/s after the first round "
-             "| share of the ideal | share of the runtime's bound | rejected replies |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| share of the ideal | share of the runtime's bound | host CPU-s per update | rejected replies |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for example in EXAMPLES:
         for mode in MODES:
             fedavg = [r for r in rows if (r["example"], r["mode"], r["strategy"]) == (example, mode, "flower-fedavg")]
@@ -307,14 +334,19 @@ def table(rows: list[dict]) -> str:
                 else:
                     reach_text = share = "never"
                 rate = statistics.mean(r["steady-updates-per-s"] for r in cells)
-                fleet, bound = _ideal_rates(cells[0], _cohort(example, len(cells[0]["fleet"])))
+                cohort = _cohort(example, len(cells[0]["fleet"]))
+                ideals = [_ideal_rates(r, cohort) for r in cells]  # a loopback cell's bound is its own host CPU's
+                of_fleet = statistics.mean(r["steady-updates-per-s"] / fleet for r, (fleet, _) in zip(cells, ideals))
+                of_bound = statistics.mean(r["steady-updates-per-s"] / bound for r, (_, bound) in zip(cells, ideals))
+                cpu = [c for c in (host_cpu_per_update(r, cohort) for r in cells) if c]
+                cpu_text = f"{statistics.mean(cpu):.1f}" if cpu else "–"
                 rejected = sum(r.get("rejected-updates", 0) for r in cells)
                 lines.append(
                     f"| {example} | {mode} | {strategy} | {len(cells)} | {statistics.mean(finals):.3f}; "
                     f"{min(finals):.3f} | {statistics.mean(finals) - target:+.3f} | {reach_text} | {share} "
                     f"| {statistics.mean(r['train-seconds'] for r in cells):.0f} "
-                    f"({statistics.mean(r['first-round-s'] for r in cells):.0f}) | {rate:.2f} | {rate / fleet:.2f} "
-                    f"| {rate / bound:.2f} | {rejected if strategy != 'flower-fedavg' else '–'} |")
+                    f"({statistics.mean(r['first-round-s'] for r in cells):.0f}) | {rate:.2f} | {of_fleet:.2f} "
+                    f"| {of_bound:.2f} | {cpu_text} | {rejected if strategy != 'flower-fedavg' else '–'} |")
     return "\n".join(lines)
 
 
