@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,20 +38,34 @@ def test_the_runtime_bound_by_hand(study):
 
 
 def test_a_loopback_cells_bound_is_its_hosts_cpu_when_that_is_below_the_fleets(study):
-    # nodes at 1x and 5x of 10 s: the fleet allows 0.1 + 0.02 updates/s; 2 rounds of 2 updates ran
+    # nodes at 1x and 5x of 10 s: the fleet allows 0.1 + 0.02 updates/s; the steady span is rounds 1 to 3, 2 rounds
+    # of 2 updates (the run went on to round 5, past equal work: not counted, nor is its whole run's CPU)
     cell = {"strategy": "fedbuff", "mode": "loopback", "fleet": [1.0, 5.0], "device-seconds": 10.0,
-            "ideal-updates-per-s": 0.12, "ideal-round-s": 50.0, "rounds": 1, "run-rounds": 2, "host-cores": 2}
+            "ideal-updates-per-s": 0.12, "ideal-round-s": 50.0, "rounds": 3, "run-rounds": 5, "host-cores": 2,
+            "timeline": [[0, 1.0, 0.1], [1, 30.0, 0.2], [2, 45.0, 0.3], [3, 60.0, 0.4]], "first-round-s": 30.0,
+            "host-cpu-seconds": 999.0}
     # 40 CPU-s for 4 updates: 10 per update, 2 cores run 0.2/s, more than the fleet's 0.12: the fleet bounds
-    assert study.host_cpu_per_update({**cell, "host-cpu-seconds": 40.0}, 2) == 10.0
-    assert study._ideal_rates({**cell, "host-cpu-seconds": 40.0}, 2) == pytest.approx((0.12, 0.12), rel=1e-3)
+    assert study.host_cpu_per_update({**cell, "host-cpu-steady-seconds": 40.0}, 2) == 10.0
+    assert study._ideal_rates({**cell, "host-cpu-steady-seconds": 40.0}, 2) == pytest.approx((0.12, 0.12), rel=1e-3)
     # 100 CPU-s: 25 per update, the host runs 0.08/s, below the fleet: the host bounds
-    assert study._ideal_rates({**cell, "host-cpu-seconds": 100.0}, 2) == pytest.approx((0.12, 0.08), rel=1e-3)
+    assert study._ideal_rates({**cell, "host-cpu-steady-seconds": 100.0}, 2) == pytest.approx((0.12, 0.08), rel=1e-3)
     # FedAvg's round: its slowest node's 50 s for 2 updates, 0.04/s, under the host's 0.08
-    fedavg = {**cell, "strategy": "flower-fedavg", "host-cpu-seconds": 100.0}
+    fedavg = {**cell, "strategy": "flower-fedavg", "host-cpu-steady-seconds": 100.0}
     assert study._ideal_rates(fedavg, 2) == pytest.approx((0.04, 0.04), rel=1e-3)
-    # a cell without the host's CPU (simulation, or written before the field was) keeps the runtime's bound
+    # a cell without the host's CPU over its steady span (simulation, or written before the field was) keeps the
+    # runtime's bound
     assert study.host_cpu_per_update(cell, 2) is None
     assert study._ideal_rates(cell, 2) == pytest.approx((0.12, 0.12), rel=1e-3)
+
+
+def test_the_hosts_busy_cpu_is_read_from_proc_stat_and_grows_with_work(study):
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat on this host")
+    before = study.host_cpu_seconds()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # 0.3 s of this process's own CPU, which the host's busy time includes
+        pass
+    assert study.host_cpu_seconds() - before >= 0.25
 
 
 def test_the_ideal_of_a_quarter_5x_slower_fleet_is_its_sum_of_rates(study):

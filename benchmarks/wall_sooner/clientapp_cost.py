@@ -41,8 +41,10 @@ IMPORTS = "import torch, flwr; from flwr.supernode.runtime import run_clientapp;
 JOB = IMPORTS + """
 import tomllib
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 from pytorchexample.client_app import app
 from pytorchexample.task import Net
+TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # set by Flower's runtime in a real process
 config = tomllib.load(open("pyproject.toml", "rb"))["tool"]["flwr"]["app"]["config"]
 message = Message(RecordDict({"arrays": ArrayRecord(Net().state_dict()), "config": ConfigRecord({"lr": 0.1})}),
                   dst_node_id=1, message_type="train")

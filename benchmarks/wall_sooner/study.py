@@ -62,16 +62,26 @@ CLIENT_APP = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re
 TIMED = '''
 
 def _timed(evaluate, path={path!r}):
-    """The study's wrapper: each server-side evaluation's seconds since start() was called, with its accuracy."""
+    """The study's wrapper: each server-side evaluation's seconds since start() was called, with its accuracy and
+    the host's busy CPU seconds then (/proc/stat, as study.host_cpu_seconds; None without it)."""
     import json as _json
+    import os as _os
     import time as _time
     started = _time.monotonic()
+
+    def host_cpu():
+        try:
+            with open("/proc/stat") as stat:
+                user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in stat.readline().split()[1:8])
+        except OSError:
+            return None
+        return round((user + nice + system + irq + softirq) / _os.sysconf("SC_CLK_TCK"), 2)
 
     def timed(server_round, arrays):
         metrics = evaluate(server_round, arrays)
         with open(path, "a") as out:
             out.write(_json.dumps({{"round": int(server_round), "t": round(_time.monotonic() - started, 3),
-                                   "accuracy": float(metrics["accuracy"])}}) + "\\n")
+                                   "accuracy": float(metrics["accuracy"]), "cpu": host_cpu()}}) + "\\n")
         return metrics
     return timed
 '''
@@ -163,15 +173,16 @@ def round_bound(fleet: list[float], seconds: float, workers: int) -> float:
 
 
 def host_cpu_seconds() -> float | None:
-    """CPU seconds the host's cores have been busy since boot (``/proc/stat``: user, nice, system, irq, softirq,
-    steal), None where there is no ``/proc/stat``. On a host running nothing else, the difference over a run is the
-    run's CPU: every process of it, the short-lived ClientApp processes a loopback SuperNode starts included."""
+    """CPU seconds the host's cores have been busy since boot (``/proc/stat``: user, nice, system, irq, softirq;
+    not steal, the time a hypervisor withheld), None where there is no ``/proc/stat``. On a host running nothing
+    else, the difference over a run is the run's CPU: every process of it, the short-lived ClientApp processes a
+    loopback SuperNode starts included. (The app copy's ``_timed`` reads the same at each evaluation.)"""
     try:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
@@ -258,6 +269,9 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             "first-round-s": first["t"],
             **({"host-cpu-seconds": round(cpu_after - cpu_before, 1), "host-cores": os.cpu_count()}
                if cpu_before is not None and cpu_after is not None else {}),
+            # the host's CPU over the span the steady rate is measured on (first round's evaluation to equal work's)
+            **({"host-cpu-steady-seconds": round(equal["cpu"] - first["cpu"], 1)}
+               if equal.get("cpu") is not None and first.get("cpu") is not None else {}),
             "steady-updates-per-s": (equal["round"] - first["round"]) * cohort / max(last - first["t"], 1e-9),
             **{key: facts[key] for key in kept if key in facts}}
 
@@ -295,11 +309,12 @@ def _ideal_rates(cell: dict, cohort: int) -> tuple[float, float]:
 
 
 def host_cpu_per_update(cell: dict, cohort: int) -> float | None:
-    """The host's CPU seconds per client update over ``cell``'s whole run (every update it ran, past equal work
-    too; start and stop included), None for cells that did not record the host's CPU."""
-    if "host-cpu-seconds" not in cell:
+    """The host's CPU seconds per client update over the span ``cell``'s steady rate is measured on (its first
+    round's evaluation to its equal-work one), None for cells that did not record the host's CPU then."""
+    if "host-cpu-steady-seconds" not in cell:
         return None
-    return cell["host-cpu-seconds"] / (cell.get("run-rounds", cell["rounds"]) * cohort)
+    first_round = next(r for r, t, _ in cell["timeline"] if t == cell["first-round-s"])
+    return cell["host-cpu-steady-seconds"] / ((cell["rounds"] - first_round) * cohort)
 
 
 def table(rows: list[dict]) -> str:
