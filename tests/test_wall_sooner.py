@@ -31,10 +31,22 @@ def test_the_runtime_bound_by_hand(study):
     assert study.runtime_bound([1.0, 1.0, 1.0], 1.0, workers=2) == pytest.approx(2.0, rel=1e-3)
     # one job out for two nodes: one at a time, each node in turn
     assert study.runtime_bound([1.0, 3.0], 1.0, workers=2, in_flight=1) == pytest.approx(0.5, rel=1e-3)
-    # a synchronous round on 2 workers, longest first: 3 | 1 + 1 -> 3 s; 2 + 1 | 2 + 1 -> 3 s; 8 jobs on 8: the slowest
+    # a synchronous round on 2 workers, jobs in the order given: 3 | 1 + 1 -> 3 s; 1 + 1 + 2 | 2 -> 4 s (the last
+    # 2 s job starts when the first worker frees at 2 s; longest first would end at 3 s); 8 jobs on 8: the slowest
     assert study.round_bound([3.0, 1.0, 1.0], 1.0, workers=2) == 3.0
-    assert study.round_bound([1.0, 2.0, 1.0, 2.0], 1.0, workers=2) == 3.0
+    assert study.round_bound([1.0, 2.0, 1.0, 2.0], 1.0, workers=2) == 4.0
     assert study.round_bound([1.0, 5.0, 1.0], 3.0, workers=8) == 15.0
+
+
+def test_a_sampled_cohort_s_round_is_its_slowest_node_s_on_average(study):
+    # 2 of 3 nodes (slowdowns 1, 1, 4) at random: the slow node is drawn in 2 of the 3 pairs, so a round's ideal
+    # time is 4 s in 2/3 of the draws and 1 s in 1/3: 3 s on average; one worker runs a pair's jobs one after the
+    # other: (1+4, 1+4, 1+1) -> 4 s on average
+    ideal_s, one_worker_s = study.sampled_rounds([1.0, 1.0, 4.0], 1.0, cohort=2, workers=1, draws=6000)
+    assert ideal_s == pytest.approx(3.0, rel=0.03)
+    assert one_worker_s == pytest.approx(4.0, rel=0.03)
+    # every node each round: exact
+    assert study.sampled_rounds([1.0, 1.0, 4.0], 1.0, cohort=3, workers=1) == (4.0, 6.0)
 
 
 def test_a_loopback_cells_bound_is_its_hosts_cpu_when_that_is_below_the_fleets(study):
@@ -75,8 +87,25 @@ def test_the_ideal_of_a_quarter_5x_slower_fleet_is_its_sum_of_rates(study):
     assert study.runtime_bound(ideal["fleet"], 3.0, workers=8) == pytest.approx(ideal["ideal-updates-per-s"], rel=1e-2)
 
 
-def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tmp_path):
-    example = ROOT / "examples" / "quickstart-pytorch" / "pytorchexample"
+def test_the_ideal_with_fewer_jobs_out_than_nodes_is_that_many_jobs_always_running(study):
+    # 12 of 50 jobs out, a freed slot going to an idle node: node i cycles through its job (t_i) and an idle wait w
+    # that is the same for every node, so it delivers 1 / (t_i + w) updates/s and is busy t_i / (t_i + w) of the
+    # time; w is where the busy shares sum to the 12 jobs out (bisection). Slow nodes, busy longer, get fewer jobs:
+    # the rate is above 12 / (mean job time).
+    ideal = study.ideal("quarter-5x-slower", 50, 6.0, 0, in_flight=12)
+    times = [6.0 * s for s in ideal["fleet"]]
+    low, high = 0.0, 1e4
+    for _ in range(100):
+        wait = (low + high) / 2
+        low, high = (wait, high) if sum(t / (t + wait) for t in times) > 12 else (low, wait)
+    assert ideal["ideal-updates-per-s"] == pytest.approx(sum(1 / (t + wait) for t in times), rel=0.01)
+    assert ideal["ideal-updates-per-s"] > 12 / (sum(times) / 50)
+    assert ideal["ideal-updates-per-s"] < study.ideal("quarter-5x-slower", 50, 6.0, 0)["ideal-updates-per-s"] / 4
+
+
+@pytest.mark.parametrize("package", ["quickstart-pytorch/pytorchexample", "advanced-pytorch/advancedexample"])
+def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tmp_path, package):
+    example = ROOT / "examples" / package
     for strategy, imported in (("ca2fl", "CA2FL as FedBuff"), ("fedasync", "FedAsync as FedBuff"),
                                ("flower-fedavg", "FedAvg as FedBuff")):
         server = study.server_source((example / "server_app.py").read_text(), strategy, tmp_path / "t.jsonl",
@@ -106,7 +135,7 @@ def test_time_to_a_target_is_the_first_evaluation_at_or_above_it(study):
 def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
     readme = (ROOT / "benchmarks" / "wall_sooner" / "README.md").read_text()
     tables = re.findall(r"<!-- table from (\S+) -->\n(.*?)\n<!-- /table -->", readme, re.S)
-    assert len(tables) == 3
+    assert len(tables) == 4
     for cells, stored in tables:
         assert stored == study.table(study.load(ROOT / "benchmarks" / "wall_sooner" / cells)), cells
 

@@ -7,15 +7,18 @@ swap of ``benchmarks/dropin/wall_clock.py``) and one mod added to the ClientApp,
 *i* takes ``s_i × device-seconds`` of wall time per train job, waiting out what its handler did not
 use, with the slowdowns ``s_i`` dealt by the profile (``quarter-5x-slower``: 2 of 8 nodes 5x
 slower, the rest lognormal around 1). The emulated fleet's times are therefore fixed before the
-run, and so is its **ideal update rate**, ``Σ_i 1 / (s_i × device-seconds)`` for nodes that always
-hold a job; a synchronous round's ideal time is its slowest node's ``max_i s_i × device-seconds``.
+run, and so is its **ideal update rate**: ``Σ_i 1 / (s_i × device-seconds)`` where every node always
+holds a job (the quickstart: every node trains), else that of ``fraction-train`` × nodes jobs always out
+(an event simulation; the advanced example: 12 of 50); a synchronous round's ideal time is its cohort's
+slowest node's ``s_i × device-seconds`` (the expectation over random cohorts where it samples).
 
 Two modes, the same app and settings:
 
 - ``simulation``: ``asyncfl run`` (``flwr run`` on a private simulation SuperLink, Ray), with
-  ``--cpus-per-client 1 --ray-cpus <nodes>`` (Flower's ``client-resources-num-cpus=1
-  init-args-num-cpus=<nodes>``), so Ray starts one actor per node and a waiting node holds no
-  worker another node needs (Flower gives a ClientApp whole CPUs only: a fraction is refused);
+  ``--cpus-per-client 1 --ray-cpus <cohort>`` (Flower's ``client-resources-num-cpus=1
+  init-args-num-cpus=<cohort>``), so Ray starts one actor per job that can be out at once and a waiting
+  node holds no actor another node's job needs (Flower gives a ClientApp whole CPUs only: a fraction is
+  refused); Flower's runtime itself runs at most ``min(32, cores + 4)`` ClientApps at once;
 - ``loopback``: a SuperLink and one SuperNode process per node on 127.0.0.1
   (``asyncfl.deploy.local.LocalDeployment``), ``flwr run`` against it.
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import statistics
@@ -122,11 +126,32 @@ def declare_device_keys(pyproject: Path, profile: str, seconds: float, seed: int
     pyproject.write_text(text.replace(header, header + keys, 1))
 
 
-def ideal(profile: str, nodes: int, seconds: float, seed: int) -> dict:
-    """The emulated fleet's ideal update rate (every node always holding a job) and a synchronous round's time."""
+def ideal(profile: str, nodes: int, seconds: float, seed: int, in_flight: int | None = None) -> dict:
+    """The emulated fleet's ideal update rate and a synchronous round's time.
+
+    Asynchronous: ``in_flight`` jobs always out (default: every node holding one), a freed slot going to a node
+    without a job; the sum of the nodes' rates when every node holds one, else an event simulation
+    (``runtime_bound`` without a worker limit). Synchronous: the slowest node's time (of every node; a sampled
+    cohort's expected slowest is ``sampled_rounds``'s).
+    """
     fleet = DeviceProfile.parse(profile).fleet(nodes, seed)
-    return {"fleet": [round(s, 3) for s in fleet], "ideal-updates-per-s": sum(1 / (s * seconds) for s in fleet),
-            "ideal-round-s": max(fleet) * seconds}
+    out = nodes if in_flight is None else min(in_flight, nodes)
+    rate = (sum(1 / (s * seconds) for s in fleet) if out == nodes
+            else runtime_bound(fleet, seconds, workers=nodes, in_flight=out))
+    return {"fleet": [round(s, 3) for s in fleet], "ideal-updates-per-s": rate, "ideal-round-s": max(fleet) * seconds}
+
+
+def sampled_rounds(fleet: list[float], seconds: float, cohort: int, workers: int, draws: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """(a round's expected ideal time, its expected time on ``workers``) when each round trains ``cohort`` nodes
+    drawn at random from ``fleet`` (listed in partition order), as Flower's FedAvg samples them, their jobs queued
+    in partition order: exact where the cohort is every node, else the mean over ``draws`` seeded draws."""
+    if cohort >= len(fleet):
+        return max(fleet) * seconds, round_bound(fleet, seconds, workers)
+    rng = random.Random(seed)
+    picks = [[fleet[i] for i in sorted(rng.sample(range(len(fleet)), cohort))] for _ in range(draws)]
+    return (statistics.mean(max(p) * seconds for p in picks),
+            statistics.mean(round_bound(p, seconds, workers) for p in picks))
 
 
 def runtime_bound(fleet: list[float], seconds: float, workers: int, in_flight: int | None = None,
@@ -136,8 +161,9 @@ def runtime_bound(fleet: list[float], seconds: float, workers: int, in_flight: i
     Flower's simulation runtime runs ClientApps on ``min(32, cores + 4)`` threads (a
     ``ThreadPoolExecutor()`` with Python's default size), whatever the number of Ray actors: on
     2 cores, 6 at once. Every node re-submits the moment its job ends (``in_flight`` < nodes: that
-    many jobs out, the freed one going to the node idle longest). An event simulation over ``horizon``
-    seconds; with ``workers`` >= the nodes it is the fleet's ideal rate.
+    many jobs out, the freed one going to the node idle longest: asyncfl draws it at random among the idle
+    nodes, which gives the same long-run rate, within 1 % on the advanced example's fleet). An event
+    simulation over ``horizon`` seconds; with ``workers`` >= the nodes it is the fleet's ideal rate.
     """
     import heapq
 
@@ -161,14 +187,16 @@ def runtime_bound(fleet: list[float], seconds: float, workers: int, in_flight: i
         waiting.append(node)
 
 
-def round_bound(fleet: list[float], seconds: float, workers: int) -> float:
-    """A synchronous round's time when its jobs (every node's) queue for ``workers`` first come first served, the
-    longest first (the order that ends soonest here; Flower's runtime takes them in its own fixed order)."""
+def round_bound(jobs: list[float], seconds: float, workers: int) -> float:
+    """A synchronous round's time when its ``jobs`` (slowdowns, in the order the runtime queues them) go to
+    ``workers`` first come first served. Flower's simulation runtime queues a round's messages in its nodes'
+    partition order (``vce_api.add_messages_to_queue`` walks the node-to-partition mapping), so a slow node late in
+    that order can start only after earlier jobs free a worker."""
     import heapq
 
-    ends = [0.0] * min(workers, len(fleet))
-    for job in sorted((s * seconds for s in fleet), reverse=True):
-        heapq.heappush(ends, heapq.heappop(ends) + job)
+    ends = [0.0] * min(workers, len(jobs))
+    for job in jobs:
+        heapq.heappush(ends, heapq.heappop(ends) + job * seconds)
     return max(ends)
 
 
@@ -185,14 +213,19 @@ def host_cpu_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
+def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
+                    actors: int | None = None) -> tuple[int, str]:
+    """``asyncfl run`` in simulation with ``actors`` Ray actors (default one per node): one per job that can be out
+    at once, so that a node waiting out its device time holds no actor another node's job needs."""
+    actors = nodes if actors is None else actors
     done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
-                           str(nodes), "--cpus-per-client", "1", "--ray-cpus", str(nodes), "-c", overrides],
+                           str(nodes), "--cpus-per-client", "1", "--ray-cpus", str(actors), "-c", overrides],
                           capture_output=True, text=True, cwd=cwd, timeout=timeout)
     return done.returncode, done.stdout + done.stderr
 
 
-def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: float) -> tuple[int, str]:
+def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
+                  actors: int | None = None) -> tuple[int, str]:
     from asyncfl.deploy.local import LocalDeployment
 
     with LocalDeployment(app, nodes, workdir=Path(cwd) / "deploy") as deployment:
@@ -221,6 +254,7 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
     overrides = re.sub(r"num-server-rounds=\d+ ?", "", overrides) + f" num-server-rounds={run_rounds}"
     if "{subset}" in overrides:
         overrides = overrides.replace("{subset}", str(fmnist_subset(ROOT / "benchmarks" / "dropin" / ".fmnist-subset")))
+    cohort = _cohort(example, nodes)
     with tempfile.TemporaryDirectory() as folder:
         app = Path(folder) / example
         shutil.copytree(ROOT / "examples" / FOLDER.get(example, example), app,
@@ -237,13 +271,13 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             overrides += f" save-dir='{Path(folder) / 'saved'}'"
         runner = _run_simulation if mode == "simulation" else _run_loopback
         started, cpu_before = time.perf_counter(), host_cpu_seconds()
-        code, output = runner(app, nodes, overrides, folder, timeout=3600)
+        # jobs out at once: FedAvg's cohort per round; asyncfl's concurrency (fraction_train of the nodes)
+        code, output = runner(app, nodes, overrides, folder, timeout=3600, actors=cohort)
         wall, cpu_after = time.perf_counter() - started, host_cpu_seconds()
         if code != 0 or not timeline.exists():
             raise SystemExit(f"{example} / {strategy} / {mode} run {run} failed (rc {code}):\n{output[-4000:]}")
         points = [json.loads(line) for line in timeline.read_text().splitlines()]
         facts = json.loads(summary.read_text()) if summary.exists() else {}
-    cohort = _cohort(example, nodes)
     updates = rounds * cohort
     at_equal_work = [p for p in points if p["round"] == rounds]
     if not at_equal_work:
@@ -261,8 +295,9 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             **({"start-options": start_options} if start_options else {}),
             "device-seconds": seconds, "device-seed": seed, "rounds": rounds, "run-rounds": run_rounds,
             "updates": updates,
-            **ideal(profile, nodes, seconds, seed),
-            **({"runtime-workers": min(32, (os.cpu_count() or 1) + 4)} if mode == "simulation" else {}),
+            **ideal(profile, nodes, seconds, seed, in_flight=cohort),
+            **({"runtime-workers": min(32, (os.cpu_count() or 1) + 4), "ray-actors": cohort}
+               if mode == "simulation" else {}),
             "timeline": [[p["round"], p["t"], round(p["accuracy"], 4)] for p in points],
             "final": round(equal["accuracy"], 4), "train-seconds": last, "process-seconds": round(wall, 1),
             "last-accuracy": round(points[-1]["accuracy"], 4), "updates-per-s": updates / last,
@@ -293,15 +328,17 @@ def time_to(timeline: list[list[float]], target: float) -> float | None:
 
 def _ideal_rates(cell: dict, cohort: int) -> tuple[float, float]:
     """(the ideal updates/s of the emulated fleet, the bound of the runtime the cell ran in) for ``cell``'s
-    strategy: asynchronous, every node always holding a job; Flower's FedAvg, a cohort per round, a round
-    lasting its slowest node's time (ideal) or its jobs' time on the runtime's workers (bound)."""
+    strategy: asynchronous, ``cohort`` jobs always out; Flower's FedAvg, a cohort per round, a round lasting
+    its cohort's slowest node's time (ideal) or its jobs' time on the runtime's workers (bound), in expectation
+    over random cohorts where the cohort is not every node."""
     # (cells written before the field was: simulation on this study's 2-core host)
     workers = cell.get("runtime-workers") or (6 if cell["mode"] == "simulation" else len(cell["fleet"]))
     if cell["strategy"] == "flower-fedavg":
-        fleet, bound = (cohort / cell["ideal-round-s"],
-                        cohort / round_bound(cell["fleet"], cell["device-seconds"], workers))
-    else:
-        fleet, bound = cell["ideal-updates-per-s"], runtime_bound(cell["fleet"], cell["device-seconds"], workers)
+        round_s, bound_s = sampled_rounds(cell["fleet"], cell["device-seconds"], cohort, workers)
+        fleet, bound = cohort / round_s, cohort / bound_s
+    else:  # asyncfl keeps fraction_train of the nodes' jobs out (the cohort)
+        fleet, bound = cell["ideal-updates-per-s"], runtime_bound(cell["fleet"], cell["device-seconds"], workers,
+                                                                 in_flight=cohort)
     per_update = host_cpu_per_update(cell, cohort)
     if cell["mode"] == "loopback" and per_update:  # the host's cores run every process of the deployment
         bound = min(bound, cell["host-cores"] / per_update)
@@ -398,8 +435,7 @@ def main() -> None:
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example} {args.mode} {strategy} run {run}: final {row['final']:.3f} in {row['train-seconds']:.0f} s "
-                  f"({row['steady-updates-per-s']:.2f} updates/s after the first round, fleet's ideal "
-                  f"{row['ideal-updates-per-s']:.2f}); "
+                  f"({row['steady-updates-per-s']:.2f} updates/s after the first round); "
                   f"rejected {row.get('rejected-by-reason', {})}", flush=True)
     print(table(load(path)))
 
