@@ -163,7 +163,7 @@ def test_a_comparison_waits_for_every_row_of_its_grid_and_counts_a_diverged_row_
     grid = matrix.STUDIES["fedecho-fmnist-settings-tune"]
     runs = tmp_path / "benchmarks" / grid.name / "runs"
     rows = [m for m in grid.methods if m.startswith("fedbuff-")]
-    assert grid.diverged and set(grid.diverged) <= set(rows)
+    assert set(grid.diverged) & set(rows)
     for i, row in enumerate(rows):
         if row not in grid.diverged:  # a finished run whose final accuracy grows with the row's position
             folder = runs / f"{row}__large-dir0.1__s4"
