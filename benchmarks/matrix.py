@@ -598,7 +598,7 @@ FEDECHO_FMNIST_SETTINGS_TUNE = Study(
     grid_families=tuple(_FEDECHO_SETTINGS_GRID),
     # every update non-finite from ~1,300 updates on (README): the model at chance, the run stopped (ClientAppsFailing)
     # (fedbuff-l0.3-g0.5 stopped itself, ClientAppsFailing after 1,347 non-finite updates; ca2fl-l0.3-g0.5 was
-    # stopped by hand at 302 accepted and 2,700 non-finite updates, loss inf from ~100 updates on: stored runs)
+    # stopped by hand at 302 accepted and 2,700 non-finite updates, its loss not finite by 183 updates: stored runs)
     diverged=("fedbuff-l0.3-g0.5", "ca2fl-l0.3-g0.5"),
 )
 

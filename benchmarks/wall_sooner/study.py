@@ -226,6 +226,8 @@ def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: fl
 
 def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
                   actors: int | None = None) -> tuple[int, str]:
+    """``flwr run`` against a loopback deployment of ``nodes`` SuperNode processes (``actors`` unused: a SuperNode
+    starts a ClientApp process per message)."""
     from asyncfl.deploy.local import LocalDeployment
 
     with LocalDeployment(app, nodes, workdir=Path(cwd) / "deploy") as deployment:
