@@ -750,10 +750,10 @@ def gossip_table(study: Study) -> str:
     runs_dir = ROOT / "benchmarks" / study.name / "runs"
     lines = ["Per cell: online peers' local-test accuracy % at the last evaluation (the mean over peers; mean ± sd "
              "over seeds, seeds run); the SD over peers (mean over seeds); delayed peers' best accuracy % (mean); "
-             "bytes per push to the out-neighbours (MB) and relative to PushCen in the same scenario; relay ms per "
+             "bytes per push to the out-neighbours (MiB) and relative to PushCen in the same scenario; relay ms per "
              "push; peak MB of messages buffered at the relay and the relay process's peak RSS (MB); wall seconds "
              "per run.", "",
-             "| method | scenario | accuracy (seeds) | SD over peers | delayed best | MB/push | vs PushCen | relay ms/push "
+             "| method | scenario | accuracy (seeds) | SD over peers | delayed best | MiB/push | vs PushCen | relay ms/push "
              "| buffered MB | relay RSS MB | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     names = [(m, s) for s in study.scenarios for m in study.methods] + [tuple(n.split("__")) for n in study.extra]

@@ -122,10 +122,11 @@ def judge(comparison: Comparison) -> tuple[str, str]:
         band = comparison.margin / 2
         return (WORDS[0], "") if -band <= mean - half and mean + half <= band else \
             (WORDS[2], f"interval not within ±{_number(band, comparison.ratio, sign=False)}")
+    nothing = "1×" if comparison.ratio else "0"  # a log ratio of 0 prints as 1×
     if mean + half < 0:
-        return WORDS[2], "reversed: the interval excludes 0 against the paper"
+        return WORDS[2], f"reversed: the interval excludes {nothing} against the paper"
     if mean - half <= 0:
-        return WORDS[2], "interval reaches 0"
+        return WORDS[2], f"interval reaches {nothing}"
     if comparison.margin is None or mean >= comparison.margin / 2:
         return WORDS[0], ""
     return WORDS[1], "a size the paper shows only in a figure" if comparison.margin == UNREAD else \
@@ -275,6 +276,7 @@ ECHO_RATES = "baselines at the paper's Table 8 rates, not grid-tuned as the pape
 ECHO_THIRD = "10 of 20 clients in flight, mean staleness 1.7 against 4.7 at the paper's concurrency"
 PUSHCEN = ("setting chosen on seed 1, which is reported", "each peer scored on its own 10 test images")
 REVIVE_FIFTH = "a fifth of the reference's staleness, 20 in flight and τ_max 30"
+REVIVE_BETA = "the step's β(τ) averages 0.48 at this staleness, where the reference's typical β is 0.74"
 GI_ITERATIONS = "200 / 80 inversion iterations, the reference's 40,000"
 
 
@@ -372,11 +374,13 @@ def fedecho_rows() -> list[Row]:
             Variant((over_ablation(paper, "fedecho"),), (ECHO_OWN_U,)),
             Variant((over_ablation(paper, "fedecho-eta1e-4-u-mnist"),), (ECHO_ETA,)),
             Variant((over_ablation(paper, "fedecho-eta1e-4"),), (ECHO_ETA, ECHO_OWN_U)))),
-        Row("echo-stable", (Variant((steadier(low, "fedecho-g1", "fedbuff-g1"),), (ECHO_THIRD, ECHO_ETA)),)),
+        Row("echo-stable", (Variant((steadier(low, "fedecho-g1", "fedbuff-g1"),),
+                                    (ECHO_THIRD, ECHO_ETA, ECHO_RATES, "CA2FL not run at the paper's step")),)),
         Row("echo-stable-paper", (
-            Variant((steadier(paper, "fedecho", "fedbuff"), steadier(paper, "fedecho", "ca2fl")), (ECHO_OWN_U,)),
+            Variant((steadier(paper, "fedecho", "fedbuff"), steadier(paper, "fedecho", "ca2fl")),
+                    (ECHO_OWN_U, ECHO_RATES)),
             Variant((steadier(paper, "fedecho-eta1e-4", "fedbuff"), steadier(paper, "fedecho-eta1e-4", "ca2fl")),
-                    (ECHO_ETA, ECHO_OWN_U)))),
+                    (ECHO_ETA, ECHO_OWN_U, ECHO_RATES)))),
         Row("echo-u", (Variant((Comparison("FedEcho with U = MNIST − with U = digits, final", minus(
             arm(low, "fedecho"), arm(low, "fedecho-digits")), table2["large-dir0.1"], level=True),),
             (ECHO_THIRD, ECHO_ETA)),)),
@@ -433,13 +437,13 @@ def fedrevive_rows() -> list[Row]:
             (REVIVE_FIFTH,)),)),
         Row("revive-kd-lag", (Variant((Comparison("FedRevive − AFL-DW, final", minus(
             arm("fedrevive-fmnist-lag-cuda", "fedrevive", "k100"), arm("fedrevive-fmnist-lag-cuda", "afl-dw", "k100")),
-            kd_margin),)),)),
+            kd_margin),), (REVIVE_BETA,)),)),
         Row("revive-kd-alone", (Variant((Comparison(
             "the KD update alone, held-out points per probed update", kd_alone("tracker-tau30"), UNREAD),),
             (REVIVE_FIFTH,)),)),
         Row("revive-kd-alone-lag", (Variant((Comparison(
             "the KD update alone, held-out points per probed update",
-            kd_alone("tracker-k100", "tracker-k100-s2", "tracker-k100-s3"), UNREAD),)),)),
+            kd_alone("tracker-k100", "tracker-k100-s2", "tracker-k100-s3"), UNREAD),), (REVIVE_BETA,)),)),
         Row("revive-sooner", (Variant((Comparison(
             "FedBuff's time to 85 % of its best over FedRevive's", log_ratio(
                 arm("fedrevive", "fedbuff", "default", time_to(mnist)),
@@ -449,7 +453,8 @@ def fedrevive_rows() -> list[Row]:
             "FedBuff's time to 85 % of its best over FedRevive's", log_ratio(
                 arm("fedrevive-fmnist-lag", "fedbuff", "k100", time_to(lag)),
                 # FedRevive's CPU runs are the KD probe's (tracker-k100__s1, tracker-k100-s2__s2, ...)
-                per_seed("fedrevive-fmnist", "tracker-k100*", time_to(lag), "probe-runs")), sooner, ratio=True),)),)),
+                per_seed("fedrevive-fmnist", "tracker-k100*", time_to(lag), "probe-runs")), sooner, ratio=True),),
+            (REVIVE_BETA,)),)),
     ]
 
 
@@ -486,11 +491,15 @@ def rows() -> list[Row]:
 
 
 def counts(all_rows: list[Row]) -> str:
-    """``"N reproduced, N direction only, N not reproduced (N better only with departures)"``."""
+    """``"N reproduced (N of them with departures), N direction only (...), N not reproduced (N better only with
+    departures)"``: a counted verdict with departures is its first variant's, which carries them."""
     verdicts = [row_verdict(r) for r in all_rows]
+    departed = [row_verdict(r) for r in all_rows if r.variants[0].departures]
     better = sum(any(WORDS.index(variant_verdict(v)) < WORDS.index(row_verdict(r)) for v in r.variants[1:])
                  for r in all_rows)
-    return ", ".join(f"{verdicts.count(w)} {w}" for w in WORDS) + f" ({better} better only with departures)"
+    return ", ".join(f"{verdicts.count(w)} {w}" + (f" ({departed.count(w)} of them with departures)" if w != WORDS[2]
+                                                   else "") for w in WORDS) + \
+        f" ({better} better only with departures)"
 
 
 def doc_cells(text: str) -> dict[str, str]:

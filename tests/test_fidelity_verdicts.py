@@ -70,14 +70,29 @@ def test_writing_replaces_only_the_verdict_cells_and_the_counts_and_refuses_unkn
     written = verdicts.write(doc, [row])
     # Assert
     assert "| `r` | a claim | **reproduced**. A − B: +2.0 ± 0.0 (3 seeds; no number in the paper). |" in written
-    assert "Counts (generated): 1 reproduced, 0 direction only, 0 not reproduced (0 better only with departures)." \
-        in written
+    assert ("Counts (generated): 1 reproduced (0 of them with departures), 0 direction only (0 of them with "
+            "departures), 0 not reproduced (0 better only with departures).") in written
     assert written.startswith("intro\n") and written.endswith(f"{verdicts.END}\nrest\n")
     assert verdicts.write(written, [row]) == written
     with pytest.raises(SystemExit, match="'s' of fidelity.md has no computation"):
         verdicts.write(doc.replace("|\n\n", "|\n| `s` | another | words |\n\n"), [row])
     with pytest.raises(SystemExit, match="missing in fidelity.md: r"):
         verdicts.write(doc.replace("| `r` |", "| `s` |"), [row])
+
+
+def test_counts_say_how_many_counted_verdicts_carry_departures(verdicts):
+    # Prepare: a reproduced row with a departure, one without, and a not-reproduced row whose second variant
+    # (with departures) does better
+    steady = verdicts.Comparison("A − B", {1: 2.0, 2: 2.0, 3: 2.0}, None)
+    noisy = verdicts.Comparison("A − B", {1: 2.0, 2: -2.0, 3: 1.0}, None)
+    rows = [verdicts.Row("a", (verdicts.Variant((steady,), ("a departure",)),)),
+            verdicts.Row("b", (verdicts.Variant((steady,)),)),
+            verdicts.Row("c", (verdicts.Variant((noisy,)), verdicts.Variant((steady,), ("another",))))]
+    # Execute
+    line = verdicts.counts(rows)
+    # Assert
+    assert line == ("2 reproduced (1 of them with departures), 0 direction only (0 of them with departures), "
+                    "1 not reproduced (1 better only with departures)")
 
 
 def test_the_docs_verdicts_are_the_ones_the_stored_runs_give(verdicts):
