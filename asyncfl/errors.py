@@ -1,9 +1,13 @@
-"""Why a run stopped early: typed exceptions a caller can catch one by one.
+"""asyncfl's exceptions: one class per kind of mistake, the same class wherever it is made.
 
-Each is a ``RuntimeError`` (code that caught those keeps working) and a Flower
+- :class:`ConfigError` (a ``ValueError``): a setting is invalid, raised before any work starts.
+- :class:`RejectedReply` (a ``ValueError``): a participant's reply that is not aggregated; the engine counts it by
+  ``reason`` and the run goes on.
+- :class:`RunFailed` and its subclasses: why a run stopped early, typed so that a caller can catch them one by one.
+
+A :class:`RunFailed` is a ``RuntimeError`` (code that caught those keeps working) and a Flower
 ``AppExitException``, so a ServerApp that lets one escape exits with Flower's ServerApp
 exit code and the message, as Flower's own ``flwr.serverapp.exception`` errors do.
-Invalid settings raise :class:`ConfigError` (a ``ValueError``) before any work starts.
 """
 
 from __future__ import annotations
@@ -12,11 +16,22 @@ from flwr.app.exception import AppExitException
 from flwr.supercore.exit import ExitCode
 
 __all__ = ["CheckpointError", "ClientAppsFailing", "ConfigError", "MissingClientInfo", "NoNodesConnected",
-           "NothingToDispatch", "RunFailed", "StateError", "TooFewPeers"]
+           "NothingToDispatch", "RejectedReply", "RunFailed", "StateError", "TooFewPeers"]
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says which, where it came from and what is valid."""
+
+
+class RejectedReply(ValueError):
+    """A participant's reply that must not be aggregated; ``reason`` is its ``summary.json`` tally key (e.g.
+    ``wrong-shape``, ``non-finite``, ``update-norm``), ``expired`` whether the job ran out of time (Flower dropped
+    it) rather than failed. Returned or raised on the reply path, never past the engine: the run goes on."""
+
+    def __init__(self, reason: str, detail: str, expired: bool = False) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.expired = expired
 
 
 class RunFailed(RuntimeError, AppExitException):

@@ -27,7 +27,7 @@ from asyncfl.strategies.settings import ConfigError, Knobs, knob
 
 #: ``virtual``: simulation, replies accepted in the order of drawn durations; ``wall``: real arrival order.
 CLOCKS = ("virtual", "wall")
-#: What happens to an update beyond ``update_norm_bound`` (asyncfl.server_app.participants.ACTIONS).
+#: What happens to an update beyond ``update_norm_bound`` (:class:`asyncfl.server_app.participants.UpdateNormBound`).
 UPDATE_NORM_ACTIONS = ("clip", "reject")
 log = logging.getLogger("asyncfl")
 DELAY_TYPES = (DelayModel, RuntimeCategories, IntertwinedDelays)

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from asyncfl.errors import ConfigError
+
 
 @dataclass
 class Buffered:
@@ -38,7 +40,7 @@ class DedupBuffer:
 
     def __init__(self, capacity: int, dedup: bool = True) -> None:
         if capacity < 1:
-            raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
+            raise ConfigError(f"buffer capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.dedup = dedup
         self._entries: OrderedDict[Any, Buffered] = OrderedDict()

@@ -17,12 +17,13 @@ import numpy as np
 
 from asyncfl import protocol
 from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, train_own
+from asyncfl.errors import ConfigError
 
 
 def fragment_indices(size: int, fragments: int, seed: int) -> list[np.ndarray]:
     """The seeded partition of ``range(size)`` into ``fragments`` near-equal index sets."""
     if fragments < 1:
-        raise ValueError(f"need at least one fragment, got {fragments}")
+        raise ConfigError(f"need at least one fragment, got {fragments}")
     return np.array_split(np.random.default_rng([seed, 17]).permutation(size), fragments)
 
 

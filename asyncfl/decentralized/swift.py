@@ -25,6 +25,7 @@ from flwr.app import ConfigRecord
 
 from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, load_state, to_record
 from asyncfl.decentralized.peer import train_with_anchor
+from asyncfl.errors import ConfigError
 
 if TYPE_CHECKING:
     from flwr.app import Context
@@ -44,7 +45,7 @@ class NeighbourCache:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"the SWIFT cache needs capacity >= 1, got {capacity}")
+            raise ConfigError(f"the SWIFT cache needs capacity >= 1, got {capacity}")
         self.capacity = capacity
         self._models: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class EncodedLayer:
@@ -88,7 +90,7 @@ def wcp_encode(weights: np.ndarray, k: int = 32, init: np.ndarray | None = None,
         Lloyd iterations (assignment, then cluster means); an empty cluster keeps its centroid.
     """
     if not 2 <= k <= 65536:
-        raise ValueError(f"WCP needs 2 <= k <= 65536 centroids, got {k}")
+        raise ConfigError(f"WCP needs 2 <= k <= 65536 centroids, got {k}")
     values = np.asarray(weights, dtype=np.float32).reshape(-1)
     nonzero = _initial_nonzero(values, k, init)
     for _ in range(max(iterations, 1)):

@@ -129,7 +129,7 @@ class LocalDeployment:
         the SuperLink first unless ``register`` is false (an intruder, for tests).
         """
         if not 0 <= partition_id < self.num_partitions:
-            raise ValueError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
+            raise ConfigError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
         private_key = None
         if self.supernode_auth:
             keys = write_node_keys(self.workdir / "keys", f"supernode-{partition_id}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from asyncfl.errors import ConfigError
+
 #: The run-config values of a ``server-device`` knob.
 SERVER_DEVICES = ("cpu", "cuda")
 
@@ -26,8 +28,8 @@ def device_problem(name: str) -> str | None:
 def torch_device(name: str) -> torch.device:
     """The torch device for ``name`` (one of :data:`SERVER_DEVICES`); raises ``ValueError`` when unusable."""
     if name not in SERVER_DEVICES:
-        raise ValueError(f"server device {name!r} is not valid; choose one of: {', '.join(SERVER_DEVICES)}")
+        raise ConfigError(f"server device {name!r} is not valid; choose one of: {', '.join(SERVER_DEVICES)}")
     problem = device_problem(name)
     if problem:
-        raise ValueError(f"server device {name!r} {problem}")
+        raise ConfigError(f"server device {name!r} {problem}")
     return torch.device(name)

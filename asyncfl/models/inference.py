@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from asyncfl.errors import ConfigError
+
 CACHE_FRIENDLY_BATCH = 64
 
 
@@ -21,5 +23,5 @@ CACHE_FRIENDLY_BATCH = 64
 def chunked_forward(model: nn.Module, inputs: torch.Tensor, batch_size: int = CACHE_FRIENDLY_BATCH) -> torch.Tensor:
     """``model(inputs)`` computed ``batch_size`` rows at a time, without gradients (``model``'s mode is kept)."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     return torch.cat([model(inputs[start : start + batch_size]) for start in range(0, len(inputs), batch_size)])

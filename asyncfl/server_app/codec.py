@@ -28,6 +28,7 @@ from flwr.app import Array, ArrayRecord, Message
 from flwr.common.constant import ErrorCode
 
 from asyncfl import protocol
+from asyncfl.errors import RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
 if TYPE_CHECKING:  # annotations only: the engine's state imports this module
@@ -37,14 +38,6 @@ if TYPE_CHECKING:  # annotations only: the engine's state imports this module
 
 #: The largest integer entry a reply may carry: float32 (the flat vector) holds integers exactly up to 2**24.
 INTEGER_LIMIT = 2**24
-
-
-class MalformedUpdate(ValueError):
-    """A client's arrays cannot be aggregated; ``reason`` is a short tag for counting."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 def array_view(array: Array) -> np.ndarray:
@@ -169,23 +162,23 @@ class ModelCodec:
 
         Raises
         ------
-        MalformedUpdate
+        RejectedReply
             ``wrong-layout`` (number of arrays), ``wrong-names``, ``undecodable``, ``wrong-shape``,
             ``wrong-dtype``, ``out-of-range`` or ``non-finite``.
         """
         keys = list(record.keys())
         if len(keys) != len(self.names):
-            raise MalformedUpdate("wrong-layout", f"{len(keys)} arrays, expected {len(self.names)}")
+            raise RejectedReply("wrong-layout", f"{len(keys)} arrays, expected {len(self.names)}")
         if set(keys) != set(self.names):
             unknown = sorted(set(keys) - set(self.names))[:3]
-            raise MalformedUpdate("wrong-names", f"arrays named {unknown} are not in the model; expected the names "
-                                                 f"the model was sent with (e.g. {self.names[:3]})")
+            raise RejectedReply("wrong-names", f"arrays named {unknown} are not in the model; expected the names "
+                                               f"the model was sent with (e.g. {self.names[:3]})")
         flat = np.empty(self.size, dtype=np.float32)
         with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond float32's range becomes inf: refused below
             for i in range(len(self.names)):
                 flat[self.offsets[i] : self.offsets[i + 1]] = self._checked_array(i, record).reshape(-1)
         if not np.isfinite(flat).all():
-            raise MalformedUpdate("non-finite", "update contains NaN or Inf (or a value beyond float32's range)")
+            raise RejectedReply("non-finite", "update contains NaN or Inf (or a value beyond float32's range)")
         return flat
 
     def _checked_array(self, i: int, record: ArrayRecord) -> np.ndarray:
@@ -194,33 +187,26 @@ class ModelCodec:
         try:
             array = array_view(record[name])
         except Exception as exc:  # corrupt bytes, an unknown serialisation, a dtype numpy does not know
-            raise MalformedUpdate("undecodable", f"array {name!r}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise RejectedReply("undecodable", f"array {name!r}: {type(exc).__name__}: {str(exc)[:200]}") \
+                from exc
         if tuple(array.shape) != self.shapes[i]:
-            raise MalformedUpdate("wrong-shape", f"array {name!r} has shape {array.shape}, expected {self.shapes[i]}")
+            raise RejectedReply("wrong-shape",
+                                f"array {name!r} has shape {array.shape}, expected {self.shapes[i]}")
         expected_integer = np.issubdtype(self.dtypes[i], np.integer)
         kind_ok = (np.issubdtype(array.dtype, np.integer) if expected_integer
                    else np.issubdtype(array.dtype, np.floating))
         if not kind_ok or array.dtype == np.bool_:
             wanted = "an integer" if expected_integer else "a floating"
-            raise MalformedUpdate("wrong-dtype", f"array {name!r} has dtype {array.dtype}; the model's entry is "
-                                                 f"{self.dtypes[i]} ({wanted} dtype is expected)")
+            raise RejectedReply("wrong-dtype", f"array {name!r} has dtype {array.dtype}; the model's entry is "
+                                               f"{self.dtypes[i]} ({wanted} dtype is expected)")
         if expected_integer and array.size and (int(array.min()) < -INTEGER_LIMIT or int(array.max()) > INTEGER_LIMIT):
-            raise MalformedUpdate("out-of-range", f"integer array {name!r} holds a value beyond +-{INTEGER_LIMIT} "
-                                                  "(float32 holds integers exactly only up to 2**24)")
+            raise RejectedReply("out-of-range", f"integer array {name!r} holds a value beyond +-{INTEGER_LIMIT} "
+                                                "(float32 holds integers exactly only up to 2**24)")
         return array
 
 
 #: Flower's codes for a message or reply it dropped as older than its TTL: the job ran out of time.
 EXPIRED_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
-
-
-class RejectedReply(ValueError):
-    """A reply that must not be aggregated; ``reason`` is its ``summary.json`` tally key."""
-
-    def __init__(self, reason: str, detail: str, expired: bool = False) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.expired = expired  # the job ran out of time (Flower dropped it), rather than failed
 
 
 def read_train_reply(reply: Message, codec: ModelCodec, keys: MessageKeys) -> np.ndarray:
@@ -232,10 +218,7 @@ def read_train_reply(reply: Message, codec: ModelCodec, keys: MessageKeys) -> np
     records = reply.content.array_records
     if keys.arrays not in records:
         raise RejectedReply("no-arrays", f"the reply lacks the {keys.arrays!r} record")
-    try:
-        return codec.decode(records[keys.arrays])
-    except MalformedUpdate as exc:
-        raise RejectedReply(exc.reason, str(exc)) from exc
+    return codec.decode(records[keys.arrays])
 
 
 def read_reply(job: Job, reply: Message | None, codec: ModelCodec, keys: MessageKeys, version: int,

@@ -69,11 +69,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
+from asyncfl.options import UPDATE_NORM_ACTIONS
 from asyncfl.server_app.codec import RejectedReply
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.strategies.arrival import Arrival
 
-ACTIONS = ("clip", "reject")
 #: Distinct clients needed before the median of their norms is the reference (before: a fraction of the model's).
 MIN_HISTORY = 3
 #: The rate window's length per client of the federation (set_clients).
@@ -116,8 +117,9 @@ class UpdateNormBound:
 
     def __init__(self, multiple: float, action: str = "clip", groups=(None,), window: int = 16,
                  rate_window: int = 256) -> None:
-        if action not in ACTIONS:
-            raise ValueError(f"update-norm action {action!r} is not valid; choose one of: {', '.join(ACTIONS)}")
+        if action not in UPDATE_NORM_ACTIONS:
+            raise ConfigError(f"update-norm action {action!r} is not valid; choose one of: "
+                              f"{', '.join(UPDATE_NORM_ACTIONS)}")
         self.multiple = float(multiple)
         self.action = action
         self.groups = list(groups)

@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 from flwr.app import ArrayRecord
 
-from asyncfl.server_app.codec import MalformedUpdate, ModelCodec, RejectedReply
+from asyncfl.server_app.codec import ModelCodec, RejectedReply
 from asyncfl.strategies.arrival import Arrival
 
 log = logging.getLogger("asyncfl.engine")
@@ -138,8 +138,9 @@ class TrustedDirection:
                             "the trained model as an ArrayRecord of the model's layout")
         try:
             weights = self.codec.decode(trained)
-        except MalformedUpdate as exc:  # the server's own function: its error stops the run, with what was wrong
-            raise ValueError(f"trusted_train_fn's model for version {version} does not fit the run's model ({exc}); "
+        except RejectedReply as exc:  # the server's own function: its error stops the run, with what was wrong
+            raise ValueError(f"trusted_train_fn's model for version {version} does not fit the run's model "
+                             f"({exc.reason}: {exc}); "
                              "it must return the model it was given, trained (same names, shapes, dtypes, finite)") \
                 from None
         step = weights.astype(np.float64) - base.astype(np.float64)

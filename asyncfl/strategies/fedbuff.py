@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
 from asyncfl.strategies.base import Arrival, Strategy
 from asyncfl.strategies.pace import PACES
 from asyncfl.strategies.settings import StrategyConfig, knob
@@ -65,7 +66,7 @@ def robust_combine(rows: np.ndarray, rule: str) -> np.ndarray:
         cut = int(TRIM_FRACTION * len(rows))
         kept = np.sort(rows, axis=0)[cut:len(rows) - cut]
         return kept.mean(axis=0)
-    raise ValueError(f"unknown FedBuff aggregation {rule!r}; valid: {', '.join(AGGREGATIONS)}")
+    raise ConfigError(f"unknown FedBuff aggregation {rule!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
 def fedbuff_weight(tau: int, weighting: str) -> float:
@@ -74,7 +75,7 @@ def fedbuff_weight(tau: int, weighting: str) -> float:
         return 1.0
     if weighting == "sqrt":
         return 1.0 / math.sqrt(1.0 + tau)
-    raise ValueError(f"unknown FedBuff staleness weighting {weighting!r}; valid: {', '.join(STALENESS_WEIGHTINGS)}")
+    raise ConfigError(f"unknown FedBuff staleness weighting {weighting!r}; valid: {', '.join(STALENESS_WEIGHTINGS)}")
 
 
 @dataclass(frozen=True)

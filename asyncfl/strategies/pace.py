@@ -69,6 +69,7 @@ from functools import cached_property
 
 import numpy as np
 
+from asyncfl.errors import ConfigError
 from asyncfl.strategies.arrival import Arrival
 
 #: What a server step of 0 (automatic) follows: the clients' measured response, or the bound for any client.
@@ -88,7 +89,7 @@ def auto_buffer_size(concurrency: int) -> int:
     re-dispatched from the model its own update made reads its own delta back as no response.
     """
     if concurrency < 1:
-        raise ValueError(f"concurrency={concurrency} must be >= 1")
+        raise ConfigError(f"concurrency={concurrency} must be >= 1")
     low, high = BUFFER_BOUNDS
     return min(concurrency, high, max(low, concurrency // 4))
 
@@ -96,7 +97,7 @@ def auto_buffer_size(concurrency: int) -> int:
 def update_delay(concurrency: int, updates_per_step: int = 1) -> float:
     """``d = K - 1 + (B - 1) / 2``: accepted updates between a job's dispatch and its update's application."""
     if concurrency < 1 or updates_per_step < 1:
-        raise ValueError(f"concurrency={concurrency} and updates_per_step={updates_per_step} must be >= 1")
+        raise ConfigError(f"concurrency={concurrency} and updates_per_step={updates_per_step} must be >= 1")
     return (concurrency - 1) + (updates_per_step - 1) / 2
 
 
@@ -173,9 +174,9 @@ class ResponseMeter:
 
     def __init__(self, decay: float = 0.9, min_pairs: int = 5, tracked_clients: int = TRACKED_CLIENTS) -> None:
         if not 0.0 < decay < 1.0:
-            raise ValueError(f"decay={decay} must be in (0, 1)")
+            raise ConfigError(f"decay={decay} must be in (0, 1)")
         if tracked_clients < 1:
-            raise ValueError(f"tracked_clients={tracked_clients} must be >= 1")
+            raise ConfigError(f"tracked_clients={tracked_clients} must be >= 1")
         self.decay = decay
         self.min_pairs = min_pairs
         self.tracked_clients = tracked_clients

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+from asyncfl.errors import ConfigError
+
 FEDASYNC_STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
 BETA_SCHEDULES = ("cosine", "linear", "step", "constant")
 
@@ -64,7 +66,7 @@ def fedasync_staleness(name: str, tau: int, a: float, b: float) -> float:
         return polynomial_staleness(tau, a)
     if name == "hinge":
         return hinge_staleness(tau, a, b)
-    raise ValueError(
+    raise ConfigError(
         f"unknown FedAsync staleness function {name!r}; valid: {', '.join(FEDASYNC_STALENESS_FUNCTIONS)}"
     )
 
@@ -107,4 +109,4 @@ def beta_schedule(name: str, tau: int, tau_max: float, constant: float) -> float
     if name == "constant":
         _check_tau(tau)
         return constant
-    raise ValueError(f"unknown beta schedule {name!r}; valid: {', '.join(BETA_SCHEDULES)}")
+    raise ConfigError(f"unknown beta schedule {name!r}; valid: {', '.join(BETA_SCHEDULES)}")

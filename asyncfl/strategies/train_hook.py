@@ -117,7 +117,7 @@ class TrainHook:
         copy with the reply's arrays (decoded and checked as an arriving update) and example count."""
         from dataclasses import replace
 
-        from asyncfl.server_app.codec import MalformedUpdate, RejectedReply, reported_count
+        from asyncfl.server_app.codec import RejectedReply, reported_count
 
         arrival, content = step.arrivals[i], step.replies[i].content
         record = content.array_records.get(self.keys.arrays)
@@ -129,7 +129,7 @@ class TrainHook:
         if not step.unchanged(i, record):
             try:
                 weights = self.codec.decode(record)
-            except MalformedUpdate as exc:
+            except RejectedReply as exc:
                 raise ValueError(f"super().aggregate_train in {name}: reply {i}'s arrays, as changed, do not fit "
                                  f"the model ({exc.reason}: {exc})") from exc
             if not np.array_equal(weights, self.codec.decode(self.codec.to_record(arrival.weights))):
@@ -158,14 +158,14 @@ class TrainHook:
     def _flat(self, arrays: "ArrayRecord", name: str) -> np.ndarray:
         """The returned arrays as the flat model: the own step's exact vector when they are its arrays unchanged
         (a record rounds integer entries such as BatchNorm's counter), else decoded and checked."""
-        from asyncfl.server_app.codec import MalformedUpdate
+        from asyncfl.errors import RejectedReply
 
         try:
             flat = self.codec.decode(arrays)
-        except MalformedUpdate as exc:
+        except RejectedReply as exc:
             if exc.reason == "non-finite":  # as the engine refuses any non-finite model: the run stops
                 raise FloatingPointError(f"{name} returned a non-finite model ({exc}): refused") from exc
-            raise ValueError(f"{name} returned arrays that do not fit the model: {exc}") from exc
+            raise ValueError(f"{name} returned arrays that do not fit the model ({exc.reason}: {exc})") from exc
         if self._own is not None and np.array_equal(flat, self._own[1]):
             return self._own[0]
         return flat

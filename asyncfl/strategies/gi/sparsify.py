@@ -11,11 +11,13 @@ import math
 
 import torch
 
+from asyncfl.errors import ConfigError
+
 
 def kept_count(size: int, keep_fraction: float) -> int:
     """``K = ceil(keep_fraction * size)``, at least 1; ``keep_fraction`` in (0, 1]."""
     if not 0.0 < keep_fraction <= 1.0:
-        raise ValueError(f"top-K keep fraction must be in (0, 1], got {keep_fraction}")
+        raise ConfigError(f"top-K keep fraction must be in (0, 1], got {keep_fraction}")
     return max(1, min(size, math.ceil(keep_fraction * size)))
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from asyncfl.errors import ConfigError
+
 
 class Generator(nn.Module):
     """``G_theta(z, y)``: latent ``z`` (B x latent_dim) and labels ``y`` (B,) to inputs (B x C x H x W)."""
@@ -21,7 +23,7 @@ class Generator(nn.Module):
         super().__init__()
         channels, height, width = input_shape
         if height % 4 or width % 4:
-            raise ValueError(f"generator needs input sides divisible by 4, got {height}x{width}")
+            raise ConfigError(f"generator needs input sides divisible by 4, got {height}x{width}")
         self.latent_dim, self.base, self.side = latent_dim, base, (height // 4, width // 4)
         self.embed = nn.Embedding(num_classes, latent_dim)
         self.project = nn.Sequential(nn.Linear(latent_dim, base * 2 * self.side[0] * self.side[1]),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from asyncfl.errors import ConfigError
+
 
 class KDPool:
     """FIFO pool of at most ``capacity`` samples."""
@@ -22,7 +24,7 @@ class KDPool:
 
     def __init__(self, capacity: int, device: torch.device | str = "cpu") -> None:
         if capacity < 1:
-            raise ValueError(f"KD pool capacity must be >= 1, got {capacity}")
+            raise ConfigError(f"KD pool capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.device = torch.device(device)
         self.x: torch.Tensor | None = None
