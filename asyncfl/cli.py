@@ -50,10 +50,11 @@ def _interrupt(*_) -> None:
 
 def interrupted_message(app_dir: Path, fused: dict, started: float) -> str:
     """One line after Ctrl-C: what was stopped, and how to go on from the run's newest checkpoint."""
+    from asyncfl.config import BUILTIN_APP_CHOICES
     from asyncfl.server_app import checkpoint
 
     stopped = "asyncfl: interrupted: stopped the SuperLink and its simulation"
-    output = Path(str(fused.get("output-dir", "outputs")))
+    output = Path(str(fused.get("output-dir", BUILTIN_APP_CHOICES["output-dir"])))
     output = output if output.is_absolute() else app_dir.resolve() / output
     name = str(fused.get("run-name", ""))
     candidates = [output / name] if name else \

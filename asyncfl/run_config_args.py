@@ -171,11 +171,13 @@ def check_node_count(fused: dict, num_supernodes: int) -> None:
     """Refuse a simulation whose nodes cannot fill the built-in app's concurrency (each node runs
     ``jobs-per-client`` jobs at once): it would wait ``wait-for-nodes`` for nodes that never come, then run
     fewer jobs in flight than asked for."""
+    from asyncfl.options import RunOptions
     from asyncfl.strategies.registry import STRATEGY_CLASSES
 
     if str(fused.get("strategy")) not in STRATEGY_CLASSES:  # the gossip methods run every peer, no concurrency
         return
-    concurrency, per_node = int(fused["concurrency"]), int(fused.get("jobs-per-client", 1))
+    concurrency = int(fused["concurrency"])
+    per_node = int(fused.get("jobs-per-client", RunOptions.jobs_per_client))
     if num_supernodes * per_node < concurrency:
         fits = num_supernodes * per_node
         raise ConfigError(f"--num-supernodes {num_supernodes} cannot fill concurrency={concurrency} ({per_node} job "

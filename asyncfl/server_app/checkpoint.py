@@ -13,6 +13,7 @@ module only stores and finds trees made by :func:`asyncfl.state.capture`.
 from __future__ import annotations
 
 import json
+import logging
 import numbers
 import os
 import re
@@ -30,6 +31,8 @@ FORMAT = 1
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^checkpoint-v(\d+)-a(\d+)\.npz$")
 _ARRAY = "__array__"
+
+log = logging.getLogger("asyncfl.engine")
 
 
 def encode(tree: Any) -> tuple[Any, list[np.ndarray]]:
@@ -161,13 +164,13 @@ def listed(folder: Path) -> list[Path]:
 #: stops, waits and timeouts may change (e.g. resume a finished run with a later stop).
 #: Settings that checkpoints written before EngineConfig took RunOptions' names recorded under another name.
 FORMER_SETTING_NAMES = {"eval_every": "evaluate_every_time", "eval_every_rounds": "evaluate_every",
-                        "overlap": "overlap_server_compute"}
+                        "overlap": "overlap_server_compute", "delays": "delay_model"}
 
 
 def resume_settings(config) -> dict:
     """The engine settings a checkpoint records and a resumed run must match (``config``: an EngineConfig; the
     fields it marks to match on resume)."""
-    return {name: getattr(config, name) for name in config.resume_fields()} | {"delays": repr(config.delay_model)}
+    return {name: getattr(config, name) for name in config.resume_fields()} | {"delay_model": repr(config.delay_model)}
 
 
 #: Settings a resumed run takes from its checkpoint, with the least valid value of each.
@@ -179,6 +182,10 @@ SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": 
 def saved_settings(tree: dict) -> dict:
     """A checkpoint's recorded settings under today's names (older checkpoints used former ones, and lack the
     settings added since: those count at the value that reproduces the run that wrote them)."""
+    former = [name for name in tree["settings"] if name in FORMER_SETTING_NAMES]
+    if former:
+        log.info("the checkpoint names %s by former name(s): read as %s", ", ".join(former),
+                 ", ".join(FORMER_SETTING_NAMES[name] for name in former))
     saved = {FORMER_SETTING_NAMES.get(name, name): value for name, value in tree["settings"].items()}
     for name, least in WHOLE_SETTINGS.items():  # a resumed run takes these from the file: it must hold numbers
         value = saved.get(name, least)

@@ -336,7 +336,7 @@ def _resume(strategy, folder, initial=None, **options):
     ("other knobs", "buffer_size=3 there, 4 here"),
     ("other layout", "model layout differs"),
     ("other seed", "seed=5 there, 6 here"),
-    ("other delays", 'delays="DelayModel.*there'),
+    ("other delays", 'delay_model="DelayModel.*there'),
     ("truncated", "not a readable checkpoint"),
     ("no checkpoint", "no checkpoint in"),
 ])
@@ -810,18 +810,27 @@ def test_callbacks_carry_a_trackers_series_as_flowers_result_does():
     assert len(tracker.scored) == len(set(tracker.scored))
 
 
-def test_settings_recorded_under_their_former_names_are_read_under_todays():
-    """Checkpoints written before EngineConfig took RunOptions' names (eval_every, eval_every_rounds, overlap) still
-    fit the run that made them, and still say what differs."""
+def test_settings_recorded_under_their_former_names_are_read_under_todays(caplog):
+    """Checkpoints written before EngineConfig took RunOptions' names (eval_every, eval_every_rounds, overlap, delays)
+    still fit the run that made them, still say what differs, and one line says which names were read as what."""
+    import logging
+
     from asyncfl.options import RunOptions
 
     config = RunOptions(clock="virtual", delay_model="uniform-speed", evaluate_every=2, evaluate_every_time=5.0).engine_config(
         num_rounds=3, timeout=10.0, concurrency=2, round_arrivals=2, node_wait=0.0)
     today = checkpoint.resume_settings(config)
     former = {{"evaluate_every_time": "eval_every", "evaluate_every": "eval_every_rounds",
-               "overlap_server_compute": "overlap"}.get(k, k): v for k, v in today.items()}
-    assert "overlap" in former and "overlap_server_compute" not in former
-    assert checkpoint.saved_settings({"settings": former}) == today
+               "overlap_server_compute": "overlap", "delay_model": "delays"}.get(k, k): v for k, v in today.items()}
+    assert "overlap" in former and "overlap_server_compute" not in former and "delays" in former
+    with caplog.at_level(logging.INFO, logger="asyncfl.engine"):
+        assert checkpoint.saved_settings({"settings": former}) == today
+    notices = [r.getMessage() for r in caplog.records if "former name" in r.getMessage()]
+    assert len(notices) == 1 and "delays" in notices[0] and "delay_model" in notices[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="asyncfl.engine"):
+        checkpoint.saved_settings({"settings": today})
+    assert not [r for r in caplog.records if "former name" in r.getMessage()]
     former["eval_every"] = 7.0
     assert checkpoint.saved_settings({"settings": former})["evaluate_every_time"] == 7.0
 
