@@ -66,14 +66,6 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> float:
     return value
 
 
-def _whole_number(key: str, value: Any) -> int:
-    """``value`` as an integer when it is one (an integral float is taken), else the key's one-line error."""
-    whole = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
-    if not whole:
-        raise ConfigError(f"{key}={value!r} must be a whole number")
-    return int(value)
-
-
 def _at_least_one(key: str, value: int) -> int:
     if value < 1:
         raise ConfigError(f"{key}={value} must be >= 1")
@@ -209,11 +201,13 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         test_fraction=float(cfg["test-fraction"]),
         model=_choice("model", str(cfg["model"]), MODELS),
         batchnorm=bool(cfg["model.batchnorm"]),
-        track_statistics=bool(cfg.get("model.track-statistics", False)),
+        # a stored run config from before these keys existed: the defaults reproduce its runs
+        track_statistics=bool(cfg.get("model.track-statistics", DataConfig.track_statistics)),
         server_holdout=float(cfg["server-holdout"]),
-        samples_per_client=_at_least_one("samples-per-client", int(cfg.get("samples-per-client", 32))),
-        max_samples_per_client=int(_positive("max-samples-per-client", int(cfg.get("max-samples-per-client", 0)),
-                                             allow_zero=True)),
+        samples_per_client=_at_least_one("samples-per-client",
+                                         int(cfg.get("samples-per-client", DataConfig.samples_per_client))),
+        max_samples_per_client=int(_positive("max-samples-per-client", int(cfg.get(
+            "max-samples-per-client", DataConfig.max_samples_per_client)), allow_zero=True)),
         eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
     )
     if not 0.0 <= data.server_holdout < 1.0:
@@ -316,15 +310,4 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, options: RunOptions) -> Gossi
     if strategy != "divshare" and int(cfg["divshare.copies"]) != 1:
         raise ConfigError(f"divshare.copies={cfg['divshare.copies']!r} is a setting of strategy 'divshare', but this "
                           f"run's strategy is '{strategy}', which ignores it: drop the key or set strategy='divshare'")
-    try:
-        return GossipConfig(
-            method=strategy, out_degree=int(cfg["gossip.out-degree"]), buffer_capacity=int(cfg["gossip.buffer-capacity"]),
-            dedup=bool(cfg["gossip.dedup"]), delayed_fraction=float(cfg["gossip.delayed-fraction"]),
-            eval_points=int(cfg["gossip.eval-points"]), horizon=options.max_time,
-            link_delay=float(cfg["gossip.link-delay"]), local_test_fraction=float(cfg["gossip.local-test-fraction"]),
-            local_test_size=_whole_number("gossip.local-test-size", cfg["gossip.local-test-size"]),
-            k=int(cfg["pushcen.k"]), lam=float(cfg["pushcen.lambda"]), topology=str(cfg["gossip.topology"]),
-            cache_size=int(cfg["swift.cache-size"]), penalty=str(cfg["pushcen.penalty"]),
-            divshare_copies=int(cfg["divshare.copies"]))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    return GossipConfig.from_run_config(cfg)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import doc_sections  # noqa: E402
+from asyncfl.decentralized.settings import GOSSIP_METHODS, GossipConfig  # noqa: E402
 from asyncfl.options import RunOptions  # noqa: E402
 from asyncfl.strategies.registry import STRATEGY_CLASSES, strategy_class  # noqa: E402
 
@@ -69,6 +70,9 @@ def section() -> str:
         cls = strategy_class(name)
         lines += ["", f"## `{name}`: `{cls.__name__}` (`{cls.config_class.__name__}`)", "",
                   *table(cls.config_class.described())]
+    lines += ["", f"## The gossip methods ({', '.join(f'`{m}`' for m in GOSSIP_METHODS)}): `GossipConfig`", "",
+              "Run-config keys of the gossip relay and its peers; not keywords of a Python call (the gossip methods "
+              "run as the built-in app's `strategy`).", "", *table(GossipConfig.described())]
     return "\n".join(lines + ["", END])
 
 
@@ -87,17 +91,20 @@ def _toml_value(value) -> str:
 
 def pyproject_section() -> str:
     """Every strategy knob's run-config key with its default, one line each, grouped by table (``fedbuff.*``) in
-    name order, each table headed by the methods that read it (``fedavg.server-lr`` serves several)."""
+    name order, each table headed by the methods that read it (``fedavg.server-lr`` serves several); the gossip
+    methods' keys (:class:`GossipConfig`) headed by all of them."""
     defaults: dict[str, object] = {}
     readers: dict[str, list[str]] = {}
-    for name in STRATEGY_CLASSES:
-        config = strategy_class(name).config_class
+    configs = [((name,), strategy_class(name).config_class) for name in STRATEGY_CLASSES]
+    configs += [(GOSSIP_METHODS, GossipConfig)]  # a method's own table (pushcen.*) is its alone, gossip.* is all's
+    for names, config in configs:
         for spec in dataclasses.fields(config):
             key = config.key_of(spec.name)
             defaults.setdefault(key, spec.default)
             table = key.split(".")[0]
-            if name not in readers.setdefault(table, []):
-                readers[table].append(name)
+            for name in ((table,) if len(names) > 1 and table in names else names):
+                if name not in readers.setdefault(table, []):
+                    readers[table].append(name)
     lines = [TOML_BEGIN]
     for table in sorted(readers):
         lines.append(f"# {table}.*: {', '.join(readers[table])}")

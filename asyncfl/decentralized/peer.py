@@ -20,29 +20,27 @@ from asyncfl.client_app.training import make_optimizer
 from asyncfl.decentralized.codec import Layout, decode_message, encode_state
 from asyncfl.decentralized.pushsum import push_sum_merge, split_mass
 from asyncfl.decentralized.regularizer import enforce_mask_, proximal_penalty
-from asyncfl.decentralized.settings import PENALTIES
+from asyncfl.decentralized.settings import GossipConfig
 from asyncfl.decentralized.wcp import nearest_sorted, wcp_encode
 from asyncfl.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """Knobs of a peer (paper defaults: k = 32 centroids, lambda = 0.1, 10 out-neighbours; the regulariser per
-    layer as the reference code takes it, :mod:`asyncfl.decentralized.regularizer`)."""
+    """What one compute event takes of the run's knobs (each declared once, with its default and range, in
+    :class:`~asyncfl.decentralized.settings.GossipConfig`) and of the relay's request (this push's out-degree)."""
 
-    k: int = 32
-    lam: float = 0.1
-    out_degree: int = 10
+    k: int = GossipConfig.k
+    lam: float = GossipConfig.lam
+    out_degree: int = GossipConfig.out_degree
     wcp_iterations: int = 10
-    penalty: str = "layer-mean"
+    penalty: str = GossipConfig.penalty
 
     def __post_init__(self) -> None:
-        if not 2 <= self.k <= 256:
-            raise ConfigError(f"pushcen.k must be in [2, 256], got {self.k}")
-        if self.lam < 0 or self.out_degree < 0 or self.wcp_iterations < 1:
-            raise ConfigError("need pushcen.lambda >= 0, an out-degree >= 0 and wcp iterations >= 1")
-        if self.penalty not in PENALTIES:
-            raise ConfigError(f"unknown pushcen.penalty {self.penalty!r}; valid: {', '.join(PENALTIES)}")
+        GossipConfig(k=self.k, lam=self.lam, penalty=self.penalty)  # the knobs' own checks, in one place
+        if self.out_degree < 0 or self.wcp_iterations < 1:
+            raise ConfigError(f"need an out-degree >= 0 and wcp iterations >= 1, got {self.out_degree} and "
+                              f"{self.wcp_iterations}")
 
 
 @dataclass

@@ -57,9 +57,9 @@ def _run_gossip(grid: Grid, cfg: RunConfig) -> None:
     folder = run_folder(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "config.json", cfg.to_dict())
-    relay = GossipRelay(grid, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), folder)
+    relay = GossipRelay(grid, cfg.strategy, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), folder)
     log.info("asyncfl: gossip method=%s dataset=%s model=%s horizon=%g -> %s", cfg.strategy, cfg.data.dataset,
-             cfg.data.model, cfg.gossip.horizon, folder)
+             cfg.data.model, cfg.options.max_time, folder)
     relay.run()  # writes summary.json as it goes, atomically, and once more at the end
     summary = relay.summary()
     log.info("asyncfl: done: mean peer accuracy %s after %d events (%s)", summary["final-mean-accuracy"],

@@ -71,10 +71,12 @@ class GossipRelay:
     ----------
     grid : GridLike
         Flower's Grid.
+    method : str
+        The gossip method's run-config name (run-config ``strategy``).
     gossip : GossipConfig
-        Method and relay knobs.
+        The relay's and the peers' knobs.
     options : RunOptions
-        Seed, delay model, node wait (the horizon is ``gossip.horizon``, the run's ``max-time``).
+        Seed, delay model, node wait, and the horizon (``max-time``).
     timeout : float
         Seconds a peer's event may take (Flower's timeout; run-config ``timeout``).
     train_config : dict
@@ -83,9 +85,10 @@ class GossipRelay:
         Where metrics.csv and summary.json go (written as they come).
     """
 
-    def __init__(self, grid, gossip: GossipConfig, options, timeout: float, train_config: dict, folder: Path) -> None:
+    def __init__(self, grid, method: str, gossip: GossipConfig, options, timeout: float, train_config: dict,
+                 folder: Path) -> None:
         self.grid = grid
-        self.gossip = gossip
+        self.method, self.gossip, self.horizon = method, gossip, options.max_time
         self.seed, self.timeout = options.seed, timeout
         self.wait_for_nodes = options.node_wait(timeout)
         self.train_config = dict(train_config)
@@ -122,7 +125,7 @@ class GossipRelay:
         late = self.rng.choice(n, size=int(math.floor(self.gossip.delayed_fraction * n)), replace=False)
         self.delayed = {int(i) for i in late}
         for i in range(n):
-            self.join_time[i] = float(self.rng.uniform(0.0, self.gossip.horizon / 2)) if i in self.delayed else 0.0
+            self.join_time[i] = float(self.rng.uniform(0.0, self.horizon / 2)) if i in self.delayed else 0.0
         if self.gossip.topology == "fixed":  # own stream: the 'random' topology's draws stay as they were
             graph = np.random.default_rng([self.seed, 19])
             size = min(self.gossip.out_degree, n - 1)
@@ -145,11 +148,11 @@ class GossipRelay:
         self._start_files()
         for i in range(len(self.peers)):
             self._schedule(self.join_time[i], "activate", i)
-        eval_every = self.gossip.horizon / self.gossip.eval_points
+        eval_every = self.horizon / self.gossip.eval_points
         for k in range(1, self.gossip.eval_points + 1):
             self._schedule(k * eval_every, "evaluate", -1)
         in_flight: dict[int, tuple[str, int, list[int] | None]] = {}  # peer -> (message id, out-degree, fixed receivers)
-        while self._events and self._events[0][0] <= self.gossip.horizon + 1e-9:
+        while self._events and self._events[0][0] <= self.horizon + 1e-9:
             at, _, kind, peer, payload = heapq.heappop(self._events)
             started = time.perf_counter()
             if kind == "activate":
@@ -180,7 +183,7 @@ class GossipRelay:
             out_degree = min(self.gossip.out_degree, len(self._online(at)) - 1)
         event = self._event_count.get(peer, 0)
         self._event_count[peer] = event + 1
-        config = {**self.train_config, "gossip-method": self.gossip.method, "out-degree": out_degree,
+        config = {**self.train_config, "gossip-method": self.method, "out-degree": out_degree,
                   "absorbed-mass": absorbed, "masses": [e.mass for _, e in drained] or [0.0],
                   "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
                   "fragments": max(1, out_degree // self.gossip.divshare_copies),
@@ -267,7 +270,7 @@ class GossipRelay:
         delayed_best = [self.best_accuracy[i] for i in self.delayed if i in self.best_accuracy]
         message = float(np.mean(self.stats.message_bytes)) if self.stats.message_bytes else 0.0
         return {
-            "strategy": self.gossip.method,
+            "strategy": self.method,
             "peers": len(self.peers),
             "topology": self.gossip.topology,
             "unidentified-peers": self.unidentified,

@@ -36,10 +36,11 @@ def test_the_test_size_and_a_changed_fraction_are_refused_together_and_a_negativ
     assert parse_run_config(defaults(**gossip, **{"gossip.local-test-size": 100})).gossip.local_test_size == 100
     with pytest.raises(ConfigError, match="local-test-fraction=0.3 would be ignored"):
         parse_run_config(defaults(**gossip, **{"gossip.local-test-size": 100, "gossip.local-test-fraction": 0.3}))
-    with pytest.raises(ConfigError, match="local-test-size must be >= 0"):
+    with pytest.raises(ConfigError, match=r"local_test_size=-1 must be >= 0 \(run-config gossip.local-test-size\)"):
         parse_run_config(defaults(**gossip, **{"gossip.local-test-size": -1}))
     for odd in (100.5, True, "100"):
-        with pytest.raises(ConfigError, match=f"gossip.local-test-size={odd!r} must be a whole number"):
+        with pytest.raises(ConfigError,
+                           match=f"local_test_size={odd!r} must be int \\(run-config gossip.local-test-size"):
             parse_run_config(defaults(**gossip, **{"gossip.local-test-size": odd}))
 
 

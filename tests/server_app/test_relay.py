@@ -33,7 +33,8 @@ def run_relay(tmp_path, method, peers=6, **overrides):
         return gossip_event(message, context, cfg, data, node_model(cfg.data, data, cfg.options.seed))
 
     grid = FakeGrid(peers, handler)
-    relay = GossipRelay(grid, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), tmp_path / method)
+    relay = GossipRelay(grid, cfg.strategy, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(),
+                        tmp_path / method)
     relay.run()
     return relay, contexts, grid
 
@@ -96,7 +97,8 @@ def test_divshare_copies_send_each_fragment_to_that_many_neighbours(tmp_path):
     assert two["message-bytes-mean"] == pytest.approx(one["push-bytes-mean"], rel=0.02)
     assert two["push-bytes-mean"] == pytest.approx(2 * two["message-bytes-mean"])
     assert one["push-bytes-mean"] == pytest.approx(2 * one["message-bytes-mean"])
-    with pytest.raises(ConfigError, match=r"divshare.copies must be in \[1, gossip.out-degree = 2\]"):
+    with pytest.raises(ConfigError,
+                       match=r"divshare_copies=3 must be in \[1, gossip.out-degree = 2\] \(run-config divshare"):
         parse_run_config({**DEFAULTS, "strategy": "divshare", "max-time": 5.0, "gossip.out-degree": 2,
                           "divshare.copies": 3})
     with pytest.raises(ConfigError, match="setting of strategy 'divshare'.*'pushcen'"):

@@ -105,6 +105,12 @@ defaults = flatten_dict(tomllib.load(open(PYPROJECT, "rb"))["tool"]["flwr"]["app
 assert parse_run_config({**defaults, "strategy": "latest-wins"}).strategy == "latest-wins"
 assert strategy_class("latest-wins") is asyncfl.LatestWins and "LatestWins" in asyncfl.__all__
 assert "latest-wins" in _run_epilog()
+import ast
+from asyncfl.strategies.registry import class_modules
+tree = ast.parse(open(asyncfl.__file__).read())
+block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+assert {a.name for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names} == \
+    set(asyncfl._PUBLIC) - set(class_modules())  # the names type checkers see hold without the toy
 print("ok")
 '''.replace("PACKAGE", repr(str(package))).replace("PYPROJECT", repr(str(ROOT / "pyproject.toml")))
     done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True,
