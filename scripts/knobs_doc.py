@@ -70,9 +70,10 @@ def section() -> str:
         cls = strategy_class(name)
         lines += ["", f"## `{name}`: `{cls.__name__}` (`{cls.config_class.__name__}`)", "",
                   *table(cls.config_class.described())]
-    lines += ["", f"## The gossip methods ({', '.join(f'`{m}`' for m in GOSSIP_METHODS)}): `GossipConfig`", "",
-              "Run-config keys of the gossip relay and its peers; not keywords of a Python call (the gossip methods "
-              "run as the built-in app's `strategy`).", "", *table(GossipConfig.described())]
+    lines += ["", "## The gossip methods: `GossipConfig`", "",
+              f"Run-config keys of the gossip relay and its peers ({', '.join(f'`{m}`' for m in GOSSIP_METHODS)}); "
+              "not keywords of a Python call (the gossip methods run as the built-in app's `strategy`).", "",
+              *table(GossipConfig.described())]
     return "\n".join(lines + ["", END])
 
 
