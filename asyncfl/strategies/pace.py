@@ -48,10 +48,10 @@ with ``Delta_c(x) ~ -A_c (x - x_c*) + noise``,
 is the Rayleigh quotient of ``A_c`` along ``x_a - x_b``. The pair is one client's consecutive
 jobs. Two different clients' updates also differ by their own optima (non-IID data, or only
 minibatch luck), and since the server's recent moves are made of those same updates, that
-difference correlates with ``x_a - x_b``. The former pairing (each arrival with the latest one
-from another model) under-read the response with equal speeds, so AFL-DW, which steps per arrival,
-took too large a step and fell far behind the stable step; the same client's jobs read a response near 1
-there and kept the stable step (measured in the drop-in study: docs/methods.md).
+difference correlates with ``x_a - x_b``: pairing each arrival with the latest one from another model
+under-reads the response when speeds are equal, and a method that steps per arrival (AFL-DW) then takes too
+large a step; the same client's consecutive jobs do not share that bias (the drop-in study's figures:
+docs/methods.md).
 Summing numerator and denominator over recent pairs (each decayed by ``decay`` per pair)
 weights a pair by ``||x_a - x_b||^2``, so pairs from nearby models, whose secant is mostly
 client noise, count little. When the server starts to oscillate, its moves line up with the
@@ -110,8 +110,8 @@ def cache_lag(concurrency: int, updates_per_step: int) -> float:
     stable step then is close to the stable pace of a delay ``d + K / 2 - B / 4`` at ``B = K / 4``,
     and below it for larger buffers (how close, measured on the recursion for ``K`` from 6 to 100:
     docs/methods.md, "Default server steps"; ``tests/strategies/test_pace.py`` runs the recursion through
-    :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the step is
-    0.69 times FedBuff's; at FedBuff's step CA2FL oscillated (docs/methods.md).
+    :class:`~asyncfl.strategies.ca2fl.CA2FL`). At ``K = 8, B = 2`` the formula gives 0.69 times FedBuff's
+    step; docs/methods.md shows what FedBuff's own step does to CA2FL.
     """
     return max(0.0, concurrency / 2 - updates_per_step / 4)
 

@@ -87,7 +87,7 @@ def test_a_private_run_learns_reports_epsilon_and_where_its_noise_comes_from():
     assert summary["dp-epsilon"] > 0 and "update-norm-bound" not in summary  # the fixed clip replaces it
     assert summary["dp-epsilon"] == pytest.approx(flower_epsilon(summary["dp-most-participations"], 1.0, 1e-5),
                                                   abs=1e-6)
-    assert summary["dp-accountant"] == FLOWER_ACCOUNTANT  # Flower's RdpAccountant converted it (test_accounting.py)
+    assert summary["dp-accountant"] == FLOWER_ACCOUNTANT  # Flower's RdpAccountant converted it (tests/strategies/test_accounting.py)
     assert summary["dp-noise"] == "os-entropy" and "dp-insecure-noise-seed" not in summary
     assert summary["dp-ledger-key"] == "partition-id"  # the engine names each client's owner (bind_owners)
     w = result.arrays["w"].numpy()

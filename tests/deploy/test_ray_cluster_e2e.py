@@ -18,7 +18,7 @@ import pytest
 
 from tests.netns import namespace_pair, netns_available
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HEAD_IP, WORKER_IP, PORT = "10.79.0.1", "10.79.0.2", 6379
 SMALL = "dataset='digits' model='mlp' local-steps=10 concurrency=2 evaluate-every-time=2.0 progress=false"

@@ -22,7 +22,7 @@ from asyncfl.deploy.images import build_context, requirements_text
 from asyncfl.deploy.topology import Images, cpu_tiers, deployment_services
 from asyncfl.deploy.processes import flower_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = {
     "compose.yml": dict(num_supernodes=4),
     "compose-cuda.yml": dict(num_supernodes=2, cuda=True),

@@ -17,9 +17,9 @@ import pytest
 from asyncfl.deploy import images
 from asyncfl.deploy.containers import DockerDeployment
 from tests.docker_engine import DockerEngine
-from tests.test_deploy_e2e import SMALL, _collect, _finish, _wait_for_arrivals
+from tests.deploy.test_deploy_e2e import SMALL, _collect, _finish, _wait_for_arrivals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 

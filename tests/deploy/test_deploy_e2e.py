@@ -21,7 +21,7 @@ from asyncfl.deploy.local import LocalDeployment
 from asyncfl.deploy.processes import TlsFiles
 from tests.netns import namespace_pair, netns_available
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ("dataset='digits' model='mlp' local-steps=10 lr=0.01 evaluate-every-time=2.0 progress=false clock='wall' "
          "wait-for-nodes=60.0")
 
