@@ -32,9 +32,10 @@ _FROM_THE_RUN = {"concurrency": "concurrency", "round_arrivals": "round_arrivals
                  "wait_for_nodes": "node_wait", "num_rounds": "num_rounds"}
 
 
-def engine_config(**overrides) -> EngineConfig:
-    """The engine's settings through the users' door, ``RunOptions.engine_config`` as ``Strategy.start``
-    builds them: the tests' clock, delays and stops; every other option a user's default."""
+def engine_config(strategy: Strategy | None = None, **overrides) -> EngineConfig:
+    """The engine's settings through the users' door, as ``Strategy.start`` builds and checks them
+    (``RunOptions.check_run``, ``check_strategy`` for ``strategy``, ``engine_config``): the tests' clock, delays and
+    stops; every other option a user's default."""
     options = dict(clock="virtual", max_arrivals=6, evaluate_every_time=1.0, seed=7, delay_model=FIXED, progress=False)
     run = dict(concurrency=3, timeout=5.0, node_wait=0.0, num_rounds=0, round_arrivals=0)
     for name, value in overrides.items():
@@ -42,7 +43,11 @@ def engine_config(**overrides) -> EngineConfig:
             run[_FROM_THE_RUN[name]] = value
         else:
             options[name] = value
-    return RunOptions(**options).engine_config(**run)
+    checked = RunOptions(**options)
+    checked.check_run(run["num_rounds"], run["timeout"])
+    if strategy is not None:
+        checked.check_strategy(type(strategy), strategy.name)
+    return checked.engine_config(**run)
 
 
 def plus_one(node, message):
@@ -64,7 +69,8 @@ class Recording(Strategy):
 
 
 def make_engine(grid, strategy, **overrides):
-    return AsyncEngine(grid, strategy, CODEC, np.zeros(3, np.float32), engine_config(**overrides), {}, lambda m: (0.0, float(m[0])))
+    return AsyncEngine(grid, strategy, CODEC, np.zeros(3, np.float32), engine_config(strategy, **overrides), {},
+                       lambda m: (0.0, float(m[0])))
 
 
 def test_virtual_order_ignores_reversed_physical_order():

@@ -83,8 +83,9 @@ def test_engine_re_evaluates_an_unchanged_model_when_the_test_data_drifted():
             calls.append(flat.copy())
             return 0.0, 0.5
 
-    engine = AsyncEngine(FakeGrid(3, plus_one), Recording(), CODEC, np.zeros(3, np.float32),
-                         engine_config(max_arrivals=6), {}, Drifting())
+    strategy = Recording()
+    engine = AsyncEngine(FakeGrid(3, plus_one), strategy, CODEC, np.zeros(3, np.float32),
+                         engine_config(strategy, max_arrivals=6), {}, Drifting())
     engine.run()
     # Recording never changes the model: a fixed evaluator is scored once; this one at t = 0, 2 and 4 data sets
     times = [row["time"] for row in engine.stats.evaluations]

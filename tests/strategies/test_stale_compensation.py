@@ -100,6 +100,7 @@ def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
     from asyncfl.server_app.engine import AsyncEngine
     from asyncfl.strategies.base import Strategy
     from tests.fake_grid import FakeGrid, trained_reply
+    from tests.server_app.test_engine import engine_config
 
     codec = ModelCodec.from_state(OrderedDict(w=np.zeros(2, np.float32)))
 
@@ -117,9 +118,9 @@ def test_engine_sends_the_strategys_dispatch_model_and_uses_it_as_the_base():
     def plus_one(node, message):
         return trained_reply(message, codec.to_record(codec.decode(message.content.array_records["arrays"]) + 1.0))
 
-    config = RunOptions(clock="virtual", max_arrivals=2, evaluate_every_time=1.0, delay_model="uniform-speed").engine_config(
-        num_rounds=0, timeout=5.0, concurrency=2, round_arrivals=0, node_wait=0.0)
     strategy = LookAhead()
+    config = engine_config(strategy, max_arrivals=2, delay_model="uniform-speed", seed=RunOptions().seed,
+                           concurrency=2)  # checked as Strategy.start checks them
     AsyncEngine(FakeGrid(2, plus_one), strategy, codec, np.zeros(2, np.float32), config, {},
                 lambda m: (0.0, 0.0)).run()
     assert sorted(strategy.bases) == [(0, [10.0, 10.0], [1.0, 1.0]), (1, [0.0, 0.0], [1.0, 1.0])]
