@@ -70,7 +70,7 @@ from dataclasses import replace
 import numpy as np
 
 from asyncfl.errors import ConfigError
-from asyncfl.options import UPDATE_NORM_ACTIONS
+from asyncfl.options import UPDATE_NORM_ACTIONS, RunOptions
 from asyncfl.server_app.codec import RejectedReply
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.strategies.arrival import Arrival
@@ -115,7 +115,7 @@ class UpdateNormBound:
     state_attributes = ("latest", "recent_clients", "first_norms", "clipped", "rejected", "largest_ratio",
                         "rate_limited")
 
-    def __init__(self, multiple: float, action: str = "clip", groups=(None,), window: int = 16,
+    def __init__(self, multiple: float, action: str = RunOptions.update_norm_action, groups=(None,), window: int = 16,
                  rate_window: int = 256) -> None:
         if action not in UPDATE_NORM_ACTIONS:
             raise ConfigError(f"update-norm action {action!r} is not valid; choose one of: "
