@@ -27,6 +27,7 @@ _PUBLIC = {
     "DifferentialPrivacyClientSideFixedClipping": "asyncfl.strategies.privacy",
     "ConfigError": "asyncfl.errors",
     "StateError": "asyncfl.errors",
+    "RejectedReply": "asyncfl.errors",
     "RunOptions": "asyncfl.options",
     "Callback": "asyncfl.callbacks",
     "VersionInfo": "asyncfl.callbacks",
@@ -61,7 +62,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see of the names that are not m
     from asyncfl.callbacks import Callback, VersionInfo
     from asyncfl.errors import (
         RunFailed, NoNodesConnected, NothingToDispatch, ClientAppsFailing, TooFewPeers, MissingClientInfo,
-        CheckpointError, ConfigError, StateError,
+        CheckpointError, ConfigError, StateError, RejectedReply,
     )
     from asyncfl.client_app.extras import answer_identity, pad_to_emulated_duration, report_train_seconds
     from asyncfl.simulation.delays import DelayModel, ComponentDelay

@@ -66,6 +66,24 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> float:
     return value
 
 
+def _int(cfg: Mapping[str, Any], key: str, default: Any = None) -> int:
+    """``cfg[key]`` (``default`` where a stored run config predates the key) as a whole number, or the key's
+    one-line error."""
+    value = cfg[key] if default is None else cfg.get(key, default)
+    whole = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+    if not whole:
+        raise ConfigError(f"{key}={value!r} must be a whole number")
+    return int(value)
+
+
+def _float(cfg: Mapping[str, Any], key: str) -> float:
+    """``cfg[key]`` as a number, or the key's one-line error."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r} must be a number")
+    return float(value)
+
+
 def _at_least_one(key: str, value: int) -> int:
     if value < 1:
         raise ConfigError(f"{key}={value} must be >= 1")
@@ -150,12 +168,12 @@ def _parse_delays(cfg: Mapping[str, Any]) -> DelayModel | RuntimeCategories | In
     if preset == "intertwined":
         try:
             return IntertwinedDelays(
-                affected_class=int(cfg["intertwined.class"]), delayed_clients=int(cfg["intertwined.clients"]),
-                staleness=int(cfg["intertwined.staleness"]), on_time=float(cfg["intertwined.on-time"]))
+                affected_class=_int(cfg, "intertwined.class"), delayed_clients=_int(cfg, "intertwined.clients"),
+                staleness=_int(cfg, "intertwined.staleness"), on_time=_float(cfg, "intertwined.on-time"))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     if preset != "custom":
-        gamma = float(cfg["delay.gamma"])
+        gamma = _float(cfg, "delay.gamma")
         if not 0.0 <= gamma <= 1.0:
             raise ConfigError(f"delay.gamma={gamma} must be in [0, 1]")
         return with_gamma(DELAY_PRESETS[preset], gamma)
@@ -196,19 +214,19 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
         dataset=_choice("dataset", str(cfg["dataset"]), DATASETS),
         data_dir=str(cfg["data-dir"]),
         partitioning=_choice("partitioning", str(cfg["partitioning"]), PARTITIONINGS),
-        dirichlet_alpha=_positive("dirichlet-alpha", float(cfg["dirichlet-alpha"])),
-        shards_per_client=int(_positive("shards-per-client", int(cfg["shards-per-client"]))),
-        test_fraction=float(cfg["test-fraction"]),
+        dirichlet_alpha=_positive("dirichlet-alpha", _float(cfg, "dirichlet-alpha")),
+        shards_per_client=int(_positive("shards-per-client", _int(cfg, "shards-per-client"))),
+        test_fraction=_float(cfg, "test-fraction"),
         model=_choice("model", str(cfg["model"]), MODELS),
         batchnorm=bool(cfg["model.batchnorm"]),
         # a stored run config from before these keys existed: the defaults reproduce its runs
         track_statistics=bool(cfg.get("model.track-statistics", DataConfig.track_statistics)),
-        server_holdout=float(cfg["server-holdout"]),
+        server_holdout=_float(cfg, "server-holdout"),
         samples_per_client=_at_least_one("samples-per-client",
-                                         int(cfg.get("samples-per-client", DataConfig.samples_per_client))),
-        max_samples_per_client=int(_positive("max-samples-per-client", int(cfg.get(
-            "max-samples-per-client", DataConfig.max_samples_per_client)), allow_zero=True)),
-        eval_batch_size=int(_positive("eval-batch-size", int(cfg["eval-batch-size"]))),
+                                         _int(cfg, "samples-per-client", DataConfig.samples_per_client)),
+        max_samples_per_client=int(_positive("max-samples-per-client", _int(
+            cfg, "max-samples-per-client", DataConfig.max_samples_per_client), allow_zero=True)),
+        eval_batch_size=int(_positive("eval-batch-size", _int(cfg, "eval-batch-size"))),
     )
     if not 0.0 <= data.server_holdout < 1.0:
         raise ConfigError(f"server-holdout={data.server_holdout} must be in [0, 1)")
@@ -219,13 +237,13 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
                           f"trackers stand where BatchNorm would); got model={data.model!r}, "
                           f"model.batchnorm={str(data.batchnorm).lower()}")
     train = TrainConfig(
-        local_steps=int(_positive("local-steps", int(cfg["local-steps"]), allow_zero=True)),
-        local_epochs=int(_positive("local-epochs", int(cfg["local-epochs"]), allow_zero=True)),
+        local_steps=int(_positive("local-steps", _int(cfg, "local-steps"), allow_zero=True)),
+        local_epochs=int(_positive("local-epochs", _int(cfg, "local-epochs"), allow_zero=True)),
         optimizer=_choice("optimizer", str(cfg["optimizer"]), OPTIMIZERS),
-        lr=_positive("lr", float(cfg["lr"])),
-        momentum=_positive("momentum", float(cfg["momentum"]), allow_zero=True),
-        weight_decay=_positive("weight-decay", float(cfg["weight-decay"]), allow_zero=True),
-        batch_size=int(_positive("batch-size", int(cfg["batch-size"]))),
+        lr=_positive("lr", _float(cfg, "lr")),
+        momentum=_positive("momentum", _float(cfg, "momentum"), allow_zero=True),
+        weight_decay=_positive("weight-decay", _float(cfg, "weight-decay"), allow_zero=True),
+        batch_size=int(_positive("batch-size", _int(cfg, "batch-size"))),
     )
     try:
         check_drill(cfg)
@@ -234,7 +252,7 @@ def _parse(cfg: Mapping[str, Any], strategy_settings: bool = True) -> RunConfig:
     if train.local_steps == 0 and train.local_epochs == 0:
         raise ConfigError("set local-steps > 0 or local-epochs > 0 (both are 0)")
     options = RunOptions.from_run_config(cfg, delay_model=_parse_delays(cfg))
-    timeout = _positive("timeout", float(cfg["timeout"]))
+    timeout = _positive("timeout", _float(cfg, "timeout"))
     options.check_run(0, timeout, has_rounds=False)  # it stops by max-arrivals or max-time
     options.check_strategy(strategy_class(strategy) if strategy in STRATEGY_CLASSES else None, strategy)
     output = OutputConfig(output_dir=str(cfg["output-dir"]), run_name=str(cfg["run-name"]))
@@ -259,7 +277,8 @@ def same_value(a: Any, b: Any) -> bool:
 
 
 def foreign_settings(cfg: Mapping[str, Any], strategy: str) -> dict[str, list[str]]:
-    """The knobs of server strategies other than ``strategy`` that ``cfg`` sets away from their defaults.
+    """The knobs of methods other than ``strategy`` (server strategies and gossip methods) that ``cfg`` sets away
+    from their defaults.
 
     Returns ``{run-config key: [strategies it belongs to]}``. Keys the strategy in use reads itself
     (``fedavg.server-lr``, shared by the FedAvg-based baselines) are its own, not foreign.
@@ -275,6 +294,12 @@ def foreign_settings(cfg: Mapping[str, Any], strategy: str) -> dict[str, list[st
             key = config_class.key_of(spec.name)
             if key not in own and key in cfg and not same_value(cfg[key], spec.default):
                 foreign.setdefault(key, []).append(name)
+    for spec in fields(GossipConfig):  # gossip.* belongs to every gossip method, pushcen.* to pushcen alone
+        key = GossipConfig.key_of(spec.name)
+        table = key.split(".")[0]
+        owners = [table] if table in GOSSIP_METHODS else list(GOSSIP_METHODS)
+        if strategy not in owners and key in cfg and not same_value(cfg[key], spec.default):
+            foreign.setdefault(key, []).extend(owners)
     return foreign
 
 
@@ -307,7 +332,7 @@ def _gossip(cfg: Mapping[str, Any], strategy: str, options: RunOptions) -> Gossi
     if cfg.get("resume-from"):  # (checkpoint-every has a default in the built-in app: a gossip run writes none)
         raise ConfigError(f"resume-from={cfg['resume-from']!r}: the gossip relay ({strategy}) keeps no checkpoints "
                           "and cannot resume; drop the key")
-    if strategy != "divshare" and int(cfg["divshare.copies"]) != 1:
-        raise ConfigError(f"divshare.copies={cfg['divshare.copies']!r} is a setting of strategy 'divshare', but this "
-                          f"run's strategy is '{strategy}', which ignores it: drop the key or set strategy='divshare'")
-    return GossipConfig.from_run_config(cfg)
+    gossip = GossipConfig.from_run_config(cfg)
+    if strategy != "divshare" and gossip.divshare_copies != GossipConfig.divshare_copies:
+        raise ConfigError(other_strategy_message("divshare.copies", cfg["divshare.copies"], ["divshare"], strategy))
+    return gossip

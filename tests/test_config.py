@@ -237,3 +237,34 @@ def test_a_flower_apps_run_that_never_stops_names_num_server_rounds():
                                           r"> 0 \(Flower's examples pass run-config num-server-rounds as num_rounds\)"):
         RunOptions().check_run(0, 30.0)
     RunOptions().check_run(3, 30.0)
+
+
+def test_the_data_settings_defaults_are_pyprojects():
+    """DataConfig's defaults (the fallbacks for a stored run config that predates a key) are the app's."""
+    from dataclasses import MISSING, fields
+
+    from asyncfl.config import DataConfig
+
+    cfg = defaults()
+    keys = {"track_statistics": "model.track-statistics"}
+    declared = {f.name: f.default for f in fields(DataConfig) if f.default is not MISSING}
+    assert declared and all(cfg[keys.get(name, name.replace("_", "-"))] == value for name, value in declared.items())
+
+
+@pytest.mark.parametrize("key, value", [("lr", "fast"), ("local-steps", "x"), ("timeout", "x"), ("batch-size", 32.5),
+                                        ("dirichlet-alpha", True)])
+def test_a_value_of_the_wrong_type_names_its_key_in_one_line(key, value):
+    with pytest.raises(ConfigError, match=f"^{key}={value!r} must be a (whole )?number$"):
+        parse_run_config(defaults(**{key: value}))
+
+
+def test_a_knob_of_another_gossip_method_or_of_the_gossip_relay_is_foreign():
+    from asyncfl.config import foreign_settings
+
+    assert foreign_settings({"pushcen.k": 8}, "swift") == {"pushcen.k": ["pushcen"]}
+    assert foreign_settings({"pushcen.k": 8, "swift.cache-size": 3}, "pushcen") == {"swift.cache-size": ["swift"]}
+    assert list(foreign_settings({"gossip.out-degree": 4}, "fedbuff")) == ["gossip.out-degree"]
+    assert foreign_settings({"gossip.out-degree": 4, "pushcen.k": 32}, "independent") == {}
+    with pytest.raises(ConfigError, match="divshare.copies=2 is a setting of strategy 'divshare'"):
+        parse_run_config(defaults(**{"strategy": "pushcen", "clock": "virtual", "max-time": 5.0,
+                                     "divshare.copies": 2}))

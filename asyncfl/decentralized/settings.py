@@ -45,12 +45,13 @@ class GossipConfig(Knobs):
     local_test_fraction : float
         A peer's local test split as a share of the examples it keeps (with ``local_test_size`` 0).
     local_test_size : int
-        0: the test split is ``local_test_fraction``; N > 0: N of the peer's own partition's examples, held out before
-        ``max-samples-per-client`` draws its training examples, so that one image is not several points of a small
-        peer's accuracy (the paper splits each client's data into local train and test sets).
+        0: the test split is ``local_test_fraction``; N > 0: N of the peer's own partition's examples (at most half
+        of it), held out before ``max-samples-per-client`` draws its training examples, so that one image is not
+        several points of a small peer's accuracy (the paper splits each client's data into local train and test
+        sets).
     topology : str
-        ``random`` draws the out-neighbours afresh at every push; ``fixed`` once per peer (a static directed graph,
-        SWIFT's setting).
+        ``random`` draws the out-neighbours afresh at every push; ``fixed`` once per peer, seeded (a static directed
+        graph, SWIFT's setting), a push going to those of them online.
     k : int
         PushCen's centroids per weight layer, one fixed at 0 (the paper's 32).
     lam : float
@@ -61,9 +62,9 @@ class GossipConfig(Knobs):
     cache_size : int
         SWIFT: senders a peer keeps the newest model of (the least recently heard dropped).
     divshare_copies : int
-        DivShare's J (Biswas et al., 2025): the out-neighbours each fragment goes to; a model is cut into
-        ``out_degree // J`` fragments, so one push costs J models (1: one model over all out-neighbours; the PushCen
-        paper's DivShare push, 2.06 of 10.27 MB to 10 neighbours, is J = 2).
+        DivShare's J (Biswas et al., 2025), at most ``out_degree``: the out-neighbours each fragment goes to; a
+        model is cut into ``out_degree // J`` fragments, so one push costs J models (1: one model over all
+        out-neighbours; the PushCen paper's DivShare push, 2.06 of 10.27 MB to 10 neighbours, is J = 2).
     """
 
     label: ClassVar[str] = "gossip setting"

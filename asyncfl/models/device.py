@@ -26,7 +26,7 @@ def device_problem(name: str) -> str | None:
 
 
 def torch_device(name: str) -> torch.device:
-    """The torch device for ``name`` (one of :data:`SERVER_DEVICES`); raises ``ValueError`` when unusable."""
+    """The torch device for ``name`` (one of :data:`SERVER_DEVICES`); raises ``ConfigError`` when unusable."""
     if name not in SERVER_DEVICES:
         raise ConfigError(f"server device {name!r} is not valid; choose one of: {', '.join(SERVER_DEVICES)}")
     problem = device_problem(name)

@@ -179,11 +179,12 @@ WHOLE_SETTINGS = {"concurrency": 1, "round_arrivals": 0}
 SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip", "dispatch_hold": 0.0}
 
 
-def saved_settings(tree: dict) -> dict:
+def saved_settings(tree: dict, say: bool = False) -> dict:
     """A checkpoint's recorded settings under today's names (older checkpoints used former ones, and lack the
-    settings added since: those count at the value that reproduces the run that wrote them)."""
+    settings added since: those count at the value that reproduces the run that wrote them); ``say``: log, in one
+    line, which former names were read as which."""
     former = [name for name in tree["settings"] if name in FORMER_SETTING_NAMES]
-    if former:
+    if former and say:  # once per resume (the run reads the settings more than once)
         log.info("the checkpoint names %s by former name(s): read as %s", ", ".join(former),
                  ", ".join(FORMER_SETTING_NAMES[name] for name in former))
     saved = {FORMER_SETTING_NAMES.get(name, name): value for name, value in tree["settings"].items()}

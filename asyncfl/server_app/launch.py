@@ -352,7 +352,7 @@ def _read_resume(options: RunOptions) -> tuple[dict | None, Path | None]:
     resumed_from, resume, skipped = checkpoint.newest_readable(options.resume_from)
     for problem in skipped:
         flwr_log(logging.WARNING, "%s: resuming from the newest one that reads, %s", problem, resumed_from.name)
-    checkpoint.saved_settings(resume)  # what the resumed run will take from it is checked before any wait
+    checkpoint.saved_settings(resume, say=True)  # what the resumed run will take is checked before any wait
     resume["journal"] = checkpoint.read_journal(resumed_from)
     return resume, resumed_from
 

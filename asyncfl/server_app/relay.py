@@ -35,8 +35,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from asyncfl import protocol
 from asyncfl.decentralized.buffer import DedupBuffer
-from asyncfl.errors import TooFewPeers
-from asyncfl.decentralized.settings import GossipConfig
+from asyncfl.decentralized.settings import GOSSIP_METHODS, GossipConfig
+from asyncfl.errors import ConfigError, TooFewPeers
 from asyncfl.options import resolve_delays
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.roster import Roster
@@ -88,6 +88,9 @@ class GossipRelay:
     def __init__(self, grid, method: str, gossip: GossipConfig, options, timeout: float, train_config: dict,
                  folder: Path) -> None:
         self.grid = grid
+        if method not in GOSSIP_METHODS or not options.max_time > 0:
+            raise ConfigError(f"the gossip relay runs a gossip method ({', '.join(GOSSIP_METHODS)}) to a horizon "
+                              f"max-time > 0; got {method!r} and max-time={options.max_time}")
         self.method, self.gossip, self.horizon = method, gossip, options.max_time
         self.seed, self.timeout = options.seed, timeout
         self.wait_for_nodes = options.node_wait(timeout)

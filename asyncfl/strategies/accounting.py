@@ -18,7 +18,7 @@ The conversion to ``(epsilon, delta)`` is Flower 1.42's own accountant, ``flwr.s
 ``GaussianPrivacyEvent`` of noise multiplier ``sigma / sqrt(rho)`` at every order (the Gaussian's RDP
 is linear in ``1 / sigma^2``), and that one event is what the accountant is given: the ledger keeps
 ``rho`` rather than every participation (a long run's events would grow the checkpoints and be
-replayed on every resume). ``tests/test_accounting.py`` composes an async run's participations one
+replayed on every resume). ``tests/strategies/test_accounting.py`` composes an async run's participations one
 by one in Flower's accountant and finds the same epsilon.
 
 The accounting assumptions (``docs/security.md``): user-level DP for add-or-remove-one-owner
