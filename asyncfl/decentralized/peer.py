@@ -10,6 +10,7 @@ share for each of its ``d`` out-neighbours. BatchNorm entries stay local.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,12 @@ from asyncfl.decentralized.wcp import nearest_sorted, wcp_encode
 from asyncfl.errors import ConfigError
 
 
+@functools.lru_cache(maxsize=16)
+def _check_knobs(k: int, lam: float, penalty: str) -> None:
+    """The knobs' own checks, in one place (GossipConfig's); once per value, not at every compute event."""
+    GossipConfig(k=k, lam=lam, penalty=penalty)
+
+
 @dataclass(frozen=True)
 class PeerConfig:
     """What one compute event takes of the run's knobs (each declared once, with its default and range, in
@@ -37,7 +44,7 @@ class PeerConfig:
     penalty: str = GossipConfig.penalty
 
     def __post_init__(self) -> None:
-        GossipConfig(k=self.k, lam=self.lam, penalty=self.penalty)  # the knobs' own checks, in one place
+        _check_knobs(self.k, self.lam, self.penalty)
         if self.out_degree < 0 or self.wcp_iterations < 1:
             raise ConfigError(f"need an out-degree >= 0 and wcp iterations >= 1, got {self.out_degree} and "
                               f"{self.wcp_iterations}")
