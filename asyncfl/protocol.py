@@ -69,8 +69,8 @@ PROCESS = "process"
 # ------------------------------------------------------------------ gossip events (relay <-> peer ClientApps)
 #: A peer's accuracy on its local test split after the event.
 LOCAL_ACCURACY = "local-acc"
-#: The share of push-sum mass a peer sent with the event (PushCen conserves the total).
-MASS_SHARE = "mass-share"
+#: How many of the messages the event's request carried the peer refused (they did not fit its model).
+REFUSED_MESSAGES = "refused-messages"
 
 #: Stream tags that keep the engine's and the relay's job seeds apart for the same run seed.
 ENGINE_STREAM = 4

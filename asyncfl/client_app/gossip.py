@@ -10,6 +10,7 @@ state and writes the reply.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -20,10 +21,12 @@ from asyncfl import protocol
 from asyncfl.client_app.extras import node_ids
 from asyncfl.client_app.training import evaluate
 from asyncfl.decentralized.codec import Layout
-from asyncfl.decentralized.method import GossipEvent, from_record, gossip_method, to_record
+from asyncfl.decentralized.method import GossipEvent, from_record, gossip_method, read_message, to_record
 from asyncfl.decentralized.peer import PeerState, Received
 
 STATE_MODEL, STATE_DICTIONARY, STATE_META = "gossip-model", "gossip-dictionary", "gossip-meta"
+
+log = logging.getLogger("asyncfl.gossip")
 
 
 def local_split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
@@ -88,22 +91,31 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)
     peer = load_peer(context, model)
-    masses = list(request["masses"])
-    received = [Received(from_record(msg.content.array_records[f"msg-{i}"]), float(masses[i]))
-                for i in range(int(request["received"]))]
+    peer.mass = float(request["mass"])  # the relay keeps the push-sum ledger (asyncfl.server_app.relay)
+    method = gossip_method(str(request["gossip-method"]))
+    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
+    received, refused_mass = [], 0.0
+    for i, (mass, sender) in enumerate(zip(list(request["masses"])[: int(request["received"])], request["senders"])):
+        arrays, reason = read_message(msg.content.array_records.get(f"msg-{i}"), method, layout, shared, cfg.gossip)
+        if arrays is None:  # a neighbour's message this model cannot take: its content dropped, its mass kept
+            log.warning("refused the message from peer %d: %s", int(sender), reason)
+            refused_mass += float(mass)
+        else:
+            received.append(Received(arrays, float(mass), int(sender)))
     steps = _steps(knobs, len(y_train))
     # every method trains with the run's optimizer (before, gossip peers always took SGD with lr and momentum)
     common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
                   momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]),
                   optimizer=str(knobs["optimizer"]), weight_decay=float(knobs["weight-decay"]))
-    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
-    out = gossip_method(str(request["gossip-method"])).event(GossipEvent(
-        context, peer, model, layout, shared, received, request, x_train, y_train, common, cfg.gossip))
+    if refused_mass:
+        request = ConfigRecord({**dict(request), "absorbed-mass": float(request["absorbed-mass"]) + refused_mass})
+    out = method.event(GossipEvent(context, peer, model, layout, shared, received, request, x_train, y_train, common,
+                                   cfg.gossip))
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
     content = RecordDict({"metrics": MetricRecord({protocol.TRAIN_LOSS: float(out.loss),
                                                    protocol.LOCAL_ACCURACY: float(accuracy),
-                                                   protocol.MASS_SHARE: float(out.share),
+                                                   protocol.REFUSED_MESSAGES: int(request["received"]) - len(received),
                                                    protocol.NUM_EXAMPLES: len(y_train)})})
     if out.push is not None:
         content["push"] = to_record(out.push)

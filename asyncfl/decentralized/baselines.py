@@ -23,7 +23,7 @@ class AsyncDFedAvg(GossipMethod):
             stack = [peer.state[name]] + [r.message[name].reshape(layout.shapes[name]) for r in event.received]
             peer.state[name] = np.mean(np.stack(stack), axis=0).astype(peer.state[name].dtype)
         loss = train_own(event)
-        return Outgoing(loss, push={n: peer.state[n].astype(np.float32) for n in event.shared}, share=1.0)
+        return Outgoing(loss, push={n: peer.state[n].astype(np.float32) for n in event.shared})
 
 
 class Independent(GossipMethod):

@@ -11,6 +11,7 @@ regenerates the coordinate indices.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,4 +83,20 @@ class DivShare(GossipMethod):
         parts = [{"values": f.values, "fragment": np.array([f.seed, f.index, f.fragments], dtype=np.int64)}
                  for f in split_model(flat, int(event.request["fragments"]), seed)]
         # out-neighbour j gets fragment j mod the count: each fragment reaches out-degree / count of them
-        return Outgoing(loss, fragments=[parts[j % len(parts)] for j in range(out_degree)], share=1.0)
+        return Outgoing(loss, fragments=[parts[j % len(parts)] for j in range(out_degree)])
+
+    def message_schema(self, layout, shared, settings) -> dict[str, tuple]:
+        """A fragment: its values (float32, 1-D) and ``(seed, fragment id, fragments)`` (int64)."""
+        return {"values": (np.dtype(np.float32), None), "fragment": (np.dtype(np.int64), (3,))}
+
+    def refusal(self, message, layout, shared, settings) -> str | None:
+        """A fragment whose ``(seed, id, count)`` no sender makes (a seed outside ``[0, 2**31)``, more fragments than
+        ``gossip.out-degree``, an id past the count) or whose values are not its index set's size: checked before
+        any index set is drawn, so a count of 10**9 costs nothing."""
+        seed, index, fragments = (int(v) for v in message["fragment"])
+        if not 0 <= seed < 2**31 or not 1 <= fragments <= max(1, settings.out_degree) or not 0 <= index < fragments:
+            return "fragment"
+        size = sum(math.prod(layout.shapes[name]) for name in shared)
+        if message["values"].size != size // fragments + (1 if index < size % fragments else 0):
+            return "fragment"
+        return None

@@ -71,12 +71,11 @@ class GossipEvent:
 @dataclass
 class Outgoing:
     """What an event sends: one message to every out-neighbour (``push``), or one per out-neighbour in the
-    relay's order (``fragments``), or nothing; ``share``: the push-sum mass each message carries."""
+    relay's order (``fragments``), or nothing (the push-sum mass each carries is the relay's to compute)."""
 
     loss: float
     push: dict[str, np.ndarray] | None = None
     fragments: list[dict[str, np.ndarray]] = field(default_factory=list)
-    share: float = 0.0
 
 
 class GossipMethod:
@@ -88,6 +87,40 @@ class GossipMethod:
     def event(self, event: GossipEvent) -> Outgoing:
         """Merge what arrived, train, and say what goes out; ``event.peer`` holds the new state."""
         raise NotImplementedError
+
+    def message_schema(self, layout: Layout, shared: list[str], settings: GossipConfig) -> dict[str, tuple]:
+        """The arrays a neighbour's message holds, exactly: ``name -> (dtype, shape)`` (shape None: any 1-D, for
+        :meth:`refusal` to check). By default the shared entries as float32 in their own shapes: a whole model."""
+        return {name: (np.dtype(np.float32), tuple(layout.shapes[name])) for name in shared}
+
+    def refusal(self, message: dict[str, np.ndarray], layout: Layout, shared: list[str],
+                settings: GossipConfig) -> str | None:
+        """Why a message that fits :meth:`message_schema` still cannot be merged (values the method cannot take),
+        or None."""
+        return None
+
+
+def read_message(record, method: GossipMethod, layout: Layout, shared: list[str],
+                 settings: GossipConfig) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """A neighbour's message checked before it is merged: ``(arrays, None)``, or ``(None, reason)`` when it is not
+    exactly the method's schema (names, dtypes, shapes), holds a value that is not finite, or is refused by the
+    method. Names are checked before any array is decoded, so extra or oversized entries cost nothing."""
+    schema = method.message_schema(layout, shared, settings)
+    if not isinstance(record, ArrayRecord) or set(record.keys()) != set(schema):
+        return None, "names"
+    message = {}
+    for name, (dtype, shape) in schema.items():
+        try:
+            value = record[name].numpy()
+        except Exception:  # a lying header or a bad serialisation
+            return None, "unreadable"
+        if value.dtype != dtype or (value.shape != shape if shape is not None else value.ndim != 1):
+            return None, "dtype-or-shape"
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return None, "non-finite"
+        message[name] = value
+    reason = method.refusal(message, layout, shared, settings)
+    return (None, reason) if reason is not None else (message, None)
 
 
 def load_state(model: torch.nn.Module, layout: Layout, state: dict[str, np.ndarray]) -> None:

@@ -61,10 +61,11 @@ class PeerState:
 
 @dataclass(frozen=True)
 class Received:
-    """One buffered neighbour message with its push-sum mass."""
+    """One buffered neighbour message with its push-sum mass and its sender (the relay's peer index; -1 unknown)."""
 
     message: dict[str, np.ndarray]
     mass: float
+    sender: int = -1
 
 
 def merge_received(peer: PeerState, received: list[Received], layout: Layout, absorbed_mass: float = 0.0) -> None:

@@ -6,8 +6,14 @@ this module names the method for the run-config and hands it the event.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from asyncfl.decentralized.codec import CENTROIDS, INDICES, decode_message
 from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing
 from asyncfl.decentralized.peer import PeerConfig, compute_event
+from asyncfl.decentralized.wcp import index_bits
 
 
 class PushCen(GossipMethod):
@@ -19,7 +25,34 @@ class PushCen(GossipMethod):
         settings = event.settings
         config = PeerConfig(k=settings.k, lam=settings.lam, out_degree=int(event.request["out-degree"]),
                             penalty=settings.penalty)
-        push, share, loss = compute_event(event.peer, event.model, event.layout, config, event.received,
+        push, _, loss = compute_event(event.peer, event.model, event.layout, config, event.received,
                                           event.x_train, event.y_train,
                                           absorbed_mass=float(event.request["absorbed-mass"]), **event.training)
-        return Outgoing(loss, push=push, share=share)
+        return Outgoing(loss, push=push)
+
+    def message_schema(self, layout, shared, settings) -> dict[str, tuple]:
+        """Biases as float32 in their shapes; each clustered layer as its k - 1 non-zero centroids (float32) and its
+        indices bit-packed at ``ceil(log2 k)`` bits (uint8 bytes) (:mod:`asyncfl.decentralized.codec`)."""
+        schema = {}
+        for name, kind in layout.kinds.items():
+            if kind == "raw":
+                schema[name] = (np.dtype(np.float32), tuple(layout.shapes[name]))
+            elif kind == "clustered":
+                count = math.prod(layout.shapes[name])
+                schema[name + CENTROIDS] = (np.dtype(np.float32), (settings.k - 1,))
+                schema[name + INDICES] = (np.dtype(np.uint8), (math.ceil(count * index_bits(settings.k) / 8),))
+        return schema
+
+    def refusal(self, message, layout, shared, settings) -> str | None:
+        """Centroids not in ascending order or holding 0 (SortRemap's table, the zero entry implied), or an index
+        past the table."""
+        for name, kind in layout.kinds.items():
+            if kind == "clustered":
+                centroids = message[name + CENTROIDS]
+                if (np.diff(centroids) < 0).any() or (centroids == 0).any():
+                    return "centroids"
+        try:
+            decode_message(message, layout)
+        except ValueError:
+            return "indices"
+        return None

@@ -127,9 +127,8 @@ class Swift(GossipMethod):
     def event(self, event: GossipEvent) -> Outgoing:
         peer, shared = event.peer, event.shared
         cache = load_cache(event.context, event.settings.cache_size)
-        senders = [int(v) for v in event.request["senders"]][: len(event.received)]
-        for sender, item in zip(senders, event.received):  # oldest first, so the newest sender ends most recent
-            cache.put(int(sender), {name: item.message[name] for name in shared})
+        for item in event.received:  # oldest first, so the newest sender ends most recent
+            cache.put(item.sender, {name: item.message[name] for name in shared})
         own = {name: value.copy() for name, value in peer.state.items()}
         load_state(event.model, event.layout, own)
         loss = train_with_anchor(event.model, event.x_train, event.y_train, {}, {}, 0.0, **event.training)
@@ -137,4 +136,4 @@ class Swift(GossipMethod):
         peer.state = swift_merge(own, trained, cache.models(), shared)
         load_state(event.model, event.layout, peer.state)  # the peer's accuracy is its merged model's
         save_cache(event.context, cache)
-        return Outgoing(loss, push={n: peer.state[n].astype(np.float32) for n in shared}, share=1.0)
+        return Outgoing(loss, push={n: peer.state[n].astype(np.float32) for n in shared})

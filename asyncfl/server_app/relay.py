@@ -10,10 +10,22 @@ and replies with its outgoing message and mass share; at the event's finish
 the relay delivers that message to ``out-degree`` random online peers (drawn
 afresh at every push, or, with ``gossip.topology = 'fixed'``, the peer's online
 members of a seeded static set of ``out-degree`` out-neighbours). Peer
-state (model, push-sum mass, centroid dictionary) stays in each ClientApp's
-``context.state``. A fraction of the peers joins late, at a seeded time in the
+state (model, centroid dictionary) stays in each ClientApp's ``context.state``;
+the push-sum mass is the relay's own ledger (each request tells the peer its
+mass, and the mass a push carries is computed here, never read from a reply),
+so no peer can claim more weight than push-sum gave it. A fraction of the peers joins late, at a seeded time in the
 first half of the horizon. Accuracy is each online peer's accuracy on its own
 local test split after its latest event, averaged at ``eval-points`` times.
+
+Peers are run by other people: a reply is read as data. A reply whose
+metrics are not numbers in range, or whose push holds an array that is not
+numeric or not finite, is refused and counted (``rejected-by-reason``), its
+content dropped and its mass kept by the sender, as is a lost or failed event; a peer whose
+events fail ``MAX_FAILED_EVENTS`` times in a row is benched (no longer activated
+or sent to), since each lost event holds the relay for a whole timeout. What a
+receiver refuses of the messages it was sent (its own check against its
+model, :func:`asyncfl.decentralized.method.read_message`) it reports, and the relay
+sums (``messages-refused-by-peers``).
 
 Events are processed in virtual-time order; a peer's activation is dispatched
 as soon as its start is the earliest pending event, so all peers whose events
@@ -47,6 +59,8 @@ from asyncfl.simulation.presets import delay_sampler
 log = logging.getLogger("asyncfl.relay")
 
 PEER_ACTION = "train.gossip"
+#: Events in a row that fail (lost, an error reply, or a reply the relay refuses) before a peer is benched.
+MAX_FAILED_EVENTS = 3
 
 
 @dataclass
@@ -58,10 +72,60 @@ class RelayStats:
     message_bytes: list[int] = field(default_factory=list)
     relay_seconds: float = 0.0  # relay work only: waiting for peers' replies is excluded
     peak_buffered_bytes: int = 0
+    refused_by_peers: int = 0  # messages receivers refused, as they report it
+
+
+@dataclass
+class PeerEvent:
+    """One peer's event in flight: its request's message id (None: the SuperLink refused it), its out-degree and
+    fixed receivers, the messages the request carried, and the mass the peer holds once it has taken them in
+    (what the relay keeps for it if the event fails)."""
+
+    message_id: str | None
+    out_degree: int
+    receivers: list[int] | None
+    received: int
+    mass: float
 
 
 def _record_bytes(record: ArrayRecord) -> int:
     return sum(len(array.data) for array in record.values())
+
+
+def record_refusal(record) -> str | None:
+    """Why the relay will not forward a peer's push record, or None: every entry must be an array that decodes,
+    of a numeric dtype, with only finite values (what any method's receiver needs; each receiver also checks
+    names and shapes against its own model)."""
+    if not isinstance(record, ArrayRecord):
+        return "not-arrays"
+    for array in record.values():
+        try:
+            values = array.numpy()
+        except Exception:  # a lying header, a bad serialisation: Flower's own decoder says which
+            return "unreadable-array"
+        if values.dtype.kind not in "fiu":
+            return "non-numeric-array"
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            return "non-finite"
+    return None
+
+
+def metric_number(metrics, key: str) -> float | None:
+    """``metrics[key]`` as a float when it is a finite int or float; None when absent or anything else."""
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def last_line(reason) -> str:
+    """The last non-blank line of an error reply's reason (at most 300 characters), for the log."""
+    lines = [line for line in str(reason or "").splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else "?"
 
 
 class GossipRelay:
@@ -106,6 +170,10 @@ class GossipRelay:
         self.delayed: set[int] = set()
         self.buffers: list[DedupBuffer] = []
         self.absorbed: list[float] = []
+        self.mass: list[float] = []  # the push-sum ledger: each peer's mass between its events
+        self.benched: set[int] = set()
+        self._failed_in_a_row: dict[int, int] = {}
+        self.in_flight: dict[int, PeerEvent] = {}
         self.accuracy: dict[int, float] = {}
         self.best_accuracy: dict[int, float] = {}
         self.rows: list[dict] = []
@@ -136,13 +204,14 @@ class GossipRelay:
                                                                             replace=False)) for i in range(n)}
         self.buffers = [DedupBuffer(self.gossip.buffer_capacity, self.gossip.dedup) for _ in range(n)]
         self.absorbed = [0.0] * n
+        self.mass = [1.0] * n
 
     def _schedule(self, at: float, kind: str, peer: int, payload=None) -> None:
         heapq.heappush(self._events, (at, self._seq, kind, peer, payload))
         self._seq += 1
 
     def _online(self, at: float) -> list[int]:
-        return [i for i in range(len(self.peers)) if self.join_time[i] <= at]
+        return [i for i in range(len(self.peers)) if self.join_time[i] <= at and i not in self.benched]
 
     # ------------------------------------------------------------------ loop
     def run(self) -> RelayStats:
@@ -154,14 +223,14 @@ class GossipRelay:
         eval_every = self.horizon / self.gossip.eval_points
         for k in range(1, self.gossip.eval_points + 1):
             self._schedule(k * eval_every, "evaluate", -1)
-        in_flight: dict[int, tuple[str, int, list[int] | None]] = {}  # peer -> (message id, out-degree, fixed receivers)
         while self._events and self._events[0][0] <= self.horizon + 1e-9:
             at, _, kind, peer, payload = heapq.heappop(self._events)
             started = time.perf_counter()
             if kind == "activate":
-                in_flight[peer] = self._activate(peer, at)
+                if peer not in self.benched:
+                    self.in_flight[peer] = self._activate(peer, at)
             elif kind == "finish":
-                self._finish(peer, at, in_flight.pop(peer))
+                self._finish(peer, at, self.in_flight.pop(peer))
             elif kind == "deliver":
                 sender, record, mass = payload
                 self.absorbed[peer] += self.buffers[peer].put(sender, record, mass)
@@ -175,19 +244,20 @@ class GossipRelay:
         self._write_summary()
         return self.stats
 
-    def _activate(self, peer: int, at: float) -> tuple[str, int, list[int] | None]:
+    def _activate(self, peer: int, at: float) -> PeerEvent:
         drained = self.buffers[peer].drain()
         absorbed, self.absorbed[peer] = self.absorbed[peer], 0.0
         receivers = None
         if self.gossip.topology == "fixed":
-            receivers = [j for j in self.out_neighbours[peer] if self.join_time[j] <= at]
+            receivers = [j for j in self.out_neighbours[peer] if self.join_time[j] <= at and j not in self.benched]
             out_degree = len(receivers)
         else:
             out_degree = min(self.gossip.out_degree, len(self._online(at)) - 1)
         event = self._event_count.get(peer, 0)
         self._event_count[peer] = event + 1
+        masses = [e.mass for _, e in drained]
         config = {**self.train_config, "gossip-method": self.method, "out-degree": out_degree,
-                  "absorbed-mass": absorbed, "masses": [e.mass for _, e in drained] or [0.0],
+                  "mass": self.mass[peer], "absorbed-mass": absorbed, "masses": masses or [0.0],
                   "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
                   "fragments": max(1, out_degree // self.gossip.divshare_copies),
                   protocol.JOB_SEED: protocol.job_seed(self.seed, protocol.RELAY_STREAM, peer, event)}
@@ -195,52 +265,75 @@ class GossipRelay:
         for index, (_, entry) in enumerate(drained):
             content[f"msg-{index}"] = entry.payload
         message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.timeout)
-        message_id = next(iter(self.grid.push_messages([message])))
+        # the same sums as the peer's push-sum merge (asyncfl.decentralized.peer.merge_received), in its order
+        mass = (self.mass[peer] + absorbed) + sum(masses)
         self._schedule(at + self.delays.job_duration(peer), "finish", peer)
-        return message_id, out_degree, receivers
+        return PeerEvent(next(iter(self.grid.push_messages([message])), None), out_degree, receivers, len(drained),
+                         mass)
 
-    def _finish(self, peer: int, at: float, job: tuple[str, int, list[int] | None]) -> None:
-        message_id, out_degree, receivers = job
-        reply = self._wait_for(message_id)
+    def _refuse(self, peer: int, event: PeerEvent, reason: str) -> None:
+        """Count a failed event; the peer keeps the mass it was sent (the content is lost, as when a buffer
+        overflows) and is benched after :data:`MAX_FAILED_EVENTS` failures in a row."""
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        self.mass[peer] = event.mass
+        self._failed_in_a_row[peer] = self._failed_in_a_row.get(peer, 0) + 1
+        if self._failed_in_a_row[peer] >= MAX_FAILED_EVENTS and peer not in self.benched:
+            self.benched.add(peer)
+            log.warning("peer %d benched after %d failed events in a row (last: %s)", peer, MAX_FAILED_EVENTS, reason)
+
+    def _finish(self, peer: int, at: float, event: PeerEvent) -> None:
+        reply = self._wait_for(event.message_id) if event.message_id is not None else None
         self._schedule(at, "activate", peer)  # peers compute back to back
         self.stats.events += 1
+        if event.message_id is None:
+            return self._refuse(peer, event, "push-refused")
         if reply is None or reply.has_error() or "metrics" not in reply.content.metric_records:
-            reason = "lost" if reply is None else "error-reply" if reply.has_error() else "no-metrics"
-            self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
             if reply is not None and reply.has_error():
-                log.warning("peer %d failed: %s", peer, (reply.error.reason or "?").strip().splitlines()[-1][:300])
-            return
+                log.warning("peer %d failed: %s", peer, last_line(reply.error.reason))
+            return self._refuse(peer, event, "lost" if reply is None else "error-reply" if reply.has_error()
+                                else "no-metrics")
         metrics = reply.content.metric_records["metrics"]
-        accuracy = float(metrics.get(protocol.LOCAL_ACCURACY, float("nan")))
-        if math.isfinite(accuracy):
+        accuracy = metric_number(metrics, protocol.LOCAL_ACCURACY)
+        untested = isinstance(metrics.get(protocol.LOCAL_ACCURACY), float) and math.isnan(
+            metrics[protocol.LOCAL_ACCURACY])  # a peer with no local test examples reports NaN
+        refused = metric_number(metrics, protocol.REFUSED_MESSAGES) if protocol.REFUSED_MESSAGES in metrics else 0.0
+        if not (untested or accuracy is not None and 0.0 <= accuracy <= 1.0) \
+                or refused is None or not refused.is_integer() or not 0 <= refused <= event.received:
+            return self._refuse(peer, event, "bad-metric")
+        records = reply.content.array_records
+        per_receiver = [records[f"push-{j}"] for j in range(event.out_degree) if f"push-{j}" in records]
+        record = records.get("push")
+        if per_receiver and len(per_receiver) != event.out_degree:
+            return self._refuse(peer, event, "fragment-count")
+        refusal = next((r for r in map(record_refusal, per_receiver or ([record] if record is not None else []))
+                        if r is not None), None)
+        if refusal is not None:
+            return self._refuse(peer, event, refusal)
+        self._failed_in_a_row[peer] = 0
+        self.stats.refused_by_peers += int(refused)
+        if accuracy is not None:
             self.accuracy[peer] = accuracy
             self.best_accuracy[peer] = max(accuracy, self.best_accuracy.get(peer, 0.0))
-        records = reply.content.array_records
-        per_receiver = [records[f"push-{j}"] for j in range(out_degree) if f"push-{j}" in records]
-        record = records.get("push")
-        share = float(metrics.get(protocol.MASS_SHARE, 0.0))
-        if (record is None and not per_receiver) or out_degree == 0:
-            return
-        if not (math.isfinite(share) and share > 0):
-            self.stats.rejected["bad-mass"] = self.stats.rejected.get("bad-mass", 0) + 1
-            return
-        if per_receiver and len(per_receiver) != out_degree:
-            self.stats.rejected["fragment-count"] = self.stats.rejected.get("fragment-count", 0) + 1
-            return
+        if (record is None and not per_receiver) or event.out_degree == 0:
+            self.mass[peer] = event.mass  # nothing sent: the peer keeps all of it (push-sum with no out-neighbour)
+            return None
+        share = event.mass / (event.out_degree + 1)  # push-sum's split (asyncfl.decentralized.pushsum.split_mass)
         self.stats.pushes += 1
         # bytes of one push = what goes to all out-neighbours; message = the mean per receiver
         if per_receiver:
-            self.stats.message_bytes.append(sum(_record_bytes(r) for r in per_receiver) / out_degree)
+            self.stats.message_bytes.append(sum(_record_bytes(r) for r in per_receiver) / event.out_degree)
         else:
             self.stats.message_bytes.append(_record_bytes(record))
-        if receivers is None:
+        if event.receivers is None:
             candidates = [i for i in self._online(at) if i != peer]
-            chosen = self.rng.choice(candidates, size=min(out_degree, len(candidates)), replace=False)
+            chosen = self.rng.choice(candidates, size=min(event.out_degree, len(candidates)), replace=False)
         else:
-            chosen = receivers
+            chosen = [j for j in event.receivers if j not in self.benched]
+        self.mass[peer] = share * (1 + event.out_degree - len(chosen))  # a share no one can take stays home
         for j, receiver in enumerate(chosen):
             payload = per_receiver[j] if per_receiver else record
             self._schedule(at + self.gossip.link_delay, "deliver", int(receiver), (peer, payload, share))
+        return None
 
     def _wait_for(self, message_id: str) -> Message | None:
         started = time.perf_counter()
@@ -286,6 +379,8 @@ class GossipRelay:
             "pushes": self.stats.pushes,
             "deliveries": self.stats.deliveries,
             "rejected-by-reason": dict(sorted(self.stats.rejected.items())),
+            "messages-refused-by-peers": self.stats.refused_by_peers,
+            "benched-peers": sorted(self.benched),
             "message-bytes-mean": round(message, 1),
             "push-bytes-mean": round(message * self.gossip.out_degree, 1),
             "relay-ms-per-push": round(1000 * self.stats.relay_seconds / self.stats.pushes, 4) if self.stats.pushes else None,

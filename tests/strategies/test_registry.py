@@ -134,7 +134,7 @@ class FirstHalf(GossipMethod):
         for name in event.shared if event.received else ():
             first = event.received[0].message[name].reshape(event.layout.shapes[name])
             event.peer.state[name] = ((event.peer.state[name] + first) / 2).astype(event.peer.state[name].dtype)
-        return Outgoing(0.0, push={n: event.peer.state[n].astype(np.float32) for n in event.shared}, share=1.0)
+        return Outgoing(0.0, push={n: event.peer.state[n].astype(np.float32) for n in event.shared})
 '''
 
 

@@ -1,0 +1,170 @@
+"""One hostile or broken peer against the gossip relay and its honest neighbours (fake Grid, real peers).
+
+Node 101 (peer 0) answers each activation with a crafted reply built from, or instead of, its honest one. Every
+run must finish; the reply is refused and counted by reason (at the relay, or by each receiver against its own
+model), and the honest peers' models stay finite with the relay's push-sum ledger conserved.
+"""
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+
+from asyncfl.client_app.app import gossip_data
+from asyncfl.client_app.gossip import gossip_event
+from asyncfl.client_app.task import node_model
+from asyncfl.config import parse_run_config
+from asyncfl.decentralized.codec import CENTROIDS
+from asyncfl.server_app.relay import MAX_FAILED_EVENTS, GossipRelay
+from tests.fake_grid import FakeGrid
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+HOSTILE, PEERS = 101, 4
+
+
+def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, **overrides):
+    """The relay over ``PEERS`` real peers, peer 0 replying ``attack(message, honest_reply_fn)``; honest peers'
+    exceptions become error replies, as Flower's runtime makes them. Returns the relay, the honest peers'
+    contexts and the honest peers' errors."""
+    run_config = {**DEFAULTS, "strategy": method, "dataset": "digits", "model": "mlp", "optimizer": "sgd", "lr": 0.05,
+                  "local-steps": 2, "max-time": 6.0, "gossip.eval-points": 3, "gossip.out-degree": 2,
+                  "gossip.buffer-capacity": 2, "gossip.delayed-fraction": 0.0, "pushcen.k": 6, "timeout": 1.0,
+                  "delay-model": "fedrevive-default", **overrides}
+    cfg = parse_run_config(run_config)
+    contexts = {101 + i: Context(run_id=1, node_id=101 + i, node_config={"partition-id": i, "num-partitions": PEERS},
+                                 state=RecordDict(), run_config=run_config) for i in range(PEERS)}
+    honest_errors = []
+
+    def honest(node, message):
+        context = contexts[node]
+        data = gossip_data(cfg, int(context.node_config["partition-id"]), PEERS)
+        return gossip_event(message, context, cfg, data, node_model(cfg.data, data, cfg.options.seed))
+
+    def handler(node, message):
+        if node == HOSTILE:
+            return attack(message, lambda: honest(node, message))
+        try:
+            return honest(node, message)
+        except Exception as error:  # what Flower's ClientApp runtime replies
+            honest_errors.append(repr(error))
+            return Message(Error(code=0, reason=repr(error)), reply_to=message)
+
+    grid = grid_class(PEERS, handler)
+    relay = GossipRelay(grid, cfg.strategy, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(),
+                        tmp_path / method)
+    relay.run()
+    return relay, {n: c for n, c in contexts.items() if n != HOSTILE}, honest_errors
+
+
+def with_metrics(message, reply, **metrics):
+    """``reply`` with some metrics replaced."""
+    content = RecordDict({"metrics": MetricRecord({**dict(reply.content.metric_records["metrics"]), **metrics})})
+    for name, record in reply.content.array_records.items():
+        content[name] = record
+    return Message(content, reply_to=message)
+
+
+def with_push(message, reply, name, record):
+    content = RecordDict({"metrics": reply.content.metric_records["metrics"], name: record})
+    return Message(content, reply_to=message)
+
+
+def nan_copy(record):
+    return ArrayRecord({k: Array(np.full_like(a.numpy(), np.nan) if a.numpy().dtype.kind == "f" else a.numpy())
+                        for k, a in record.items()})
+
+
+def assert_honest_peers_intact(relay, contexts, honest_errors):
+    assert honest_errors == []
+    for context in contexts.values():
+        for array in context.state.array_records["gossip-model"].values():
+            assert np.isfinite(array.numpy()).all()
+    ledger = sum(relay.in_flight[i].mass if i in relay.in_flight else relay.mass[i] for i in range(PEERS))
+    buffered = sum(e.mass for b in relay.buffers for e in b.entries()) + sum(relay.absorbed)
+    pending = sum(payload[2] for _, _, kind, _, payload in relay._events if kind == "deliver")
+    assert ledger + buffered + pending == pytest.approx(PEERS, abs=1e-9)
+    summary = relay.summary()
+    assert summary["final-mean-accuracy"] is not None and 0.0 <= summary["final-mean-accuracy"] <= 1.0
+
+
+RELAY_REFUSES = {
+    "blank error reason": ("pushcen", lambda m, honest: Message(Error(code=0, reason="  \n"), reply_to=m),
+                           "error-reply"),
+    "accuracy as a list": ("pushcen", lambda m, honest: with_metrics(m, honest(), **{"local-acc": [0.5]}),
+                           "bad-metric"),
+    "accuracy 1e300": ("async-dfedavg", lambda m, honest: with_metrics(m, honest(), **{"local-acc": 1e300}),
+                       "bad-metric"),
+    "a negative refused count": ("swift", lambda m, honest: with_metrics(m, honest(), **{"refused-messages": -1}),
+                                 "bad-metric"),
+    "NaN model (async-dfedavg)": ("async-dfedavg", lambda m, honest: with_push(
+        m, honest(), "push", nan_copy(honest().content.array_records["push"])), "non-finite"),
+    "NaN centroids (pushcen)": ("pushcen", lambda m, honest: with_push(
+        m, honest(), "push", nan_copy(honest().content.array_records["push"])), "non-finite"),
+    "text in a push": ("swift", lambda m, honest: with_push(
+        m, honest(), "push", ArrayRecord({"x": Array(np.array(["a"]))})), "non-numeric-array"),
+    "no reply at all": ("pushcen", lambda m, honest: None, "lost"),
+}
+
+
+@pytest.mark.parametrize("attack", list(RELAY_REFUSES))
+def test_the_relay_refuses_counts_and_benches_a_peer_whose_replies_it_cannot_take(tmp_path, attack):
+    method, craft, reason = RELAY_REFUSES[attack]
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, method, craft)
+    summary = relay.summary()
+    assert summary["rejected-by-reason"] == {reason: MAX_FAILED_EVENTS}
+    assert summary["benched-peers"] == [0]  # never activated again, never sent to
+    assert all(payload[0] != 0 for _, _, kind, _, payload in relay._events if kind == "deliver")
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def _reversed_centroids(record):
+    return ArrayRecord({k: Array(a.numpy()[::-1].copy() if k.endswith(CENTROIDS) else a.numpy())
+                        for k, a in record.items()})
+
+
+RECEIVERS_REFUSES = {
+    "a push of the wrong names": ("pushcen", lambda m, honest: with_push(
+        m, honest(), "push", ArrayRecord({"x": Array(np.zeros(1, np.float32))}))),
+    "centroids out of order": ("pushcen", lambda m, honest: with_push(
+        m, honest(), "push", _reversed_centroids(honest().content.array_records["push"]))),
+    "a model of the wrong shape": ("async-dfedavg", lambda m, honest: with_push(
+        m, honest(), "push", ArrayRecord({k: Array(np.zeros(3, np.float32))
+                                          for k in honest().content.array_records["push"]}))),
+    "a fragment count of 10**9": ("divshare", lambda m, honest: Message(RecordDict({
+        "metrics": honest().content.metric_records["metrics"],
+        **{name: ArrayRecord({"values": Array(np.zeros(0, np.float32)),
+                              "fragment": Array(np.array([0, 0, 10**9], np.int64))})
+           for name in honest().content.array_records}}), reply_to=m)),
+}
+
+
+@pytest.mark.parametrize("attack", list(RECEIVERS_REFUSES))
+def test_honest_receivers_refuse_what_does_not_fit_their_model_and_keep_training(tmp_path, attack):
+    method, craft = RECEIVERS_REFUSES[attack]
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, method, craft)
+    summary = relay.summary()
+    assert summary["messages-refused-by-peers"] > 0 and summary["benched-peers"] == []
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_a_claimed_mass_is_not_read_the_relay_keeps_the_ledger(tmp_path):
+    relay, contexts, honest_errors = run_with_hostile_peer(
+        tmp_path, "pushcen", lambda m, honest: with_metrics(m, honest(), **{"mass-share": 1e308}))
+    assert relay.summary()["rejected-by-reason"] == {}
+    assert max(relay.mass) <= PEERS
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_a_push_the_superlink_refuses_fails_that_event_only(tmp_path):
+    class Refusing(FakeGrid):
+        def push_messages(self, messages):
+            if messages[0].metadata.dst_node_id == HOSTILE:
+                return []  # e.g. HTTP 413: Flower's Grid returns no id for a message it did not take
+            return super().push_messages(messages)
+
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "pushcen", None, grid_class=Refusing)
+    assert relay.summary()["rejected-by-reason"] == {"push-refused": MAX_FAILED_EVENTS}
+    assert_honest_peers_intact(relay, contexts, honest_errors)
