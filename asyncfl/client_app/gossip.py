@@ -1,7 +1,11 @@
 """A peer's side of the gossip relay: one compute event per ``train.gossip`` message.
 
-The peer's model, push-sum mass and centroid dictionary live in
-``context.state`` between messages (in simulation and on real SuperNodes).
+The peer's model and centroid dictionary live in ``context.state`` between
+messages (in simulation and on real SuperNodes); its push-sum mass is the
+relay's, told in each request. What arrived is checked message by message
+against this peer's model before it is merged
+(:func:`~asyncfl.decentralized.method.read_message`), and an event whose
+merge still puts the model out of bounds runs again on the peer's own data.
 The event itself is the configured method's (:class:`~asyncfl.decentralized.method.GossipMethod`,
 each named in its own module of :mod:`asyncfl.decentralized`: ``pushcen``, ``async-dfedavg``,
 ``divshare``, ``swift``, ``independent``); this module reads the request, keeps the peer's
@@ -21,7 +25,8 @@ from asyncfl import protocol
 from asyncfl.client_app.extras import node_ids
 from asyncfl.client_app.training import evaluate
 from asyncfl.decentralized.codec import Layout
-from asyncfl.decentralized.method import GossipEvent, from_record, gossip_method, read_message, to_record
+from asyncfl.decentralized.method import (GossipEvent, from_record, gossip_method, magnitude_limit, read_message,
+                                         to_record)
 from asyncfl.decentralized.peer import PeerState, Received
 
 STATE_MODEL, STATE_DICTIONARY, STATE_META = "gossip-model", "gossip-dictionary", "gossip-meta"
@@ -69,6 +74,14 @@ def load_peer(context: Context, model: torch.nn.Module) -> PeerState:
     return PeerState(from_record(context.state.array_records[STATE_MODEL]), float(meta["mass"]), dictionary)
 
 
+def _sane(peer: PeerState, shared: list[str], limit: float) -> bool:
+    """Whether every float entry of the peer's model and centroid dictionary is finite, and the shared ones and the
+    dictionary within ``limit`` in magnitude (:func:`asyncfl.decentralized.method.magnitude_limit`)."""
+    bounded = [peer.state[n] for n in shared] + list(peer.dictionary.values())
+    return all(np.isfinite(v).all() for v in (*peer.state.values(), *peer.dictionary.values()) if v.dtype.kind == "f") \
+        and all(float(np.abs(v).max(initial=0.0)) <= limit for v in bounded if v.dtype.kind == "f")
+
+
 def save_peer(context: Context, peer: PeerState) -> None:
     context.state[STATE_MODEL] = to_record(peer.state)
     context.state[STATE_META] = ConfigRecord({"mass": float(peer.mass)})
@@ -90,13 +103,15 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     if len(y_train) == 0:
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)
+    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
+    limit = magnitude_limit({n: t.detach().cpu().numpy() for n, t in model.state_dict().items()}, shared)
     peer = load_peer(context, model)
     peer.mass = float(request["mass"])  # the relay keeps the push-sum ledger (asyncfl.server_app.relay)
     method = gossip_method(str(request["gossip-method"]))
-    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
     received, refused_mass = [], 0.0
     for i, (mass, sender) in enumerate(zip(list(request["masses"])[: int(request["received"])], request["senders"])):
-        arrays, reason = read_message(msg.content.array_records.get(f"msg-{i}"), method, layout, shared, cfg.gossip)
+        arrays, reason = read_message(msg.content.array_records.get(f"msg-{i}"), method, layout, shared, cfg.gossip,
+                                      limit)
         if arrays is None:  # a neighbour's message this model cannot take: its content dropped, its mass kept
             log.warning("refused the message from peer %d: %s", int(sender), reason)
             refused_mass += float(mass)
@@ -107,10 +122,30 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
                   momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]),
                   optimizer=str(knobs["optimizer"]), weight_decay=float(knobs["weight-decay"]))
-    if refused_mass:
-        request = ConfigRecord({**dict(request), "absorbed-mass": float(request["absorbed-mass"]) + refused_mass})
-    out = method.event(GossipEvent(context, peer, model, layout, shared, received, request, x_train, y_train, common,
-                                   cfg.gossip))
+    kept = dict(context.state.items()), PeerState({n: v.copy() for n, v in peer.state.items()}, peer.mass,
+                                                  {n: v.copy() for n, v in peer.dictionary.items()})
+
+    def run(merged: list[Received], dropped_mass: float):
+        event_request = request if not dropped_mass else ConfigRecord(
+            {**dict(request), "absorbed-mass": float(request["absorbed-mass"]) + dropped_mass})
+        return method.event(GossipEvent(context, peer, model, layout, shared, merged, event_request, x_train, y_train,
+                                        common, cfg.gossip))
+
+    out = run(received, refused_mass)
+    if received and not _sane(peer, shared, limit):
+        # what arrived, though each message passed, made this model overflow or leave the magnitude limit: the
+        # event runs again from the state it started with, on its own data only; every message taken in is refused
+        log.warning("the %d messages taken in put this peer's model out of bounds; dropped", len(received))
+        context.state.clear()
+        for name, record in kept[0].items():
+            context.state[name] = record
+        peer = kept[1]
+        refused_mass += sum(r.mass for r in received)
+        received = []
+        out = run(received, refused_mass)
+    if not _sane(peer, shared, limit):
+        raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training on its "
+                         "own data (local lr too high?)")
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
     content = RecordDict({"metrics": MetricRecord({protocol.TRAIN_LOSS: float(out.loss),

@@ -100,11 +100,25 @@ class GossipMethod:
         return None
 
 
-def read_message(record, method: GossipMethod, layout: Layout, shared: list[str],
-                 settings: GossipConfig) -> tuple[dict[str, np.ndarray] | None, str | None]:
+#: A value a neighbour sends, or a peer's model holds after an event, may be at most this many times the largest
+#: magnitude of the (seeded, shared) initial model (or 1): trained weights stay within a few times their start,
+#: while finite values near float32's limit overflow the first training step into NaN.
+MAGNITUDE_LIMIT = 1e3
+
+
+def magnitude_limit(initial: dict[str, np.ndarray], shared: list[str]) -> float:
+    """:data:`MAGNITUDE_LIMIT` times the largest magnitude of the initial model's shared float entries (at least 1)."""
+    largest = max((float(np.abs(initial[n]).max(initial=0.0)) for n in shared if initial[n].dtype.kind == "f"),
+                  default=0.0)
+    return MAGNITUDE_LIMIT * max(1.0, largest)
+
+
+def read_message(record, method: GossipMethod, layout: Layout, shared: list[str], settings: GossipConfig,
+                 limit: float = float("inf")) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """A neighbour's message checked before it is merged: ``(arrays, None)``, or ``(None, reason)`` when it is not
-    exactly the method's schema (names, dtypes, shapes), holds a value that is not finite, or is refused by the
-    method. Names are checked before any array is decoded, so extra or oversized entries cost nothing."""
+    exactly the method's schema (names, dtypes, shapes), holds a value that is not finite or beyond ``limit`` in
+    magnitude (:func:`magnitude_limit`), or is refused by the method. Names are checked before any array is
+    decoded, so extra or oversized entries cost nothing."""
     schema = method.message_schema(layout, shared, settings)
     if not isinstance(record, ArrayRecord) or set(record.keys()) != set(schema):
         return None, "names"
@@ -118,6 +132,8 @@ def read_message(record, method: GossipMethod, layout: Layout, shared: list[str]
             return None, "dtype-or-shape"
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return None, "non-finite"
+        if value.dtype.kind == "f" and float(np.abs(value).max(initial=0.0)) > limit:
+            return None, "too-large"
         message[name] = value
     reason = method.refusal(message, layout, shared, settings)
     return (None, reason) if reason is not None else (message, None)

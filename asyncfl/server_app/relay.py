@@ -1,28 +1,33 @@
 """The gossip relay: PushCen-ADFL and its decentralized baselines on Flower, with no global model.
 
 Flower has no peer-to-peer links, so the ServerApp relays and schedules; it
-never reads or averages models. Each peer computes back to back on the virtual
+never averages models (it checks that a push's arrays are numeric and finite). Each peer computes back to back on the virtual
 clock (durations from the delay model). When a peer's compute event starts, the
 relay sends it one message carrying every neighbour message delivered to it
 since its last event (the bounded, sender-deduplicated buffer of the PushCen
 paper, Sec. 4.5, lives here as transport); the peer merges, trains, encodes
-and replies with its outgoing message and mass share; at the event's finish
+and replies with its outgoing message; at the event's finish
 the relay delivers that message to ``out-degree`` random online peers (drawn
 afresh at every push, or, with ``gossip.topology = 'fixed'``, the peer's online
 members of a seeded static set of ``out-degree`` out-neighbours). Peer
 state (model, centroid dictionary) stays in each ClientApp's ``context.state``;
 the push-sum mass is the relay's own ledger (each request tells the peer its
 mass, and the mass a push carries is computed here, never read from a reply),
-so no peer can claim more weight than push-sum gave it. A fraction of the peers joins late, at a seeded time in the
+so no peer can claim more weight than push-sum gave it; a peer keeps
+``mass / (d + 1)`` after every event, whatever it sent, so holding a push back
+or failing on purpose gains it nothing (the shares not sent are gone, counted
+in ``mass-unsent``). A fraction of the peers joins late, at a seeded time in the
 first half of the horizon. Accuracy is each online peer's accuracy on its own
 local test split after its latest event, averaged at ``eval-points`` times.
 
 Peers are run by other people: a reply is read as data. A reply whose
 metrics are not numbers in range, or whose push holds an array that is not
 numeric or not finite, is refused and counted (``rejected-by-reason``), its
-content dropped and its mass kept by the sender, as is a lost or failed event; a peer whose
-events fail ``MAX_FAILED_EVENTS`` times in a row is benched (no longer activated
-or sent to), since each lost event holds the relay for a whole timeout. What a
+content dropped, as is a lost or failed event's; a peer whose events fail
+``MAX_FAILED_EVENTS`` times in a row, or that loses ``MAX_LOST_EVENTS`` in all, is
+benched (no longer activated or sent to), since each lost event holds the relay
+for a whole timeout. A request the SuperLink will not take (too large for what
+other peers sent) goes again without those messages, their mass kept. What a
 receiver refuses of the messages it was sent (its own check against its
 model, :func:`asyncfl.decentralized.method.read_message`) it reports, and the relay
 sums (``messages-refused-by-peers``).
@@ -59,8 +64,9 @@ from asyncfl.simulation.presets import delay_sampler
 log = logging.getLogger("asyncfl.relay")
 
 PEER_ACTION = "train.gossip"
-#: Events in a row that fail (lost, an error reply, or a reply the relay refuses) before a peer is benched.
-MAX_FAILED_EVENTS = 3
+#: Events in a row that fail (lost, an error reply, or a reply the relay refuses) before a peer is benched; and
+#: lost events in all (each holds the serial relay for a whole timeout, so failing now and then is no way around it).
+MAX_FAILED_EVENTS = MAX_LOST_EVENTS = 3
 
 
 @dataclass
@@ -73,6 +79,8 @@ class RelayStats:
     relay_seconds: float = 0.0  # relay work only: waiting for peers' replies is excluded
     peak_buffered_bytes: int = 0
     refused_by_peers: int = 0  # messages receivers refused, as they report it
+    requests_refused: int = 0  # requests the SuperLink would not take with their messages: sent again without
+    mass_unsent: float = 0.0  # push-sum mass of shares a peer did not send (a failed event, no push): gone
 
 
 @dataclass
@@ -173,6 +181,7 @@ class GossipRelay:
         self.mass: list[float] = []  # the push-sum ledger: each peer's mass between its events
         self.benched: set[int] = set()
         self._failed_in_a_row: dict[int, int] = {}
+        self._lost: dict[int, int] = {}
         self.in_flight: dict[int, PeerEvent] = {}
         self.accuracy: dict[int, float] = {}
         self.best_accuracy: dict[int, float] = {}
@@ -261,25 +270,49 @@ class GossipRelay:
                   "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained),
                   "fragments": max(1, out_degree // self.gossip.divshare_copies),
                   protocol.JOB_SEED: protocol.job_seed(self.seed, protocol.RELAY_STREAM, peer, event)}
-        content = RecordDict({"config": ConfigRecord(config)})
-        for index, (_, entry) in enumerate(drained):
-            content[f"msg-{index}"] = entry.payload
-        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.timeout)
+        message_id = self._push(peer, config, [entry.payload for _, entry in drained])
+        if message_id is None and drained:
+            # the SuperLink would not take the request (too large: Flower's Grid returns no id) for what other
+            # peers sent: not this peer's failure; it goes again without them, their content lost, their mass kept
+            self.stats.requests_refused += 1
+            absorbed, masses, drained = absorbed + sum(masses), [], []
+            config.update({"absorbed-mass": absorbed, "masses": [0.0], "senders": [-1], "received": 0})
+            message_id = self._push(peer, config, [])
         # the same sums as the peer's push-sum merge (asyncfl.decentralized.peer.merge_received), in its order
         mass = (self.mass[peer] + absorbed) + sum(masses)
         self._schedule(at + self.delays.job_duration(peer), "finish", peer)
-        return PeerEvent(next(iter(self.grid.push_messages([message])), None), out_degree, receivers, len(drained),
-                         mass)
+        return PeerEvent(message_id, out_degree, receivers, len(drained), mass)
+
+    def _push(self, peer: int, config: dict, payloads: list) -> str | None:
+        """Send a peer its request with ``payloads`` as ``msg-0``, ``msg-1``, ...; the message id, or None when the
+        SuperLink did not take it."""
+        content = RecordDict({"config": ConfigRecord(config)})
+        for index, payload in enumerate(payloads):
+            content[f"msg-{index}"] = payload
+        message = Message(content, dst_node_id=self.peers[peer], message_type=PEER_ACTION, ttl=self.timeout)
+        return next(iter(self.grid.push_messages([message]) or []), None)
+
+    def _keep_share(self, peer: int, event: PeerEvent, sent: int) -> float:
+        """Push-sum's split (:func:`asyncfl.decentralized.pushsum.split_mass`) on the relay's ledger: the peer keeps
+        ``mass / (d + 1)`` after every event whatever it sent, and the shares it did not send are gone (counted),
+        so holding back a push or failing on purpose gains a peer no weight; returns the share."""
+        share = event.mass / (event.out_degree + 1)
+        self.mass[peer] = share
+        self.stats.mass_unsent += share * (event.out_degree - sent)
+        return share
 
     def _refuse(self, peer: int, event: PeerEvent, reason: str) -> None:
-        """Count a failed event; the peer keeps the mass it was sent (the content is lost, as when a buffer
-        overflows) and is benched after :data:`MAX_FAILED_EVENTS` failures in a row."""
+        """Count a failed event (its shares unsent); bench the peer after :data:`MAX_FAILED_EVENTS` failures in a
+        row or :data:`MAX_LOST_EVENTS` lost events in all."""
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
-        self.mass[peer] = event.mass
+        self._keep_share(peer, event, 0)
         self._failed_in_a_row[peer] = self._failed_in_a_row.get(peer, 0) + 1
-        if self._failed_in_a_row[peer] >= MAX_FAILED_EVENTS and peer not in self.benched:
+        self._lost[peer] = self._lost.get(peer, 0) + (reason == "lost")
+        if (self._failed_in_a_row[peer] >= MAX_FAILED_EVENTS or self._lost[peer] >= MAX_LOST_EVENTS) \
+                and peer not in self.benched:
             self.benched.add(peer)
-            log.warning("peer %d benched after %d failed events in a row (last: %s)", peer, MAX_FAILED_EVENTS, reason)
+            log.warning("peer %d benched after %d failed events in a row, %d lost in all (last: %s)", peer,
+                        self._failed_in_a_row[peer], self._lost[peer], reason)
 
     def _finish(self, peer: int, at: float, event: PeerEvent) -> None:
         reply = self._wait_for(event.message_id) if event.message_id is not None else None
@@ -315,9 +348,8 @@ class GossipRelay:
             self.accuracy[peer] = accuracy
             self.best_accuracy[peer] = max(accuracy, self.best_accuracy.get(peer, 0.0))
         if (record is None and not per_receiver) or event.out_degree == 0:
-            self.mass[peer] = event.mass  # nothing sent: the peer keeps all of it (push-sum with no out-neighbour)
+            self._keep_share(peer, event, 0)  # nothing sent (Independent; out-degree 0 keeps it all)
             return None
-        share = event.mass / (event.out_degree + 1)  # push-sum's split (asyncfl.decentralized.pushsum.split_mass)
         self.stats.pushes += 1
         # bytes of one push = what goes to all out-neighbours; message = the mean per receiver
         if per_receiver:
@@ -329,7 +361,8 @@ class GossipRelay:
             chosen = self.rng.choice(candidates, size=min(event.out_degree, len(candidates)), replace=False)
         else:
             chosen = [j for j in event.receivers if j not in self.benched]
-        self.mass[peer] = share * (1 + event.out_degree - len(chosen))  # a share no one can take stays home
+        share = self._keep_share(peer, event, event.out_degree)
+        self.mass[peer] += share * (event.out_degree - len(chosen))  # a share no receiver can take stays home
         for j, receiver in enumerate(chosen):
             payload = per_receiver[j] if per_receiver else record
             self._schedule(at + self.gossip.link_delay, "deliver", int(receiver), (peer, payload, share))
@@ -380,6 +413,8 @@ class GossipRelay:
             "deliveries": self.stats.deliveries,
             "rejected-by-reason": dict(sorted(self.stats.rejected.items())),
             "messages-refused-by-peers": self.stats.refused_by_peers,
+            "requests-refused": self.stats.requests_refused,
+            "mass-unsent": round(self.stats.mass_unsent, 9),
             "benched-peers": sorted(self.benched),
             "message-bytes-mean": round(message, 1),
             "push-bytes-mean": round(message * self.gossip.out_degree, 1),

@@ -54,11 +54,13 @@ def test_pushcen_relay_runs_conserves_mass_and_reports_accuracy(tmp_path):
     rows = (tmp_path / "pushcen" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 4
     # Mass: the relay's ledger (peers between events, and what each peer in flight took in) + buffered + absorbed
-    # + deliveries still pending = one per peer; an honest peer's own mass is the ledger's.
+    # + deliveries still pending (+ shares never sent: none here) = one per peer; an honest peer's own mass is the
+    # ledger's.
     ledger = sum(relay.in_flight[i].mass if i in relay.in_flight else relay.mass[i] for i in range(len(relay.peers)))
     buffered = sum(e.mass for b in relay.buffers for e in b.entries()) + sum(relay.absorbed)
     pending = sum(payload[2] for _, _, kind, _, payload in relay._events if kind == "deliver")
-    assert ledger + buffered + pending == pytest.approx(len(relay.peers), abs=1e-9)
+    assert ledger + buffered + pending + relay.stats.mass_unsent == pytest.approx(len(relay.peers), abs=1e-9)
+    assert relay.stats.mass_unsent == 0.0  # every honest event sends every share
     for i, node in enumerate(relay.peers):
         if i not in relay.in_flight and "gossip-meta" in contexts[node].state.config_records:
             assert contexts[node].state.config_records["gossip-meta"]["mass"] == relay.mass[i]

@@ -17,7 +17,7 @@ from asyncfl.client_app.gossip import gossip_event
 from asyncfl.client_app.task import node_model
 from asyncfl.config import parse_run_config
 from asyncfl.decentralized.codec import CENTROIDS
-from asyncfl.server_app.relay import MAX_FAILED_EVENTS, GossipRelay
+from asyncfl.server_app.relay import MAX_FAILED_EVENTS, MAX_LOST_EVENTS, GossipRelay
 from tests.fake_grid import FakeGrid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def assert_honest_peers_intact(relay, contexts, honest_errors):
     ledger = sum(relay.in_flight[i].mass if i in relay.in_flight else relay.mass[i] for i in range(PEERS))
     buffered = sum(e.mass for b in relay.buffers for e in b.entries()) + sum(relay.absorbed)
     pending = sum(payload[2] for _, _, kind, _, payload in relay._events if kind == "deliver")
-    assert ledger + buffered + pending == pytest.approx(PEERS, abs=1e-9)
+    assert ledger + buffered + pending + relay.stats.mass_unsent == pytest.approx(PEERS, abs=1e-9)
     summary = relay.summary()
     assert summary["final-mean-accuracy"] is not None and 0.0 <= summary["final-mean-accuracy"] <= 1.0
 
@@ -167,4 +167,73 @@ def test_a_push_the_superlink_refuses_fails_that_event_only(tmp_path):
 
     relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "pushcen", None, grid_class=Refusing)
     assert relay.summary()["rejected-by-reason"] == {"push-refused": MAX_FAILED_EVENTS}
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def _huge(record):
+    """Every float of a push as large as float32 holds (PushCen's centroids kept ascending and non-zero)."""
+    arrays = {}
+    for name, array in record.items():
+        values = array.numpy()
+        if values.dtype.kind == "f":
+            values = (np.linspace(1e38, 3e38, values.size) if name.endswith(CENTROIDS)
+                      else np.full(values.size, 3e38)).astype(values.dtype).reshape(values.shape)
+        arrays[name] = Array(values)
+    return ArrayRecord(arrays)
+
+
+def _huge_reply(message, honest):
+    reply = honest()
+    content = RecordDict({"metrics": reply.content.metric_records["metrics"]})
+    for name, record in reply.content.array_records.items():
+        content[name] = _huge(record)
+    return Message(content, reply_to=message)
+
+
+@pytest.mark.parametrize("method", ["pushcen", "async-dfedavg", "swift", "divshare"])
+def test_finite_values_too_large_to_train_on_are_dropped_by_the_receiver_not_trained_into_nan(tmp_path, method):
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, method, _huge_reply)
+    summary = relay.summary()
+    assert summary["messages-refused-by-peers"] > 0 and summary["benched-peers"] == []
+    assert summary["rejected-by-reason"] == {}
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_a_peer_that_never_pushes_keeps_only_its_push_sum_share(tmp_path):
+    def sink(message, honest):
+        reply = honest()
+        return Message(RecordDict({"metrics": reply.content.metric_records["metrics"]}), reply_to=message)
+
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "pushcen", sink)
+    summary = relay.summary()
+    assert relay.mass[0] <= 1.0 / 3 + 1e-12  # 1 / (out-degree + 1) of at most everything it ever held
+    assert summary["mass-unsent"] > 0 and summary["rejected-by-reason"] == {}
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_lost_events_bench_a_peer_even_between_good_replies(tmp_path):
+    replies = iter(range(10**6))
+
+    def two_lost_one_good(message, honest):
+        return honest() if next(replies) % 3 == 2 else None
+
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "pushcen", two_lost_one_good, **{"max-time": 9.0})
+    summary = relay.summary()
+    assert summary["rejected-by-reason"] == {"lost": MAX_LOST_EVENTS} and summary["benched-peers"] == [0]
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_a_request_too_large_for_the_superlink_goes_again_without_its_messages(tmp_path):
+    class RefusesMessagesFor102(FakeGrid):
+        def push_messages(self, messages):
+            message = messages[0]
+            if message.metadata.dst_node_id == 102 and any(k.startswith("msg-") for k in message.content.keys()):
+                return []  # what Flower's Grid returns for a request it did not take (e.g. HTTP 413)
+            return super().push_messages(messages)
+
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "pushcen", lambda m, honest: honest(),
+                                                           grid_class=RefusesMessagesFor102)
+    summary = relay.summary()
+    assert summary["requests-refused"] > 0
+    assert summary["rejected-by-reason"] == {} and summary["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
