@@ -104,7 +104,8 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)
     shared = [n for n, kind in layout.kinds.items() if kind != "local"]
-    limit = magnitude_limit({n: t.detach().cpu().numpy() for n, t in model.state_dict().items()}, shared)
+    initial = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}  # seeded, as every peer's
+    limit = magnitude_limit(initial, shared)
     peer = load_peer(context, model)
     peer.mass = float(request["mass"])  # the relay keeps the push-sum ledger (asyncfl.server_app.relay)
     method = gossip_method(str(request["gossip-method"]))
@@ -131,21 +132,34 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         return method.event(GossipEvent(context, peer, model, layout, shared, merged, event_request, x_train, y_train,
                                         common, cfg.gossip))
 
+    def restore() -> None:
+        context.state.clear()
+        for name, record in kept[0].items():
+            context.state[name] = record
+
     out = run(received, refused_mass)
     if received and not _sane(peer, shared, limit):
         # what arrived, though each message passed, made this model overflow or leave the magnitude limit: the
         # event runs again from the state it started with, on its own data only; every message taken in is refused
         log.warning("the %d messages taken in put this peer's model out of bounds; dropped", len(received))
-        context.state.clear()
-        for name, record in kept[0].items():
-            context.state[name] = record
+        restore()
         peer = kept[1]
         refused_mass += sum(r.mass for r in received)
         received = []
         out = run(received, refused_mass)
     if not _sane(peer, shared, limit):
-        raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training on its "
-                         "own data (local lr too high?)")
+        # the state it started from cannot be trained on (values an earlier event stored: SWIFT keeps its merged
+        # model untrained until the next event): the peer starts again from the seeded initial model
+        log.warning("this peer's stored model leaves the bounds when trained; restarting from the initial model")
+        restore()
+        for name in (STATE_MODEL, STATE_DICTIONARY, STATE_META):
+            context.state.pop(name, None)
+        method.forget(context)
+        peer = PeerState({n: v.copy() for n, v in initial.items()}, kept[1].mass)
+        out = run(received, refused_mass)
+        if not _sane(peer, shared, limit):
+            raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training "
+                             "from the initial model on its own data (local lr too high?)")
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
     content = RecordDict({"metrics": MetricRecord({protocol.TRAIN_LOSS: float(out.loss),

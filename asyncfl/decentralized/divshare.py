@@ -86,8 +86,10 @@ class DivShare(GossipMethod):
         return Outgoing(loss, fragments=[parts[j % len(parts)] for j in range(out_degree)])
 
     def message_schema(self, layout, shared, settings) -> dict[str, tuple]:
-        """A fragment: its values (float32, 1-D) and ``(seed, fragment id, fragments)`` (int64)."""
-        return {"values": (np.dtype(np.float32), None), "fragment": (np.dtype(np.int64), (3,))}
+        """A fragment: its values (float32, 1-D, at most the whole model's) and ``(seed, fragment id, fragments)``
+        (int64)."""
+        size = sum(math.prod(layout.shapes[name]) for name in shared)
+        return {"values": (np.dtype(np.float32), size), "fragment": (np.dtype(np.int64), (3,))}
 
     def refusal(self, message, layout, shared, settings) -> str | None:
         """A fragment whose ``(seed, id, count)`` no sender makes (a seed outside ``[0, 2**31)``, more fragments than

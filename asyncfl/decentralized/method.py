@@ -89,9 +89,14 @@ class GossipMethod:
         raise NotImplementedError
 
     def message_schema(self, layout: Layout, shared: list[str], settings: GossipConfig) -> dict[str, tuple]:
-        """The arrays a neighbour's message holds, exactly: ``name -> (dtype, shape)`` (shape None: any 1-D, for
-        :meth:`refusal` to check). By default the shared entries as float32 in their own shapes: a whole model."""
+        """The arrays a neighbour's message holds, exactly: ``name -> (dtype, shape)`` (shape an int ``n``: 1-D with
+        at most ``n`` values, for :meth:`refusal` to check further). By default the shared entries as float32 in
+        their own shapes: a whole model."""
         return {name: (np.dtype(np.float32), tuple(layout.shapes[name])) for name in shared}
+
+    def forget(self, context: Context) -> None:
+        """Drop what the method keeps in ``context.state`` between events (the peer restarts from its initial
+        model); nothing by default."""
 
     def refusal(self, message: dict[str, np.ndarray], layout: Layout, shared: list[str],
                 settings: GossipConfig) -> str | None:
@@ -117,18 +122,28 @@ def read_message(record, method: GossipMethod, layout: Layout, shared: list[str]
                  limit: float = float("inf")) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """A neighbour's message checked before it is merged: ``(arrays, None)``, or ``(None, reason)`` when it is not
     exactly the method's schema (names, dtypes, shapes), holds a value that is not finite or beyond ``limit`` in
-    magnitude (:func:`magnitude_limit`), or is refused by the method. Names are checked before any array is
-    decoded, so extra or oversized entries cost nothing."""
+    magnitude (:func:`magnitude_limit`), or is refused by the method. Names, dtypes and shapes are checked from the
+    arrays' headers before any array is decoded, so extra or oversized entries cost nothing (then again from the
+    decoded data)."""
     schema = method.message_schema(layout, shared, settings)
     if not isinstance(record, ArrayRecord) or set(record.keys()) != set(schema):
         return None, "names"
+    def fits(dtype_name, got_shape, dtype, shape) -> bool:
+        if str(dtype_name) != str(dtype):
+            return False
+        if isinstance(shape, int):
+            return len(got_shape) == 1 and got_shape[0] <= shape
+        return tuple(got_shape) == tuple(shape)
+
+    if not all(fits(record[name].dtype, record[name].shape, *schema[name]) for name in schema):
+        return None, "dtype-or-shape"  # from the arrays' own headers, before any of them is decoded
     message = {}
     for name, (dtype, shape) in schema.items():
         try:
             value = record[name].numpy()
         except Exception:  # a lying header or a bad serialisation
             return None, "unreadable"
-        if value.dtype != dtype or (value.shape != shape if shape is not None else value.ndim != 1):
+        if not fits(value.dtype, value.shape, dtype, shape):  # the data said otherwise than the header
             return None, "dtype-or-shape"
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return None, "non-finite"

@@ -124,6 +124,11 @@ class Swift(GossipMethod):
 
     run_config_name = "swift"
 
+    def forget(self, context: Context) -> None:
+        """Drop the neighbour cache."""
+        for name in (STATE_CACHE, STATE_CACHE_ORDER):
+            context.state.pop(name, None)
+
     def event(self, event: GossipEvent) -> Outgoing:
         peer, shared = event.peer, event.shared
         cache = load_cache(event.context, event.settings.cache_size)

@@ -27,7 +27,8 @@ content dropped, as is a lost or failed event's; a peer whose events fail
 ``MAX_FAILED_EVENTS`` times in a row, or that loses ``MAX_LOST_EVENTS`` in all, is
 benched (no longer activated or sent to), since each lost event holds the relay
 for a whole timeout. A request the SuperLink will not take (too large for what
-other peers sent) goes again without those messages, their mass kept. What a
+other peers sent) goes again without its largest message, its mass kept, until it
+is taken. What a
 receiver refuses of the messages it was sent (its own check against its
 model, :func:`asyncfl.decentralized.method.read_message`) it reports, and the relay
 sums (``messages-refused-by-peers``).
@@ -79,7 +80,7 @@ class RelayStats:
     relay_seconds: float = 0.0  # relay work only: waiting for peers' replies is excluded
     peak_buffered_bytes: int = 0
     refused_by_peers: int = 0  # messages receivers refused, as they report it
-    requests_refused: int = 0  # requests the SuperLink would not take with their messages: sent again without
+    requests_refused: int = 0  # requests the SuperLink would not take: sent again without their largest message
     mass_unsent: float = 0.0  # push-sum mass of shares a peer did not send (a failed event, no push): gone
 
 
@@ -271,13 +272,17 @@ class GossipRelay:
                   "fragments": max(1, out_degree // self.gossip.divshare_copies),
                   protocol.JOB_SEED: protocol.job_seed(self.seed, protocol.RELAY_STREAM, peer, event)}
         message_id = self._push(peer, config, [entry.payload for _, entry in drained])
-        if message_id is None and drained:
+        while message_id is None and drained:
             # the SuperLink would not take the request (too large: Flower's Grid returns no id) for what other
-            # peers sent: not this peer's failure; it goes again without them, their content lost, their mass kept
+            # peers sent: not this peer's failure; it goes again without the largest message (its content lost,
+            # its mass kept), until it is taken or holds none
             self.stats.requests_refused += 1
-            absorbed, masses, drained = absorbed + sum(masses), [], []
-            config.update({"absorbed-mass": absorbed, "masses": [0.0], "senders": [-1], "received": 0})
-            message_id = self._push(peer, config, [])
+            largest = max(range(len(drained)), key=lambda i: _record_bytes(drained[i][1].payload))
+            absorbed += masses[largest]
+            del drained[largest], masses[largest]
+            config.update({"absorbed-mass": absorbed, "masses": masses or [0.0],
+                           "senders": [int(s) for s, _ in drained] or [-1], "received": len(drained)})
+            message_id = self._push(peer, config, [entry.payload for _, entry in drained])
         # the same sums as the peer's push-sum merge (asyncfl.decentralized.peer.merge_received), in its order
         mass = (self.mass[peer] + absorbed) + sum(masses)
         self._schedule(at + self.delays.job_duration(peer), "finish", peer)

@@ -5,6 +5,7 @@ run must finish; the reply is refused and counted by reason (at the relay, or by
 model), and the honest peers' models stay finite with the relay's push-sum ledger conserved.
 """
 
+import logging
 import tomllib
 from pathlib import Path
 
@@ -236,4 +237,27 @@ def test_a_request_too_large_for_the_superlink_goes_again_without_its_messages(t
     summary = relay.summary()
     assert summary["requests-refused"] > 0
     assert summary["rejected-by-reason"] == {} and summary["benched-peers"] == []
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_a_stored_model_that_cannot_be_trained_restarts_from_the_initial_model(tmp_path, caplog):
+    """SWIFT stores its merged model untrained, so values within the magnitude limit (999 everywhere, pushed every
+    event) can make a receiver's next training leave the bounds even from its own stored model; the peer then
+    starts again from its seeded initial model instead of failing every event and being benched."""
+    def at_the_limit(message, honest):
+        reply = honest()
+        content = RecordDict({"metrics": reply.content.metric_records["metrics"]})
+        content["push"] = ArrayRecord({k: Array(np.full_like(a.numpy(), 999.0))
+                                       for k, a in reply.content.array_records["push"].items()})
+        return Message(content, reply_to=message)
+
+    gossip_log = logging.getLogger("asyncfl.gossip")  # asyncfl's loggers do not propagate to the root's
+    gossip_log.addHandler(caplog.handler)
+    try:
+        relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "swift", at_the_limit, model="lenet5",
+                                                               dataset="mnist5k", **{"max-time": 6.0})
+    finally:
+        gossip_log.removeHandler(caplog.handler)
+    assert "restarting from the initial model" in caplog.text
+    assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
