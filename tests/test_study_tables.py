@@ -147,6 +147,20 @@ def test_the_comparison_takes_each_methods_settings_from_its_grids_stored_runs()
     assert study.extra["fedbuff-g1__large-dir0.1"]["fedbuff.server-lr"] == 1.0  # an override of the tuned point
 
 
+def test_the_paper_settings_comparison_takes_the_complete_grids_picks():
+    # fedecho-fmnist-settings runs each method at its best point of fedecho-fmnist-settings-tune's 40 stored runs
+    # (benchmarks/fedecho-fmnist-settings-tune/README.md): FedEcho's variants and Table 7's alphas on FedEcho's
+    matrix = _matrix()
+    study = matrix.resolve_tuned(matrix.STUDIES["fedecho-fmnist-settings"])
+    picks = {m: (study.methods[m]["lr"], study.methods[m][f"{m}.server-lr"])
+             for m in ("fedbuff", "ca2fl", "fedecho", "fadas")}
+    assert picks == {"fedbuff": (0.3, 0.25), "ca2fl": (0.1, 0.25), "fedecho": (0.1, 0.25), "fadas": (0.1, 0.001)}
+    assert study.methods["fedecho-no-kd"]["fedecho.distill-steps"] == 0
+    assert study.methods["fedecho-move0.5"]["lr"] == 0.1
+    assert study.extra["fedecho-alpha0__large-dir0.1"]["fedecho.alpha-max"] == 0.0
+    assert study.extra["fedbuff-l0.1-g0.25__large-dir0.1"]["fedbuff.server-lr"] == 0.25
+
+
 def test_a_study_whose_grid_has_not_run_says_so(tmp_path, monkeypatch):
     matrix = _matrix()
     monkeypatch.setattr(matrix, "ROOT", tmp_path)  # no stored runs at all

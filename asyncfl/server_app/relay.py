@@ -1,8 +1,9 @@
 """The gossip relay: PushCen-ADFL and its decentralized baselines on Flower, with no global model.
 
 Flower has no peer-to-peer links, so the ServerApp relays and schedules; it
-never averages models (it checks that a push's arrays are numeric and finite). Each peer computes back to back on the virtual
-clock (durations from the delay model). When a peer's compute event starts, the
+never averages models (it checks that a push's arrays are numeric and finite).
+Each peer computes back to back on the virtual clock (durations from the delay
+model). When a peer's compute event starts, the
 relay sends it one message carrying every neighbour message delivered to it
 since its last event (the bounded, sender-deduplicated buffer of the PushCen
 paper, Sec. 4.5, lives here as transport); the peer merges, trains, encodes
