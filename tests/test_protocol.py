@@ -9,7 +9,8 @@ PACKAGE = Path(protocol.__file__).resolve().parent
 # asyncfl's additions to Flower's messages (Flower's own keys, such as "num-examples", may stay literal)
 OWN_KEYS = {protocol.MODEL_VERSION, protocol.JOB_SEED, protocol.DISPATCH_TIME, protocol.EMULATE_SECONDS,
             protocol.IDENTIFY, protocol.WANT_LABEL_COUNTS, protocol.LABEL_COUNTS, protocol.WORKER_RECORD,
-            protocol.RAY_NODE, protocol.LOCAL_ACCURACY, protocol.REFUSED_MESSAGES}
+            protocol.RAY_NODE, protocol.LOCAL_ACCURACY, protocol.REFUSED_MESSAGES,
+            protocol.RESTARTED}
 
 
 def _code_strings(tree: ast.AST) -> list[ast.Constant]:

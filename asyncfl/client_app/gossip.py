@@ -137,6 +137,7 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         for name, record in kept[0].items():
             context.state[name] = record
 
+    restarted = 0
     out = run(received, refused_mass)
     if received and not _sane(peer, shared, limit):
         # what arrived, though each message passed, made this model overflow or leave the magnitude limit: the
@@ -155,7 +156,8 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         for name in (STATE_MODEL, STATE_DICTIONARY, STATE_META):
             context.state.pop(name, None)
         method.forget(context)
-        peer = PeerState({n: v.copy() for n, v in initial.items()}, kept[1].mass)
+        peer = PeerState({n: v.copy() for n, v in initial.items()}, float(request["mass"]))
+        restarted = 1
         out = run(received, refused_mass)
         if not _sane(peer, shared, limit):
             raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training "
@@ -165,6 +167,7 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     content = RecordDict({"metrics": MetricRecord({protocol.TRAIN_LOSS: float(out.loss),
                                                    protocol.LOCAL_ACCURACY: float(accuracy),
                                                    protocol.REFUSED_MESSAGES: int(request["received"]) - len(received),
+                                                   protocol.RESTARTED: restarted,
                                                    protocol.NUM_EXAMPLES: len(y_train)})})
     if out.push is not None:
         content["push"] = to_record(out.push)

@@ -9,6 +9,7 @@ method the same request; adding a method touches its own module only.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -105,6 +106,8 @@ class GossipMethod:
         return None
 
 
+#: Room for an array's .npy header in Flower's serialisation (honest arrays' are ~128 bytes).
+NPY_HEADER_BYTES = 4096
 #: A value a neighbour sends, or a peer's model holds after an event, may be at most this many times the largest
 #: magnitude of the (seeded, shared) initial model (or 1): trained weights stay within a few times their start,
 #: while finite values near float32's limit overflow the first training step into NaN.
@@ -135,8 +138,13 @@ def read_message(record, method: GossipMethod, layout: Layout, shared: list[str]
             return len(got_shape) == 1 and got_shape[0] <= shape
         return tuple(got_shape) == tuple(shape)
 
-    if not all(fits(record[name].dtype, record[name].shape, *schema[name]) for name in schema):
-        return None, "dtype-or-shape"  # from the arrays' own headers, before any of them is decoded
+    def payload_fits(array, dtype, shape) -> bool:  # the bytes too: Flower decodes the data, not the header
+        count = shape if isinstance(shape, int) else math.prod(shape)
+        return len(array.data) <= count * np.dtype(dtype).itemsize + NPY_HEADER_BYTES
+
+    if not all(fits(record[name].dtype, record[name].shape, *schema[name])
+               and payload_fits(record[name], *schema[name]) for name in schema):
+        return None, "dtype-or-shape"  # from the arrays' own headers and sizes, before any of them is decoded
     message = {}
     for name, (dtype, shape) in schema.items():
         try:

@@ -81,6 +81,7 @@ class RelayStats:
     relay_seconds: float = 0.0  # relay work only: waiting for peers' replies is excluded
     peak_buffered_bytes: int = 0
     refused_by_peers: int = 0  # messages receivers refused, as they report it
+    restarts: int = 0  # events in which a peer restarted from the initial model, as it reports it
     requests_refused: int = 0  # requests the SuperLink would not take: sent again without their largest message
     mass_unsent: float = 0.0  # push-sum mass of shares a peer did not send (a failed event, no push): gone
 
@@ -336,8 +337,10 @@ class GossipRelay:
         untested = isinstance(metrics.get(protocol.LOCAL_ACCURACY), float) and math.isnan(
             metrics[protocol.LOCAL_ACCURACY])  # a peer with no local test examples reports NaN
         refused = metric_number(metrics, protocol.REFUSED_MESSAGES) if protocol.REFUSED_MESSAGES in metrics else 0.0
+        restarted = metric_number(metrics, protocol.RESTARTED) if protocol.RESTARTED in metrics else 0.0
         if not (untested or accuracy is not None and 0.0 <= accuracy <= 1.0) \
-                or refused is None or not refused.is_integer() or not 0 <= refused <= event.received:
+                or refused is None or not refused.is_integer() or not 0 <= refused <= event.received \
+                or restarted not in (0.0, 1.0):
             return self._refuse(peer, event, "bad-metric")
         records = reply.content.array_records
         per_receiver = [records[f"push-{j}"] for j in range(event.out_degree) if f"push-{j}" in records]
@@ -350,6 +353,7 @@ class GossipRelay:
             return self._refuse(peer, event, refusal)
         self._failed_in_a_row[peer] = 0
         self.stats.refused_by_peers += int(refused)
+        self.stats.restarts += int(restarted)
         if accuracy is not None:
             self.accuracy[peer] = accuracy
             self.best_accuracy[peer] = max(accuracy, self.best_accuracy.get(peer, 0.0))
@@ -419,6 +423,7 @@ class GossipRelay:
             "deliveries": self.stats.deliveries,
             "rejected-by-reason": dict(sorted(self.stats.rejected.items())),
             "messages-refused-by-peers": self.stats.refused_by_peers,
+            "peer-restarts": self.stats.restarts,
             "requests-refused": self.stats.requests_refused,
             "mass-unsent": round(self.stats.mass_unsent, 9),
             "benched-peers": sorted(self.benched),

@@ -17,7 +17,9 @@ from asyncfl.client_app.app import gossip_data
 from asyncfl.client_app.gossip import gossip_event
 from asyncfl.client_app.task import node_model
 from asyncfl.config import parse_run_config
-from asyncfl.decentralized.codec import CENTROIDS
+from asyncfl.decentralized.codec import CENTROIDS, Layout
+from asyncfl.decentralized.divshare import DivShare
+from asyncfl.decentralized.method import read_message
 from asyncfl.server_app.relay import MAX_FAILED_EVENTS, MAX_LOST_EVENTS, GossipRelay
 from tests.fake_grid import FakeGrid
 
@@ -258,6 +260,20 @@ def test_a_stored_model_that_cannot_be_trained_restarts_from_the_initial_model(t
                                                                dataset="mnist5k", **{"max-time": 6.0})
     finally:
         gossip_log.removeHandler(caplog.handler)
-    assert "restarting from the initial model" in caplog.text
+    assert "restarting from the initial model" in caplog.text and relay.summary()["peer-restarts"] > 0
     assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_a_header_that_lies_about_an_arrays_size_does_not_get_it_decoded():
+    """Flower decodes an array's bytes, not its header: the bytes are bounded by the schema before decoding."""
+    cfg = parse_run_config({**DEFAULTS, "strategy": "divshare", "max-time": 5.0, "dataset": "digits", "model": "mlp"})
+    layout = Layout.of(node_model(cfg.data, gossip_data(cfg, 0, 2), 0))
+    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
+    honest = Array(np.zeros(10, np.float32))
+    lying = Array(dtype="float32", shape=(10,), stype=honest.stype, data=Array(np.zeros(10**6, np.float32)).data)
+    fragment = Array(np.array([0, 0, 2], np.int64))
+    assert read_message(ArrayRecord({"values": honest, "fragment": fragment}), DivShare(), layout, shared,
+                        cfg.gossip)[1] == "fragment"  # the header pre-check lets an honest-sized array through
+    assert read_message(ArrayRecord({"values": lying, "fragment": fragment}), DivShare(), layout, shared,
+                        cfg.gossip) == (None, "dtype-or-shape")
