@@ -74,6 +74,18 @@ def load_peer(context: Context, model: torch.nn.Module) -> PeerState:
     return PeerState(from_record(context.state.array_records[STATE_MODEL]), float(meta["mass"]), dictionary)
 
 
+def push_check(cfg, model: torch.nn.Module):
+    """The check every receiver makes of a message (:func:`~asyncfl.decentralized.method.read_message` against
+    ``model``, the seeded initial model every peer builds), as a function of one push record returning the reason
+    to refuse it or None: the relay runs it on each push before forwarding it, so a bad push is refused once,
+    counted against its sender, and never held or sent on."""
+    layout = Layout.of(model)
+    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
+    limit = magnitude_limit({n: t.detach().cpu().numpy() for n, t in model.state_dict().items()}, shared)
+    method = gossip_method(cfg.strategy)
+    return lambda record: read_message(record, method, layout, shared, cfg.gossip, limit)[1]
+
+
 def _sane(peer: PeerState, shared: list[str], limit: float) -> bool:
     """Whether every float entry of the peer's model and centroid dictionary is finite, and the shared ones and the
     dictionary within ``limit`` in magnitude (:func:`asyncfl.decentralized.method.magnitude_limit`)."""

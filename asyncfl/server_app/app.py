@@ -12,6 +12,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from asyncfl.client_app.gossip import push_check
 from asyncfl.client_app.task import node_data
 from asyncfl.config import RunConfig, parse_run_config
 from asyncfl.data import load_dataset
@@ -57,7 +58,12 @@ def _run_gossip(grid: Grid, cfg: RunConfig) -> None:
     folder = run_folder(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "config.json", cfg.to_dict())
-    relay = GossipRelay(grid, cfg.strategy, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), folder)
+    # the peers' seeded initial model, so the relay checks each push as its receivers will before forwarding it
+    splits = load_dataset(cfg.data.dataset, cfg.data.data_dir, cfg.data.test_fraction, cfg.options.seed)
+    model = build_model(cfg.data.model, splits.input_shape, splits.num_classes, cfg.data.batchnorm,
+                        seed=cfg.options.seed, track_statistics=cfg.data.track_statistics)
+    relay = GossipRelay(grid, cfg.strategy, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(), folder,
+                        check_push=push_check(cfg, model))
     log.info("asyncfl: gossip method=%s dataset=%s model=%s horizon=%g -> %s", cfg.strategy, cfg.data.dataset,
              cfg.data.model, cfg.options.max_time, folder)
     relay.run()  # writes summary.json as it goes, atomically, and once more at the end

@@ -158,10 +158,14 @@ class GossipRelay:
         Local-training keys forwarded to the peers.
     folder : Path
         Where metrics.csv and summary.json go (written as they come).
+    check_push : callable, optional
+        A push record -> the reason its receivers would refuse it, or None
+        (:func:`asyncfl.client_app.gossip.push_check`); a push it refuses is counted against its sender
+        (``push-<reason>``) and never forwarded. Without it, pushes are checked only for numeric, finite arrays.
     """
 
     def __init__(self, grid, method: str, gossip: GossipConfig, options, timeout: float, train_config: dict,
-                 folder: Path) -> None:
+                 folder: Path, check_push=None) -> None:
         self.grid = grid
         if method not in GOSSIP_METHODS or not options.max_time > 0:
             raise ConfigError(f"the gossip relay runs a gossip method ({', '.join(GOSSIP_METHODS)}) to a horizon "
@@ -171,6 +175,7 @@ class GossipRelay:
         self.wait_for_nodes = options.node_wait(timeout)
         self.train_config = dict(train_config)
         self.folder = folder
+        self.check_push = check_push
         self.stats = RelayStats()
         self.delays = delay_sampler(resolve_delays(options.clock, options.delay_model)[1], options.seed)
         self.rng = np.random.default_rng([options.seed, 11])
@@ -347,8 +352,10 @@ class GossipRelay:
         record = records.get("push")
         if per_receiver and len(per_receiver) != event.out_degree:
             return self._refuse(peer, event, "fragment-count")
-        refusal = next((r for r in map(record_refusal, per_receiver or ([record] if record is not None else []))
-                        if r is not None), None)
+        pushed = per_receiver or ([record] if record is not None else [])
+        refusal = next((r for r in map(record_refusal, pushed) if r is not None), None)
+        if refusal is None and self.check_push is not None:
+            refusal = next((f"push-{r}" for r in map(self.check_push, pushed) if r is not None), None)
         if refusal is not None:
             return self._refuse(peer, event, refusal)
         self._failed_in_a_row[peer] = 0

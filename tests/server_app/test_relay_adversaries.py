@@ -14,7 +14,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from asyncfl.client_app.app import gossip_data
-from asyncfl.client_app.gossip import gossip_event
+from asyncfl.client_app.gossip import gossip_event, push_check
 from asyncfl.client_app.task import node_model
 from asyncfl.config import parse_run_config
 from asyncfl.decentralized.codec import CENTROIDS, Layout
@@ -28,7 +28,7 @@ DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"][
 HOSTILE, PEERS = 101, 4
 
 
-def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, **overrides):
+def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, relay_checks=False, **overrides):
     """The relay over ``PEERS`` real peers, peer 0 replying ``attack(message, honest_reply_fn)``; honest peers'
     exceptions become error replies, as Flower's runtime makes them. Returns the relay, the honest peers'
     contexts and the honest peers' errors."""
@@ -56,8 +56,12 @@ def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, **overr
             return Message(Error(code=0, reason=repr(error)), reply_to=message)
 
     grid = grid_class(PEERS, handler)
+    # relay_checks: the relay runs the receivers' check on each push itself, as the built-in ServerApp has it do;
+    # off, what a hostile push does reaches the receivers, whose own check is then what is tested
+    initial_model = node_model(cfg.data, gossip_data(cfg, 0, PEERS), cfg.options.seed)
+    check = push_check(cfg, initial_model) if relay_checks else None
     relay = GossipRelay(grid, cfg.strategy, cfg.gossip, cfg.options, cfg.timeout, cfg.train.to_message_config(),
-                        tmp_path / method)
+                        tmp_path / method, check_push=check)
     relay.run()
     return relay, {n: c for n, c in contexts.items() if n != HOSTILE}, honest_errors
 
@@ -151,6 +155,26 @@ def test_honest_receivers_refuse_what_does_not_fit_their_model_and_keep_training
     summary = relay.summary()
     assert summary["messages-refused-by-peers"] > 0 and summary["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+@pytest.mark.parametrize("attack", list(RECEIVERS_REFUSES) + ["values near float32's limit"])
+def test_with_the_receivers_check_at_the_relay_a_bad_push_is_refused_once_and_counted_against_its_sender(
+        tmp_path, attack):
+    method, craft = RECEIVERS_REFUSES.get(attack, ("pushcen", None))
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, method, craft or _huge_reply, relay_checks=True)
+    summary = relay.summary()
+    (reason, count), = summary["rejected-by-reason"].items()
+    assert reason.startswith("push-") and count == MAX_FAILED_EVENTS and summary["benched-peers"] == [0]
+    assert summary["messages-refused-by-peers"] == 0  # nothing bad was forwarded
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
+def test_the_relays_check_lets_every_honest_push_through(tmp_path):
+    for method in ("pushcen", "async-dfedavg", "swift", "divshare"):
+        relay, contexts, honest_errors = run_with_hostile_peer(tmp_path / method, method, lambda m, honest: honest(),
+                                                               relay_checks=True)
+        assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["pushes"] > 0, method
+        assert_honest_peers_intact(relay, contexts, honest_errors)
 
 
 def test_a_claimed_mass_is_not_read_the_relay_keeps_the_ledger(tmp_path):
