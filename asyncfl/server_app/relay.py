@@ -353,9 +353,10 @@ class GossipRelay:
         if per_receiver and len(per_receiver) != event.out_degree:
             return self._refuse(peer, event, "fragment-count")
         pushed = per_receiver or ([record] if record is not None else [])
-        refusal = next((r for r in map(record_refusal, pushed) if r is not None), None)
-        if refusal is None and self.check_push is not None:
+        if self.check_push is not None:  # the receivers' check (sizes bounded before anything is decoded)
             refusal = next((f"push-{r}" for r in map(self.check_push, pushed) if r is not None), None)
+        else:
+            refusal = next((r for r in map(record_refusal, pushed) if r is not None), None)
         if refusal is not None:
             return self._refuse(peer, event, refusal)
         self._failed_in_a_row[peer] = 0
