@@ -80,7 +80,7 @@ def push_check(cfg, model: torch.nn.Module):
     to refuse it or None: the relay runs it on each push before forwarding it, so a bad push is refused once,
     counted against its sender, and never held or sent on."""
     layout = Layout.of(model)
-    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
+    shared = layout.shared()
     limit = magnitude_limit({n: t.detach().cpu().numpy() for n, t in model.state_dict().items()}, shared)
     method = gossip_method(cfg.strategy)
     return lambda record: read_message(record, method, layout, shared, cfg.gossip, limit)[1]
@@ -115,7 +115,7 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     if len(y_train) == 0:
         raise ValueError("this peer's partition is empty; nothing to train on")
     layout = Layout.of(model)
-    shared = [n for n, kind in layout.kinds.items() if kind != "local"]
+    shared = layout.shared()
     initial = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}  # seeded, as every peer's
     limit = magnitude_limit(initial, shared)
     peer = load_peer(context, model)

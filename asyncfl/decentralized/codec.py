@@ -61,6 +61,10 @@ class Layout:
     def clustered(self) -> list[str]:
         return [n for n, kind in self.kinds.items() if kind == "clustered"]
 
+    def shared(self) -> list[str]:
+        """The entries neighbours exchange (every one but the local ones)."""
+        return [n for n, kind in self.kinds.items() if kind != "local"]
+
 
 def with_zero(nonzero: np.ndarray) -> np.ndarray:
     """The full sorted table: the k-1 non-zero centroids with 0 inserted in order."""
