@@ -5,7 +5,8 @@ messages (in simulation and on real SuperNodes); its push-sum mass is the
 relay's, told in each request. What arrived is checked message by message
 against this peer's model before it is merged
 (:func:`~asyncfl.decentralized.method.read_message`), and an event whose
-merge still puts the model out of bounds runs again on the peer's own data.
+merge still puts the model out of bounds runs again without the message of
+largest values, then on the peer's own data (:func:`fallbacks`).
 The event itself is the configured method's (:class:`~asyncfl.decentralized.method.GossipMethod`,
 each named in its own module of :mod:`asyncfl.decentralized`: ``pushcen``, ``async-dfedavg``,
 ``divshare``, ``swift``, ``independent``); this module reads the request, keeps the peer's
@@ -107,6 +108,31 @@ def _steps(knobs: dict, num_examples: int) -> int:
     return int(knobs["local-steps"])
 
 
+def largest_message(received: list[Received]) -> Received:
+    """The received message whose float values have the largest root mean square: the one that moves a model
+    furthest, first suspected when a merge leaves the bounds (only large values make training overflow)."""
+    def rms(item: Received) -> float:
+        values = [v.astype(np.float64).ravel() for v in item.message.values() if v.dtype.kind == "f" and v.size]
+        return float(np.sqrt(np.mean(np.concatenate(values) ** 2))) if values else 0.0
+    return max(received, key=rms)
+
+
+def fallbacks(received: list[Received]) -> list[tuple[str, bool, list[Received]]]:
+    """The events a peer tries in turn until its model stays finite and within the magnitude limit:
+    ``(what it tries, for the log; from the initial model; the messages merged)``. Every message that passed its
+    check; without the one of largest values (so one hostile message does not cost its co-delivered honest ones);
+    none; none from the seeded initial model, when the stored model itself cannot be trained (SWIFT keeps its merged
+    model untrained). At most three training passes more than an honest event."""
+    out = [(f"merging {len(received)} messages" if received else "training its stored model", False, received)]
+    if len(received) > 1:
+        suspect = largest_message(received)
+        out.append((f"dropping the message of largest values (peer {suspect.sender})", False,
+                    [r for r in received if r is not suspect]))
+    if received:
+        out.append(("dropping every message", False, []))
+    return out + [("restarting from the initial model", True, [])]
+
+
 def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Module) -> Message:
     """Run one compute event of the configured method and reply with the outgoing message."""
     request = msg.content.config_records["config"]
@@ -118,8 +144,8 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     shared = layout.shared()
     initial = {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}  # seeded, as every peer's
     limit = magnitude_limit(initial, shared)
-    peer = load_peer(context, model)
-    peer.mass = float(request["mass"])  # the relay keeps the push-sum ledger (asyncfl.server_app.relay)
+    start = load_peer(context, model)
+    start.mass = float(request["mass"])  # the relay keeps the push-sum ledger (asyncfl.server_app.relay)
     method = gossip_method(str(request["gossip-method"]))
     received, refused_mass = [], 0.0
     for i, (mass, sender) in enumerate(zip(list(request["masses"])[: int(request["received"])], request["senders"])):
@@ -135,50 +161,39 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     common = dict(steps=steps, batch_size=int(knobs["batch-size"]), lr=float(knobs["lr"]),
                   momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]),
                   optimizer=str(knobs["optimizer"]), weight_decay=float(knobs["weight-decay"]))
-    kept = dict(context.state.items()), PeerState({n: v.copy() for n, v in peer.state.items()}, peer.mass,
-                                                  {n: v.copy() for n, v in peer.dictionary.items()})
-
-    def run(merged: list[Received], dropped_mass: float):
-        event_request = request if not dropped_mass else ConfigRecord(
-            {**dict(request), "absorbed-mass": float(request["absorbed-mass"]) + dropped_mass})
-        return method.event(GossipEvent(context, peer, model, layout, shared, merged, event_request, x_train, y_train,
-                                        common, cfg.gossip))
-
-    def restore() -> None:
+    stored = dict(context.state.items())
+    attempts = fallbacks(received)
+    for attempt, (tried, from_initial, merged) in enumerate(attempts):
         context.state.clear()
-        for name, record in kept[0].items():
+        for name, record in stored.items():
             context.state[name] = record
-
-    restarted = 0
-    out = run(received, refused_mass)
-    if received and not _sane(peer, shared, limit):
-        # what arrived, though each message passed, made this model overflow or leave the magnitude limit: the
-        # event runs again from the state it started with, on its own data only; every message taken in is refused
-        log.warning("the %d messages taken in put this peer's model out of bounds; dropped", len(received))
-        restore()
-        peer = kept[1]
-        refused_mass += sum(r.mass for r in received)
-        received = []
-        out = run(received, refused_mass)
-    if not _sane(peer, shared, limit):
-        # the state it started from cannot be trained on (values an earlier event stored: SWIFT keeps its merged
-        # model untrained until the next event): the peer starts again from the seeded initial model
-        log.warning("this peer's stored model leaves the bounds when trained; restarting from the initial model")
-        restore()
-        for name in (STATE_MODEL, STATE_DICTIONARY, STATE_META):
-            context.state.pop(name, None)
-        method.forget(context)
-        peer = PeerState({n: v.copy() for n, v in initial.items()}, float(request["mass"]))
-        restarted = 1
-        out = run(received, refused_mass)
-        if not _sane(peer, shared, limit):
-            raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training "
-                             "from the initial model on its own data (local lr too high?)")
+        if from_initial:
+            for name in (STATE_MODEL, STATE_DICTIONARY, STATE_META):
+                context.state.pop(name, None)
+            method.forget(context)
+            peer = PeerState({n: v.copy() for n, v in initial.items()}, float(request["mass"]))
+        else:
+            peer = PeerState({n: v.copy() for n, v in start.state.items()}, start.mass,
+                             {n: v.copy() for n, v in start.dictionary.items()})
+        dropped = refused_mass + sum(r.mass for r in received if not any(r is m for m in merged))
+        event_request = request if not dropped else ConfigRecord(
+            {**dict(request), "absorbed-mass": float(request["absorbed-mass"]) + dropped})
+        out = method.event(GossipEvent(context, peer, model, layout, shared, merged, event_request, x_train, y_train,
+                                       common, cfg.gossip))
+        if _sane(peer, shared, limit):
+            break
+        if attempt + 1 < len(attempts):
+            log.warning("this peer's model left the bounds %s; next: %s", tried, attempts[attempt + 1][0])
+    else:
+        raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training "
+                         "from the initial model on its own data (local lr too high?)")
+    restarted = int(from_initial)
+    refused = int(request["received"]) - len(merged)
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")
     content = RecordDict({"metrics": MetricRecord({protocol.TRAIN_LOSS: float(out.loss),
                                                    protocol.LOCAL_ACCURACY: float(accuracy),
-                                                   protocol.REFUSED_MESSAGES: int(request["received"]) - len(received),
+                                                   protocol.REFUSED_MESSAGES: refused,
                                                    protocol.RESTARTED: restarted,
                                                    protocol.NUM_EXAMPLES: len(y_train)})})
     if out.push is not None:

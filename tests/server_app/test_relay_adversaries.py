@@ -28,10 +28,11 @@ DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"][
 HOSTILE, PEERS = 101, 4
 
 
-def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, relay_checks=False, **overrides):
+def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, relay_checks=False, replies=None,
+                          **overrides):
     """The relay over ``PEERS`` real peers, peer 0 replying ``attack(message, honest_reply_fn)``; honest peers'
-    exceptions become error replies, as Flower's runtime makes them. Returns the relay, the honest peers'
-    contexts and the honest peers' errors."""
+    exceptions become error replies, as Flower's runtime makes them; each honest ``(request, reply)`` is appended to
+    ``replies`` when given. Returns the relay, the honest peers' contexts and the honest peers' errors."""
     run_config = {**DEFAULTS, "strategy": method, "dataset": "digits", "model": "mlp", "optimizer": "sgd", "lr": 0.05,
                   "local-steps": 2, "max-time": 6.0, "gossip.eval-points": 3, "gossip.out-degree": 2,
                   "gossip.buffer-capacity": 2, "gossip.delayed-fraction": 0.0, "pushcen.k": 6, "timeout": 1.0,
@@ -50,7 +51,10 @@ def run_with_hostile_peer(tmp_path, method, attack, grid_class=FakeGrid, relay_c
         if node == HOSTILE:
             return attack(message, lambda: honest(node, message))
         try:
-            return honest(node, message)
+            reply = honest(node, message)
+            if replies is not None:
+                replies.append((message, reply))
+            return reply
         except Exception as error:  # what Flower's ClientApp runtime replies
             honest_errors.append(repr(error))
             return Message(Error(code=0, reason=repr(error)), reply_to=message)
@@ -266,21 +270,40 @@ def test_a_request_too_large_for_the_superlink_goes_again_without_its_messages(t
     assert_honest_peers_intact(relay, contexts, honest_errors)
 
 
+def _at_the_limit(message, honest):
+    """The honest reply with every pushed value 999: within the receivers' magnitude limit, too large to train on."""
+    reply = honest()
+    content = RecordDict({"metrics": reply.content.metric_records["metrics"]})
+    content["push"] = ArrayRecord({k: Array(np.full_like(a.numpy(), 999.0))
+                                   for k, a in reply.content.array_records["push"].items()})
+    return Message(content, reply_to=message)
+
+
+def test_a_message_too_large_to_train_on_costs_its_receiver_only_itself_not_its_co_delivered_honest_ones(tmp_path):
+    """A merge that leaves the bounds runs again without the message of largest values before it drops them all."""
+    replies = []
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "async-dfedavg", _at_the_limit, replies=replies,
+                                                           model="lenet5", dataset="mnist5k", **{"max-time": 8.0})
+    refused_with_company = 0
+    for request, reply in replies:
+        config = request.content.config_records["config"]
+        senders = list(config["senders"])[: int(config["received"])]
+        refused = int(reply.content.metric_records["metrics"]["refused-messages"])
+        assert refused <= senders.count(0)  # never an honest message
+        refused_with_company += refused if len(senders) > senders.count(0) else 0
+    assert refused_with_company > 0  # the case the fallback is for happened, and honest company was kept
+    assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
+    assert_honest_peers_intact(relay, contexts, honest_errors)
+
+
 def test_a_stored_model_that_cannot_be_trained_restarts_from_the_initial_model(tmp_path, caplog):
     """SWIFT stores its merged model untrained, so values within the magnitude limit (999 everywhere, pushed every
     event) can make a receiver's next training leave the bounds even from its own stored model; the peer then
     starts again from its seeded initial model instead of failing every event and being benched."""
-    def at_the_limit(message, honest):
-        reply = honest()
-        content = RecordDict({"metrics": reply.content.metric_records["metrics"]})
-        content["push"] = ArrayRecord({k: Array(np.full_like(a.numpy(), 999.0))
-                                       for k, a in reply.content.array_records["push"].items()})
-        return Message(content, reply_to=message)
-
     gossip_log = logging.getLogger("asyncfl.gossip")  # asyncfl's loggers do not propagate to the root's
     gossip_log.addHandler(caplog.handler)
     try:
-        relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "swift", at_the_limit, model="lenet5",
+        relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "swift", _at_the_limit, model="lenet5",
                                                                dataset="mnist5k", **{"max-time": 6.0})
     finally:
         gossip_log.removeHandler(caplog.handler)
