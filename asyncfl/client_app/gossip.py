@@ -5,8 +5,9 @@ messages (in simulation and on real SuperNodes); its push-sum mass is the
 relay's, told in each request. What arrived is checked message by message
 against this peer's model before it is merged
 (:func:`~asyncfl.decentralized.method.read_message`), and an event whose
-merge still puts the model out of bounds runs again without the message of
-largest values, then on the peer's own data (:func:`fallbacks`).
+model still leaves the bounds runs again without the messages of the sender
+farthest from this model, then on the peer's own data, then from the initial
+model (:func:`fallbacks`).
 The event itself is the configured method's (:class:`~asyncfl.decentralized.method.GossipMethod`,
 each named in its own module of :mod:`asyncfl.decentralized`: ``pushcen``, ``async-dfedavg``,
 ``divshare``, ``swift``, ``independent``); this module reads the request, keeps the peer's
@@ -108,29 +109,24 @@ def _steps(knobs: dict, num_examples: int) -> int:
     return int(knobs["local-steps"])
 
 
-def largest_message(received: list[Received]) -> Received:
-    """The received message whose float values have the largest root mean square: the one that moves a model
-    furthest, first suspected when a merge leaves the bounds (only large values make training overflow)."""
-    def rms(item: Received) -> float:
-        values = [v.astype(np.float64).ravel() for v in item.message.values() if v.dtype.kind == "f" and v.size]
-        return float(np.sqrt(np.mean(np.concatenate(values) ** 2))) if values else 0.0
-    return max(received, key=rms)
-
-
-def fallbacks(received: list[Received]) -> list[tuple[str, bool, list[Received]]]:
-    """The events a peer tries in turn until its model stays finite and within the magnitude limit:
-    ``(what it tries, for the log; from the initial model; the messages merged)``. Every message that passed its
-    check; without the one of largest values (so one hostile message does not cost its co-delivered honest ones);
-    none; none from the seeded initial model, when the stored model itself cannot be trained (SWIFT keeps its merged
-    model untrained). At most three training passes more than an honest event."""
-    out = [(f"merging {len(received)} messages" if received else "training its stored model", False, received)]
-    if len(received) > 1:
-        suspect = largest_message(received)
-        out.append((f"dropping the message of largest values (peer {suspect.sender})", False,
-                    [r for r in received if r is not suspect]))
-    if received:
-        out.append(("dropping every message", False, []))
-    return out + [("restarting from the initial model", True, [])]
+def fallbacks(received: list[Received], farthest, trains_before_merging: bool = False):
+    """The events a peer tries in turn until its model stays finite and within the magnitude limit, as
+    ``(what it tries, for the log; from the initial model; the messages merged)``: every message that passed its
+    check; without the messages of the sender whose message is ``farthest(received)`` from this peer's model
+    (called only once the first event failed), so that one hostile sender does not cost the event's honest
+    messages; none; none from the seeded initial model, when the stored model itself cannot be trained (SWIFT
+    keeps its merged model untrained). A method that trains before it merges (``trains_before_merging``) goes from
+    the first straight to the last: its training does not depend on what arrived. At most three passes more."""
+    yield (f"merging {len(received)} messages" if received else "training its stored model"), False, received
+    if not trains_before_merging:
+        if len(received) > 1:
+            suspect = farthest(received)
+            rest = [r for r in received if r is not suspect and (r.sender < 0 or r.sender != suspect.sender)]
+            if rest:
+                yield f"without peer {suspect.sender}'s messages, the farthest from this model", False, rest
+        if received:
+            yield "without any message", False, []
+    yield "restarting from the initial model", True, []
 
 
 def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Module) -> Message:
@@ -162,8 +158,10 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
                   momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]),
                   optimizer=str(knobs["optimizer"]), weight_decay=float(knobs["weight-decay"]))
     stored = dict(context.state.items())
-    attempts = fallbacks(received)
-    for attempt, (tried, from_initial, merged) in enumerate(attempts):
+    def farthest(messages: list[Received]) -> Received:
+        return max(messages, key=lambda r: method.distance(r.message, start.state, layout, shared))
+
+    for tried, from_initial, merged in fallbacks(received, farthest, method.trains_before_merging):
         context.state.clear()
         for name, record in stored.items():
             context.state[name] = record
@@ -181,9 +179,10 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         out = method.event(GossipEvent(context, peer, model, layout, shared, merged, event_request, x_train, y_train,
                                        common, cfg.gossip))
         if _sane(peer, shared, limit):
+            if merged is not received or from_initial:
+                log.warning("this peer's model stayed within the bounds %s", tried)
             break
-        if attempt + 1 < len(attempts):
-            log.warning("this peer's model left the bounds %s; next: %s", tried, attempts[attempt + 1][0])
+        log.warning("this peer's model left the bounds %s", tried)
     else:
         raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training "
                          "from the initial model on its own data (local lr too high?)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from asyncfl import protocol
-from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, train_own
+from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, root_mean_square, train_own
 from asyncfl.errors import ConfigError
 
 
@@ -90,6 +90,13 @@ class DivShare(GossipMethod):
         (int64)."""
         size = sum(math.prod(layout.shapes[name]) for name in shared)
         return {"values": (np.dtype(np.float32), size), "fragment": (np.dtype(np.int64), (3,))}
+
+    def distance(self, message, own, layout, shared) -> float:
+        """Over the fragment's coordinates (its index set, drawn as the merge draws it; the size was checked)."""
+        flat = np.concatenate([own[name].reshape(-1) for name in shared])
+        seed, index, fragments = (int(v) for v in message["fragment"])
+        coordinates = fragment_indices(flat.size, fragments, seed)[index]
+        return root_mean_square([message["values"].astype(np.float64) - flat[coordinates]])
 
     def refusal(self, message, layout, shared, settings) -> str | None:
         """A fragment whose ``(seed, id, count)`` no sender makes (a seed outside ``[0, 2**31)``, more fragments than

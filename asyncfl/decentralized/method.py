@@ -84,6 +84,9 @@ class GossipMethod:
 
     #: Its run-config ``strategy``, set in the method's own class body (where the registry finds it).
     run_config_name: ClassVar[str | None] = None
+    #: Whether an event trains the stored model before it merges what arrived (SWIFT): then what arrived cannot be
+    #: what makes that event's training leave the bounds, and a peer does not retry it with fewer messages.
+    trains_before_merging: ClassVar[bool] = False
 
     def event(self, event: GossipEvent) -> Outgoing:
         """Merge what arrived, train, and say what goes out; ``event.peer`` holds the new state."""
@@ -99,6 +102,13 @@ class GossipMethod:
         """Drop what the method keeps in ``context.state`` between events (the peer restarts from its initial
         model); nothing by default."""
 
+    def distance(self, message: dict[str, np.ndarray], own: dict[str, np.ndarray], layout: Layout,
+                 shared: list[str]) -> float:
+        """Root mean square difference between the model values ``message`` carries and the receiver's ``own``
+        model at the same coordinates: how far merging it moves the model. By default the message is a whole
+        model."""
+        return root_mean_square([message[name].astype(np.float64) - own[name] for name in shared])
+
     def refusal(self, message: dict[str, np.ndarray], layout: Layout, shared: list[str],
                 settings: GossipConfig) -> str | None:
         """Why a message that fits :meth:`message_schema` still cannot be merged (values the method cannot take),
@@ -112,6 +122,12 @@ NPY_HEADER_BYTES = 4096
 #: magnitude of the (seeded, shared) initial model (or 1): trained weights stay within a few times their start,
 #: while finite values near float32's limit overflow the first training step into NaN.
 MAGNITUDE_LIMIT = 1e3
+
+
+def root_mean_square(differences: list[np.ndarray]) -> float:
+    """Root mean square over every value of ``differences`` (0 for none)."""
+    count = sum(d.size for d in differences)
+    return math.sqrt(sum(float(np.square(d).sum()) for d in differences) / count) if count else 0.0
 
 
 def magnitude_limit(initial: dict[str, np.ndarray], shared: list[str]) -> float:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from asyncfl.decentralized.codec import CENTROIDS, INDICES, decode_message
-from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing
+from asyncfl.decentralized.method import GossipEvent, GossipMethod, Outgoing, root_mean_square
 from asyncfl.decentralized.peer import PeerConfig, compute_event
 from asyncfl.decentralized.wcp import index_bits
 
@@ -42,6 +42,12 @@ class PushCen(GossipMethod):
                 schema[name + CENTROIDS] = (np.dtype(np.float32), (settings.k - 1,))
                 schema[name + INDICES] = (np.dtype(np.uint8), (math.ceil(count * index_bits(settings.k) / 8),))
         return schema
+
+    def distance(self, message, own, layout, shared) -> float:
+        """Over the decoded model (each index's centroid), not the centroid table: few large centroids can fill
+        a whole layer."""
+        dense, _ = decode_message(message, layout)
+        return root_mean_square([value.astype(np.float64) - own[name] for name, value in dense.items()])
 
     def refusal(self, message, layout, shared, settings) -> str | None:
         """Centroids not in ascending order or holding 0 (SortRemap's table, the zero entry implied), or an index

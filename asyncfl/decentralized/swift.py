@@ -123,6 +123,7 @@ class Swift(GossipMethod):
     whole model goes to every out-neighbour."""
 
     run_config_name = "swift"
+    trains_before_merging = True
 
     def forget(self, context: Context) -> None:
         """Drop the neighbour cache."""

@@ -1,35 +1,79 @@
-"""The order in which a gossip peer retries an event whose merge left its model out of bounds."""
+"""The order in which a gossip peer retries an event whose model left the bounds, and how it picks the suspect."""
 
 import numpy as np
+import pytest
 
-from asyncfl.client_app.gossip import fallbacks, largest_message
+from asyncfl.client_app.gossip import fallbacks
+from asyncfl.decentralized.baselines import AsyncDFedAvg
+from asyncfl.decentralized.bitpack import pack_indices
+from asyncfl.decentralized.codec import CENTROIDS, INDICES, Layout
+from asyncfl.decentralized.divshare import DivShare, fragment_indices
 from asyncfl.decentralized.peer import Received
+from asyncfl.decentralized.pushcen import PushCen
+from asyncfl.decentralized.wcp import index_bits
 
 
-def _message(sender, *values):
-    return Received({"w": np.array(values, np.float32), "index": np.array([7, 9], np.int64)}, 0.25, sender)
+def _message(sender, value):
+    return Received({"w": np.array([value], np.float32)}, 0.25, sender)
 
 
-def test_the_suspect_is_the_message_of_largest_root_mean_square_and_integer_arrays_do_not_count():
-    # Prepare: RMS 1.0, sqrt(12.5) ~ 3.54 and 4.0; one spike of 5 has an RMS of only 3.54 over two values
-    quiet, spiky, broad = _message(1, 1.0, -1.0), _message(2, 5.0, 0.0), _message(3, 4.0, -4.0)
+def _tried(received, **kwargs):
+    return [(from_initial, [r.sender for r in merged])
+            for _, from_initial, merged in fallbacks(received, lambda rs: rs[-1], **kwargs)]
+
+
+def test_fallbacks_drop_the_farthest_senders_messages_then_every_message_then_restart():
+    # Prepare: sender 3 is the suspect and sent twice (no deduplication); sender 1 once
+    received = [_message(1, 1.0), _message(3, 4.0), _message(3, 5.0)]
     # Execute / Assert
-    assert largest_message([quiet, spiky, broad]) is broad
-    assert largest_message([quiet, spiky]) is spiky
+    assert _tried(received) == [(False, [1, 3, 3]), (False, [1]), (False, []), (True, [])]
 
 
-def test_fallbacks_drop_the_suspect_then_every_message_then_restart():
+def test_the_suspect_is_looked_for_only_once_the_first_event_failed():
     # Prepare
-    quiet, broad = _message(1, 1.0), _message(3, 4.0)
+    asked = []
+    attempts = fallbacks([_message(1, 1.0), _message(2, 2.0)], lambda rs: asked.append(1) or rs[0])
     # Execute
-    tried = fallbacks([quiet, broad])
+    next(attempts)
     # Assert
-    assert [(from_initial, [r.sender for r in merged]) for _, from_initial, merged in tried] == [
-        (False, [1, 3]), (False, [1]), (False, []), (True, [])]
-    assert tried[1][0] == "dropping the message of largest values (peer 3)"
+    assert asked == []
+    next(attempts)
+    assert asked == [1]
 
 
-def test_with_one_message_or_none_there_is_no_suspect_to_try():
+def test_with_one_sender_or_none_there_is_no_suspect_to_try_and_a_method_that_trains_first_restarts_at_once():
     # Execute / Assert
-    assert [(i, len(m)) for _, i, m in fallbacks([_message(1, 1.0)])] == [(False, 1), (False, 0), (True, 0)]
-    assert [(i, len(m)) for _, i, m in fallbacks([])] == [(False, 0), (True, 0)]
+    assert _tried([_message(1, 1.0)]) == [(False, [1]), (False, []), (True, [])]
+    assert _tried([_message(2, 1.0), _message(2, 3.0)]) == [(False, [2, 2]), (False, []), (True, [])]
+    assert _tried([]) == [(False, []), (True, [])]
+    assert _tried([_message(1, 1.0), _message(2, 3.0)], trains_before_merging=True) == [(False, [1, 2]), (True, [])]
+
+
+def test_a_whole_models_distance_is_the_rms_of_its_difference_to_the_receivers_model():
+    # Prepare: differences (3, -4) and (0, 0): RMS sqrt(25 / 4)
+    own = {"a": np.array([1.0, 1.0], np.float32), "b": np.array([2.0, 2.0], np.float32)}
+    message = {"a": np.array([4.0, -3.0], np.float32), "b": np.array([2.0, 2.0], np.float32)}
+    # Execute / Assert
+    assert AsyncDFedAvg().distance(message, own, None, ["a", "b"]) == pytest.approx(2.5)
+
+
+def test_pushcens_distance_is_over_the_decoded_layer_not_its_small_centroid_table():
+    # Prepare: a 4-weight layer of k = 4 (three non-zero centroids, ascending); every index on centroid 0.3
+    class FakeLayout:
+        kinds, shapes = {"w": "clustered"}, {"w": (4,)}
+    centroids = np.array([0.001, 0.002, 0.3], np.float32)
+    indices = np.full(4, 3)  # entry 0 of the table is the implied zero
+    message = {"w" + CENTROIDS: centroids, "w" + INDICES: np.frombuffer(pack_indices(indices, index_bits(4)), np.uint8)}
+    own = {"w": np.zeros(4, np.float32)}
+    # Execute / Assert: 0.3 everywhere, where the table's own RMS is 0.17
+    assert PushCen().distance(message, own, FakeLayout(), ["w"]) == pytest.approx(0.3, rel=1e-6)
+
+
+def test_divshares_distance_is_over_the_fragments_own_coordinates():
+    # Prepare: a 6-value model of 0..5, fragment 1 of 2 (seed 7) carrying its coordinates' values + 2
+    flat = np.arange(6, dtype=np.float32)
+    coordinates = fragment_indices(6, 2, 7)[1]
+    message = {"values": flat[coordinates] + 2.0, "fragment": np.array([7, 1, 2], np.int64)}
+    own = {"a": flat[:2].copy(), "b": flat[2:].copy()}
+    # Execute / Assert
+    assert DivShare().distance(message, own, None, ["a", "b"]) == pytest.approx(2.0)

@@ -17,7 +17,7 @@ from asyncfl.client_app.app import gossip_data
 from asyncfl.client_app.gossip import gossip_event, push_check
 from asyncfl.client_app.task import node_model
 from asyncfl.config import parse_run_config
-from asyncfl.decentralized.codec import CENTROIDS, Layout
+from asyncfl.decentralized.codec import CENTROIDS, INDICES, Layout
 from asyncfl.decentralized.divshare import DivShare
 from asyncfl.decentralized.method import read_message
 from asyncfl.server_app.relay import MAX_FAILED_EVENTS, MAX_LOST_EVENTS, GossipRelay
@@ -279,19 +279,47 @@ def _at_the_limit(message, honest):
     return Message(content, reply_to=message)
 
 
-def test_a_message_too_large_to_train_on_costs_its_receiver_only_itself_not_its_co_delivered_honest_ones(tmp_path):
-    """A merge that leaves the bounds runs again without the message of largest values before it drops them all."""
+def _one_large_centroid(message, honest):
+    """The honest PushCen reply with each clustered layer's table tiny but for its last centroid, 3, on which
+    every index lands: a small table (the floats on the wire), a whole layer of 3 decoded."""
+    reply = honest()
+    arrays = {}
+    for name, array in reply.content.array_records["push"].items():
+        values = array.numpy()
+        if name.endswith(CENTROIDS):
+            values = np.append(np.linspace(1e-4, 2e-4, values.size - 1), 3.0).astype(values.dtype)
+        elif name.endswith(INDICES):
+            values = np.full_like(values, 0xFF)  # every index at the table's last entry (k = 4: 2 bits, 11)
+        arrays[name] = Array(values)
+    content = RecordDict({"metrics": reply.content.metric_records["metrics"], "push": ArrayRecord(arrays)})
+    return Message(content, reply_to=message)
+
+
+@pytest.mark.parametrize("method,attack,overrides", [
+    ("async-dfedavg", _at_the_limit, {}),
+    ("pushcen", _one_large_centroid, {"pushcen.k": 4}),
+    ("pushcen", _one_large_centroid, {"pushcen.k": 4, "gossip.dedup": False}),  # a sender's several messages
+])
+def test_a_message_too_large_to_train_on_costs_its_receiver_only_itself_not_its_co_delivered_honest_ones(
+        tmp_path, method, attack, overrides):
+    """A model that leaves the bounds is trained again without the messages of the sender farthest from it before
+    every message is dropped. Before, an event that refused the hostile message refused its honest company too."""
     replies = []
-    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, "async-dfedavg", _at_the_limit, replies=replies,
-                                                           model="lenet5", dataset="mnist5k", **{"max-time": 8.0})
-    refused_with_company = 0
+    relay, contexts, honest_errors = run_with_hostile_peer(tmp_path, method, attack, replies=replies,
+                                                           model="lenet5", dataset="mnist5k",
+                                                           **{"max-time": 8.0, **overrides})
+    company_kept, company_lost = 0, 0  # events with hostile and honest messages that refused some
     for request, reply in replies:
         config = request.content.config_records["config"]
         senders = list(config["senders"])[: int(config["received"])]
         refused = int(reply.content.metric_records["metrics"]["refused-messages"])
-        assert refused <= senders.count(0)  # never an honest message
-        refused_with_company += refused if len(senders) > senders.count(0) else 0
-    assert refused_with_company > 0  # the case the fallback is for happened, and honest company was kept
+        hostile = senders.count(0)
+        if hostile and len(senders) > hostile and refused:
+            company_kept += refused <= hostile
+            company_lost += refused > hostile
+    assert company_kept > company_lost
+    if method == "async-dfedavg":  # 999 everywhere is always the farthest; under PushCen an honest neighbour that
+        assert company_lost == 0  # took some of the hostile layers in can be farther still (the docs say so)
     assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
 
