@@ -6,8 +6,8 @@ relay's, told in each request. What arrived is checked message by message
 against this peer's model before it is merged
 (:func:`~asyncfl.decentralized.method.read_message`), and an event whose
 model still leaves the bounds runs again without the messages of the sender
-farthest from this model, then on the peer's own data, then from the initial
-model (:func:`fallbacks`).
+farthest from this model, then on the peer's own data, then from the model it
+last trained (a method that keeps one) and from the initial model (:func:`fallbacks`).
 The event itself is the configured method's (:class:`~asyncfl.decentralized.method.GossipMethod`,
 each named in its own module of :mod:`asyncfl.decentralized`: ``pushcen``, ``async-dfedavg``,
 ``divshare``, ``swift``, ``independent``); this module reads the request, keeps the peer's
@@ -109,24 +109,29 @@ def _steps(knobs: dict, num_examples: int) -> int:
     return int(knobs["local-steps"])
 
 
-def fallbacks(received: list[Received], farthest, trains_before_merging: bool = False):
+def fallbacks(received: list[Received], farthest, trains_before_merging: bool = False,
+              kept_trained: bool = False):
     """The events a peer tries in turn until its model stays finite and within the magnitude limit, as
-    ``(what it tries, for the log; from the initial model; the messages merged)``: every message that passed its
-    check; without the messages of the sender whose message is ``farthest(received)`` from this peer's model
-    (called only once the first event failed), so that one hostile sender does not cost the event's honest
-    messages; none; none from the seeded initial model, when the stored model itself cannot be trained (SWIFT
-    keeps its merged model untrained). A method that trains before it merges (``trains_before_merging``) goes from
-    the first straight to the last: its training does not depend on what arrived. At most three passes more."""
-    yield (f"merging {len(received)} messages" if received else "training its stored model"), False, received
+    ``(what it tries, for the log; the model it starts from: "stored", "trained" or "initial"; the messages
+    merged)``: every message that passed its check; without the messages of the sender whose message is
+    ``farthest(received)`` from this peer's model (called only once the first event failed), so that one hostile
+    sender does not cost the event's honest messages; none; then, when the stored model itself cannot be trained
+    (SWIFT keeps its merged model untrained), none from the model the peer last trained itself
+    (``kept_trained``: its method keeps one) and from the seeded initial model. A method that trains before it
+    merges (``trains_before_merging``) skips the retries with fewer messages: its training does not depend on
+    what arrived. At most four passes more."""
+    yield (f"merging {len(received)} messages" if received else "training its stored model"), "stored", received
     if not trains_before_merging:
         if len(received) > 1:
             suspect = farthest(received)
             rest = [r for r in received if r is not suspect and (r.sender < 0 or r.sender != suspect.sender)]
             if rest:
-                yield f"without peer {suspect.sender}'s messages, the farthest from this model", False, rest
+                yield f"without peer {suspect.sender}'s messages, the farthest from this model", "stored", rest
         if received:
-            yield "without any message", False, []
-    yield "restarting from the initial model", True, []
+            yield "without any message", "stored", []
+    if kept_trained:
+        yield "restarting from the model it last trained", "trained", []
+    yield "restarting from the initial model", "initial", []
 
 
 def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Module) -> Message:
@@ -161,15 +166,18 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
     def farthest(messages: list[Received]) -> Received:
         return max(messages, key=lambda r: method.distance(r.message, start.state, layout, shared))
 
-    for tried, from_initial, merged in fallbacks(received, farthest, method.trains_before_merging):
+    last_trained = method.last_trained(context)
+    for tried, start_from, merged in fallbacks(received, farthest, method.trains_before_merging,
+                                               last_trained is not None):
         context.state.clear()
         for name, record in stored.items():
             context.state[name] = record
-        if from_initial:
+        if start_from != "stored":
             for name in (STATE_MODEL, STATE_DICTIONARY, STATE_META):
                 context.state.pop(name, None)
             method.forget(context)
-            peer = PeerState({n: v.copy() for n, v in initial.items()}, float(request["mass"]))
+            base = last_trained if start_from == "trained" else initial
+            peer = PeerState({n: v.copy() for n, v in base.items()}, float(request["mass"]))
         else:
             peer = PeerState({n: v.copy() for n, v in start.state.items()}, start.mass,
                              {n: v.copy() for n, v in start.dictionary.items()})
@@ -179,14 +187,14 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
         out = method.event(GossipEvent(context, peer, model, layout, shared, merged, event_request, x_train, y_train,
                                        common, cfg.gossip))
         if _sane(peer, shared, limit):
-            if merged is not received or from_initial:
+            if merged is not received or start_from != "stored":
                 log.warning("this peer's model stayed within the bounds %s", tried)
             break
         log.warning("this peer's model left the bounds %s", tried)
     else:
         raise ValueError(f"this peer's model is not finite, or beyond {limit:g} in magnitude, after training "
                          "from the initial model on its own data (local lr too high?)")
-    restarted = int(from_initial)
+    restarted = int(start_from != "stored")
     refused = int(request["received"]) - len(merged)
     save_peer(context, peer)
     accuracy = evaluate(model, x_test, y_test)[1] if len(y_test) else float("nan")

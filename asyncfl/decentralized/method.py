@@ -102,6 +102,11 @@ class GossipMethod:
         """Drop what the method keeps in ``context.state`` between events (the peer restarts from its initial
         model); nothing by default."""
 
+    def last_trained(self, context: Context) -> dict[str, np.ndarray] | None:
+        """A model this peer trained itself in an earlier event, kept in ``context.state``, for a restart to start
+        from before the initial model (when the stored model is not one the peer trained); None by default."""
+        return None
+
     def distance(self, message: dict[str, np.ndarray], own: dict[str, np.ndarray], layout: Layout,
                  shared: list[str]) -> float:
         """Root mean square difference between the model values ``message`` carries and the receiver's ``own``

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 #: Where a peer keeps its neighbour cache between events (``context.state``): the models, and their senders in order.
 STATE_CACHE, STATE_CACHE_ORDER = "swift-cache", "swift-cache-order"
+#: The model the peer's last event trained, before the merge (what a restart starts from: the stored merged model
+#: holds neighbours' values no training has met yet).
+STATE_TRAINED = "swift-trained"
 
 
 class NeighbourCache:
@@ -126,9 +129,15 @@ class Swift(GossipMethod):
     trains_before_merging = True
 
     def forget(self, context: Context) -> None:
-        """Drop the neighbour cache."""
-        for name in (STATE_CACHE, STATE_CACHE_ORDER):
+        """Drop the neighbour cache and the last trained model."""
+        for name in (STATE_CACHE, STATE_CACHE_ORDER, STATE_TRAINED):
             context.state.pop(name, None)
+
+    def last_trained(self, context: Context) -> dict[str, np.ndarray] | None:
+        """The model the last event trained, before it was averaged with the cache."""
+        if STATE_TRAINED not in context.state.array_records:
+            return None
+        return {name: array.numpy() for name, array in context.state.array_records[STATE_TRAINED].items()}
 
     def event(self, event: GossipEvent) -> Outgoing:
         peer, shared = event.peer, event.shared
@@ -142,4 +151,5 @@ class Swift(GossipMethod):
         peer.state = swift_merge(own, trained, cache.models(), shared)
         load_state(event.model, event.layout, peer.state)  # the peer's accuracy is its merged model's
         save_cache(event.context, cache)
+        event.context.state[STATE_TRAINED] = to_record(trained)
         return Outgoing(loss, push={n: peer.state[n].astype(np.float32) for n in shared})

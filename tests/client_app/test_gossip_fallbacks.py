@@ -18,15 +18,16 @@ def _message(sender, value):
 
 
 def _tried(received, **kwargs):
-    return [(from_initial, [r.sender for r in merged])
-            for _, from_initial, merged in fallbacks(received, lambda rs: rs[-1], **kwargs)]
+    return [(start, [r.sender for r in merged])
+            for _, start, merged in fallbacks(received, lambda rs: rs[-1], **kwargs)]
 
 
 def test_fallbacks_drop_the_farthest_senders_messages_then_every_message_then_restart():
     # Prepare: sender 3 is the suspect and sent twice (no deduplication); sender 1 once
     received = [_message(1, 1.0), _message(3, 4.0), _message(3, 5.0)]
     # Execute / Assert
-    assert _tried(received) == [(False, [1, 3, 3]), (False, [1]), (False, []), (True, [])]
+    assert _tried(received) == [("stored", [1, 3, 3]), ("stored", [1]), ("stored", []), ("initial", [])]
+    assert _tried(received, kept_trained=True)[-2:] == [("trained", []), ("initial", [])]
 
 
 def test_the_suspect_is_looked_for_only_once_the_first_event_failed():
@@ -41,12 +42,13 @@ def test_the_suspect_is_looked_for_only_once_the_first_event_failed():
     assert asked == [1]
 
 
-def test_with_one_sender_or_none_there_is_no_suspect_to_try_and_a_method_that_trains_first_restarts_at_once():
+def test_with_one_sender_or_none_there_is_no_suspect_and_a_method_that_trains_first_restarts_at_once():
     # Execute / Assert
-    assert _tried([_message(1, 1.0)]) == [(False, [1]), (False, []), (True, [])]
-    assert _tried([_message(2, 1.0), _message(2, 3.0)]) == [(False, [2, 2]), (False, []), (True, [])]
-    assert _tried([]) == [(False, []), (True, [])]
-    assert _tried([_message(1, 1.0), _message(2, 3.0)], trains_before_merging=True) == [(False, [1, 2]), (True, [])]
+    assert _tried([_message(1, 1.0)]) == [("stored", [1]), ("stored", []), ("initial", [])]
+    assert _tried([_message(2, 1.0), _message(2, 3.0)]) == [("stored", [2, 2]), ("stored", []), ("initial", [])]
+    assert _tried([]) == [("stored", []), ("initial", [])]
+    assert _tried([_message(1, 1.0), _message(2, 3.0)], trains_before_merging=True, kept_trained=True) == [
+        ("stored", [1, 2]), ("trained", []), ("initial", [])]
 
 
 def test_a_whole_models_distance_is_the_rms_of_its_difference_to_the_receivers_model():

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from asyncfl.decentralized.swift import NeighbourCache, swift_merge
+from asyncfl.decentralized.swift import NeighbourCache, Swift, swift_merge
 from asyncfl.server_app.relay import GossipRelay
 from tests.server_app.test_relay import run_relay
 
@@ -44,6 +44,12 @@ def test_swift_on_the_relay_keeps_a_bounded_cache_and_sends_full_models(tmp_path
     cached = [list(c.state.config_records["swift-cache-order"]["senders"]) for c in contexts.values()
               if "swift-cache-order" in c.state.config_records]
     assert cached and all(1 <= len(s) <= 2 and len(set(s)) == len(s) for s in cached)
+    # each peer keeps the model its last event trained (a restart's start), a whole model; forget drops it all
+    context = next(c for c in contexts.values() if "swift-cache" in c.state.array_records)
+    trained, stored = Swift().last_trained(context), context.state.array_records["gossip-model"]
+    assert set(trained) == set(stored) and any(not np.array_equal(trained[n], stored[n].numpy()) for n in trained)
+    Swift().forget(context)
+    assert Swift().last_trained(context) is None and "swift-cache" not in context.state.array_records
 
 
 def test_fixed_topology_sends_only_along_a_static_graph(tmp_path, monkeypatch):

@@ -324,10 +324,11 @@ def test_a_message_too_large_to_train_on_costs_its_receiver_only_itself_not_its_
     assert_honest_peers_intact(relay, contexts, honest_errors)
 
 
-def test_a_stored_model_that_cannot_be_trained_restarts_from_the_initial_model(tmp_path, caplog):
+def test_a_stored_model_that_cannot_be_trained_restarts_from_the_model_the_peer_last_trained(tmp_path, caplog):
     """SWIFT stores its merged model untrained, so values within the magnitude limit (999 everywhere, pushed every
     event) can make a receiver's next training leave the bounds even from its own stored model; the peer then
-    starts again from its seeded initial model instead of failing every event and being benched."""
+    starts again from the model its last event trained (before that merge), its cache dropped, instead of failing
+    every event and being benched, or losing its progress to the initial model."""
     gossip_log = logging.getLogger("asyncfl.gossip")  # asyncfl's loggers do not propagate to the root's
     gossip_log.addHandler(caplog.handler)
     try:
@@ -335,7 +336,8 @@ def test_a_stored_model_that_cannot_be_trained_restarts_from_the_initial_model(t
                                                                dataset="mnist5k", **{"max-time": 6.0})
     finally:
         gossip_log.removeHandler(caplog.handler)
-    assert "restarting from the initial model" in caplog.text and relay.summary()["peer-restarts"] > 0
+    assert "stayed within the bounds restarting from the model it last trained" in caplog.text
+    assert "restarting from the initial model" not in caplog.text and relay.summary()["peer-restarts"] > 0
     assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
 
