@@ -71,7 +71,8 @@ PROCESS = "process"
 LOCAL_ACCURACY = "local-acc"
 #: How many of the messages the event's request carried the peer refused (they did not fit its model).
 REFUSED_MESSAGES = "refused-messages"
-#: 1 when the peer's stored model could not be trained within bounds and it restarted from the initial model.
+#: 1 when the peer's stored model could not be trained within bounds and it restarted (from the model it last trained
+#: where its method keeps one, else from the initial model).
 RESTARTED = "restarted"
 
 #: Stream tags that keep the engine's and the relay's job seeds apart for the same run seed.

@@ -7,7 +7,8 @@ against this peer's model before it is merged
 (:func:`~asyncfl.decentralized.method.read_message`), and an event whose
 model still leaves the bounds runs again without the messages of the sender
 farthest from this model, then on the peer's own data, then from the model it
-last trained (a method that keeps one) and from the initial model (:func:`fallbacks`).
+last trained (a method that keeps one) and from the initial model; a method that
+trains before it merges (SWIFT) goes straight to the restarts (:func:`fallbacks`).
 The event itself is the configured method's (:class:`~asyncfl.decentralized.method.GossipMethod`,
 each named in its own module of :mod:`asyncfl.decentralized`: ``pushcen``, ``async-dfedavg``,
 ``divshare``, ``swift``, ``independent``); this module reads the request, keeps the peer's
@@ -109,28 +110,26 @@ def _steps(knobs: dict, num_examples: int) -> int:
     return int(knobs["local-steps"])
 
 
-def fallbacks(received: list[Received], farthest, trains_before_merging: bool = False,
-              kept_trained: bool = False):
+def fallbacks(received: list[Received], farthest, trains_before_merging: bool = False):
     """The events a peer tries in turn until its model stays finite and within the magnitude limit, as
     ``(what it tries, for the log; the model it starts from: "stored", "trained" or "initial"; the messages
     merged)``: every message that passed its check; without the messages of the sender whose message is
-    ``farthest(received)`` from this peer's model (called only once the first event failed), so that one hostile
-    sender does not cost the event's honest messages; none; then, when the stored model itself cannot be trained
-    (SWIFT keeps its merged model untrained), none from the model the peer last trained itself
-    (``kept_trained``: its method keeps one) and from the seeded initial model. A method that trains before it
-    merges (``trains_before_merging``) skips the retries with fewer messages: its training does not depend on
-    what arrived. At most four passes more."""
+    ``farthest(received)`` from this peer's model (called only once the first event failed, and only with two
+    senders or more), so that one hostile sender, when it is the farthest, does not cost the event's honest
+    messages; none; then, taking the stored model for what cannot be trained (SWIFT keeps its merged model
+    untrained), none from the model the peer last trained (skipped where its method keeps none) and from the
+    seeded initial model. A method that trains before it merges (``trains_before_merging``) skips the retries with
+    fewer messages. At most four passes more."""
     yield (f"merging {len(received)} messages" if received else "training its stored model"), "stored", received
     if not trains_before_merging:
-        if len(received) > 1:
+        senders = {r.sender for r in received}
+        if len(received) > 1 and (len(senders) > 1 or -1 in senders):
             suspect = farthest(received)
             rest = [r for r in received if r is not suspect and (r.sender < 0 or r.sender != suspect.sender)]
-            if rest:
-                yield f"without peer {suspect.sender}'s messages, the farthest from this model", "stored", rest
+            yield f"without peer {suspect.sender}'s messages, the farthest from this model", "stored", rest
         if received:
             yield "without any message", "stored", []
-    if kept_trained:
-        yield "restarting from the model it last trained", "trained", []
+    yield "restarting from the model it last trained", "trained", []
     yield "restarting from the initial model", "initial", []
 
 
@@ -163,20 +162,21 @@ def gossip_event(msg: Message, context: Context, cfg, data, model: torch.nn.Modu
                   momentum=float(knobs["momentum"]), seed=int(knobs[protocol.JOB_SEED]),
                   optimizer=str(knobs["optimizer"]), weight_decay=float(knobs["weight-decay"]))
     stored = dict(context.state.items())
+
     def farthest(messages: list[Received]) -> Received:
         return max(messages, key=lambda r: method.distance(r.message, start.state, layout, shared))
 
-    last_trained = method.last_trained(context)
-    for tried, start_from, merged in fallbacks(received, farthest, method.trains_before_merging,
-                                               last_trained is not None):
+    for tried, start_from, merged in fallbacks(received, farthest, method.trains_before_merging):
         context.state.clear()
         for name, record in stored.items():
             context.state[name] = record
         if start_from != "stored":
+            base = initial if start_from == "initial" else method.last_trained(context)  # read before forget
+            if base is None:
+                continue  # the method keeps no trained model
             for name in (STATE_MODEL, STATE_DICTIONARY, STATE_META):
                 context.state.pop(name, None)
             method.forget(context)
-            base = last_trained if start_from == "trained" else initial
             peer = PeerState({n: v.copy() for n, v in base.items()}, float(request["mass"]))
         else:
             peer = PeerState({n: v.copy() for n, v in start.state.items()}, start.mass,

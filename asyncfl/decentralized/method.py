@@ -84,8 +84,9 @@ class GossipMethod:
 
     #: Its run-config ``strategy``, set in the method's own class body (where the registry finds it).
     run_config_name: ClassVar[str | None] = None
-    #: Whether an event trains the stored model before it merges what arrived (SWIFT): then what arrived cannot be
-    #: what makes that event's training leave the bounds, and a peer does not retry it with fewer messages.
+    #: Whether an event trains the stored model before it merges what arrived (SWIFT): then what arrived does not
+    #: change that event's training, and a peer whose model leaves the bounds restarts at once instead of retrying
+    #: with fewer messages (only a model already near the limit could be tipped over by the merge itself).
     trains_before_merging: ClassVar[bool] = False
 
     def event(self, event: GossipEvent) -> Outgoing:
@@ -99,19 +100,20 @@ class GossipMethod:
         return {name: (np.dtype(np.float32), tuple(layout.shapes[name])) for name in shared}
 
     def forget(self, context: Context) -> None:
-        """Drop what the method keeps in ``context.state`` between events (the peer restarts from its initial
-        model); nothing by default."""
+        """Drop what the method keeps in ``context.state`` between events (the peer restarts, from the model it
+        last trained or the initial one); nothing by default."""
 
     def last_trained(self, context: Context) -> dict[str, np.ndarray] | None:
-        """A model this peer trained itself in an earlier event, kept in ``context.state``, for a restart to start
-        from before the initial model (when the stored model is not one the peer trained); None by default."""
+        """The model this peer's last event trained, kept in ``context.state``, for a restart to start from before
+        the initial model (where the stored model is not one the peer trained; it may hold what earlier merges let
+        in, within the bounds); None by default."""
         return None
 
     def distance(self, message: dict[str, np.ndarray], own: dict[str, np.ndarray], layout: Layout,
                  shared: list[str]) -> float:
         """Root mean square difference between the model values ``message`` carries and the receiver's ``own``
-        model at the same coordinates: how far merging it moves the model. By default the message is a whole
-        model."""
+        model at the same coordinates (a merge moves the model a weighted share of it): the larger, the first
+        suspected. By default the message is a whole model."""
         return root_mean_square([message[name].astype(np.float64) - own[name] for name in shared])
 
     def refusal(self, message: dict[str, np.ndarray], layout: Layout, shared: list[str],

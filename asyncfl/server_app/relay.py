@@ -81,7 +81,7 @@ class RelayStats:
     relay_seconds: float = 0.0  # relay work only: waiting for peers' replies is excluded
     peak_buffered_bytes: int = 0
     refused_by_peers: int = 0  # messages receivers refused, as they report it
-    restarts: int = 0  # events in which a peer restarted from the initial model, as it reports it
+    restarts: int = 0  # events in which a peer restarted (its last trained or the initial model), as it reports it
     requests_refused: int = 0  # requests the SuperLink would not take: sent again without their largest message
     mass_unsent: float = 0.0  # push-sum mass of shares a peer did not send (a failed event, no push): gone
 

@@ -26,11 +26,11 @@ def test_fallbacks_drop_the_farthest_senders_messages_then_every_message_then_re
     # Prepare: sender 3 is the suspect and sent twice (no deduplication); sender 1 once
     received = [_message(1, 1.0), _message(3, 4.0), _message(3, 5.0)]
     # Execute / Assert
-    assert _tried(received) == [("stored", [1, 3, 3]), ("stored", [1]), ("stored", []), ("initial", [])]
-    assert _tried(received, kept_trained=True)[-2:] == [("trained", []), ("initial", [])]
+    assert _tried(received) == [("stored", [1, 3, 3]), ("stored", [1]), ("stored", []), ("trained", []),
+                                ("initial", [])]
 
 
-def test_the_suspect_is_looked_for_only_once_the_first_event_failed():
+def test_the_suspect_is_looked_for_only_once_the_first_event_failed_and_only_among_two_senders_or_more():
     # Prepare
     asked = []
     attempts = fallbacks([_message(1, 1.0), _message(2, 2.0)], lambda rs: asked.append(1) or rs[0])
@@ -40,15 +40,17 @@ def test_the_suspect_is_looked_for_only_once_the_first_event_failed():
     assert asked == []
     next(attempts)
     assert asked == [1]
+    one_sender = fallbacks([_message(2, 1.0), _message(2, 2.0)], lambda rs: asked.append(2) or rs[0])
+    assert [start for _, start, _ in one_sender] == ["stored", "stored", "trained", "initial"] and asked == [1]
 
 
 def test_with_one_sender_or_none_there_is_no_suspect_and_a_method_that_trains_first_restarts_at_once():
     # Execute / Assert
-    assert _tried([_message(1, 1.0)]) == [("stored", [1]), ("stored", []), ("initial", [])]
-    assert _tried([_message(2, 1.0), _message(2, 3.0)]) == [("stored", [2, 2]), ("stored", []), ("initial", [])]
-    assert _tried([]) == [("stored", []), ("initial", [])]
-    assert _tried([_message(1, 1.0), _message(2, 3.0)], trains_before_merging=True, kept_trained=True) == [
-        ("stored", [1, 2]), ("trained", []), ("initial", [])]
+    restarts = [("trained", []), ("initial", [])]
+    assert _tried([_message(1, 1.0)]) == [("stored", [1]), ("stored", [])] + restarts
+    assert _tried([_message(2, 1.0), _message(2, 3.0)]) == [("stored", [2, 2]), ("stored", [])] + restarts
+    assert _tried([]) == [("stored", [])] + restarts
+    assert _tried([_message(1, 1.0), _message(2, 3.0)], trains_before_merging=True) == [("stored", [1, 2])] + restarts
 
 
 def test_a_whole_models_distance_is_the_rms_of_its_difference_to_the_receivers_model():

@@ -298,7 +298,6 @@ def _one_large_centroid(message, honest):
 @pytest.mark.parametrize("method,attack,overrides", [
     ("async-dfedavg", _at_the_limit, {}),
     ("pushcen", _one_large_centroid, {"pushcen.k": 4}),
-    ("pushcen", _one_large_centroid, {"pushcen.k": 4, "gossip.dedup": False}),  # a sender's several messages
 ])
 def test_a_message_too_large_to_train_on_costs_its_receiver_only_itself_not_its_co_delivered_honest_ones(
         tmp_path, method, attack, overrides):
@@ -314,12 +313,13 @@ def test_a_message_too_large_to_train_on_costs_its_receiver_only_itself_not_its_
         senders = list(config["senders"])[: int(config["received"])]
         refused = int(reply.content.metric_records["metrics"]["refused-messages"])
         hostile = senders.count(0)
+        if method == "async-dfedavg":  # 999 everywhere is always the farthest: never an honest message refused
+            assert refused <= hostile
         if hostile and len(senders) > hostile and refused:
             company_kept += refused <= hostile
             company_lost += refused > hostile
+    # under PushCen an honest neighbour that took some of the hostile layers in can be farther still (the docs say so)
     assert company_kept > company_lost
-    if method == "async-dfedavg":  # 999 everywhere is always the farthest; under PushCen an honest neighbour that
-        assert company_lost == 0  # took some of the hostile layers in can be farther still (the docs say so)
     assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
 
@@ -337,6 +337,7 @@ def test_a_stored_model_that_cannot_be_trained_restarts_from_the_model_the_peer_
     finally:
         gossip_log.removeHandler(caplog.handler)
     assert "stayed within the bounds restarting from the model it last trained" in caplog.text
+    assert "without" not in caplog.text  # SWIFT trains before it merges: no retry with fewer messages
     assert "restarting from the initial model" not in caplog.text and relay.summary()["peer-restarts"] > 0
     assert relay.summary()["rejected-by-reason"] == {} and relay.summary()["benched-peers"] == []
     assert_honest_peers_intact(relay, contexts, honest_errors)
