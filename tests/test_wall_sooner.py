@@ -126,6 +126,20 @@ def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tm
     assert (config["device-profile"], config["device-seconds"], config["device-seed"]) == ("quarter-5x-slower", 3.0, 0)
 
 
+def test_the_puller_cap_ablation_sets_the_cap_when_the_copy_is_imported(study, tmp_path, monkeypatch):
+    from asyncfl.server_app.puller import ThreadedPuller
+
+    source = (ROOT / "examples" / "quickstart-pytorch/pytorchexample" / "server_app.py").read_text()
+    plain = study.server_source(source, "fedbuff", tmp_path / "t.jsonl", tmp_path / "s.json", tmp_path / "a.json")
+    assert "MAX_INTERVAL" not in plain
+    server = study.server_source(source, "fedbuff", tmp_path / "t.jsonl", tmp_path / "s.json", tmp_path / "a.json",
+                                 puller_cap=2.5)
+    tail = server[server.index("from asyncfl.server_app.puller"):]  # the copy's last lines: run them alone
+    monkeypatch.setattr(ThreadedPuller, "MAX_INTERVAL", 1.0)
+    exec(compile(tail, "server_app.py", "exec"), {})
+    assert ThreadedPuller.MAX_INTERVAL == 2.5
+
+
 def test_time_to_a_target_is_the_first_evaluation_at_or_above_it(study):
     timeline = [[0, 1.0, 0.1], [1, 5.0, 0.7], [2, 9.0, 0.69], [3, 12.0, 0.8]]
     assert study.time_to(timeline, 0.7) == 5.0 and study.time_to(timeline, 0.75) == 12.0

@@ -247,7 +247,11 @@ class AsyncEngine:
         if not waiting:
             return 0
         got = 0
-        replies = self._puller.poll(waiting) if self._puller is not None else self.grid.pull_messages(waiting)
+        if self._puller is not None:
+            replies = self._puller.poll(waiting)
+            state.stats.reply_pulls = self._puller.pulls
+        else:
+            replies = self.grid.pull_messages(waiting)
         for reply in replies:
             reply_to = reply.metadata.reply_to_message_id
             # the first reply stays: a later one for the same job (a second pull after the SuperLink delivered

@@ -101,6 +101,7 @@ class EngineStats:
     reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
     clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
     held_dispatches: int = 0  # times free slots waited for the strategy's next version (dispatch-hold)
+    reply_pulls: int = 0  # wall clock: pull requests of single replies the puller made (each costs the SuperLink)
     # cap-in-flight: dispatch checks that found jobs in flight capped below concurrency, the sum and least cap
     capped_checks: int = 0
     in_flight_cap_sum: int = 0
@@ -116,8 +117,9 @@ class EngineStats:
     first_push_wall: float | None = None  # time.monotonic() when the first train job was pushed
     last_arrival_wall: float | None = None  # time.monotonic() when the last accepted reply was taken in
 
-    #: Fields that are moments of this process's monotonic clock: not carried into a resumed run.
-    process_fields = ("first_push_wall", "last_arrival_wall")
+    #: Fields of this process alone (moments of its monotonic clock, its puller's count): not carried into a
+    #: resumed run.
+    process_fields = ("first_push_wall", "last_arrival_wall", "reply_pulls")
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

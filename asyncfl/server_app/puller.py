@@ -43,17 +43,21 @@ class ThreadedPuller:
     workers : int
         Concurrent pulls.
     min_interval, max_interval : float
-        Bounds in seconds on the wait between two pull attempts of the same message.
+        Bounds in seconds on the wait between two pull attempts of the same message (``max_interval`` None:
+        :attr:`MAX_INTERVAL`).
     age_fraction : float
         That wait is this fraction of the time since the message was first polled.
     clock : callable
         Seconds, monotonic (a fake one in tests).
     """
 
-    def __init__(self, grid, workers: int = 8, min_interval: float = 0.2, max_interval: float = 1.0,
+    MAX_INTERVAL = 1.0  # the default cap; a class attribute so that a benchmark's ablation can set it
+
+    def __init__(self, grid, workers: int = 8, min_interval: float = 0.2, max_interval: float | None = None,
                  age_fraction: float = 0.125, clock=time.monotonic) -> None:
         self.grid = grid
-        self.min_interval, self.max_interval, self.age_fraction = min_interval, max_interval, age_fraction
+        self.min_interval, self.age_fraction = min_interval, age_fraction
+        self.max_interval = type(self).MAX_INTERVAL if max_interval is None else max_interval
         self.clock = clock
         self._requests: queue.Queue[str] = queue.Queue()
         self._replies: queue.Queue[Message] = queue.Queue()

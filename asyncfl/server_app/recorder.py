@@ -220,6 +220,8 @@ def transport_summary(stats) -> dict:
         out["clamped-bn-variances"] = stats.clamped_variances
     if getattr(stats, "held_dispatches", 0):
         out["held-dispatches"] = stats.held_dispatches
+    if getattr(stats, "reply_pulls", 0):
+        out["reply-pulls"] = stats.reply_pulls
     if getattr(stats, "capped_checks", 0):  # cap-in-flight acted: the mean and least cap over those checks
         out["in-flight-cap-mean"] = round(stats.in_flight_cap_sum / stats.capped_checks, 2)
         out["in-flight-cap-min"] = stats.in_flight_cap_min

@@ -95,9 +95,10 @@ SUMMARY = ("\n    _summary = getattr(result, 'summary', None)\n"
 
 
 def server_source(source: str, strategy: str, timeline: Path, summary: Path, accuracy: Path,
-                  start_options: str = "") -> str:
+                  start_options: str = "", puller_cap: float | None = None) -> str:
     """``server_app.py`` with the strategy swapped (``start_options``: keywords for asyncfl's ``start()``), its
-    evaluation timed and asyncfl's summary written."""
+    evaluation timed and asyncfl's summary written; ``puller_cap``: the wall-clock puller's longest wait between two
+    pulls of one reply (an ablation of its default, ``ThreadedPuller.MAX_INTERVAL``)."""
     if strategy == "ca2fl":  # the swap knows FedAsync; CA2FL is the same one-name change
         source = re.sub(r"^(from asyncfl import [^\n]*)\bFedBuff\b", r"\1CA2FL as FedBuff", source, count=1, flags=re.M)
         strategy = "fedbuff"
@@ -105,7 +106,11 @@ def server_source(source: str, strategy: str, timeline: Path, summary: Path, acc
     if EVALUATE not in source:
         raise SystemExit(f"the example's server_app.py has no {EVALUATE!r}: update {Path(__file__).name}")
     source = source.replace(EVALUATE, "evaluate_fn=_timed(global_evaluate)", 1)
-    return source.rstrip("\n") + SUMMARY.format(path=str(summary)) + TIMED.format(path=str(timeline))
+    source = source.rstrip("\n") + SUMMARY.format(path=str(summary)) + TIMED.format(path=str(timeline))
+    if puller_cap is not None:
+        source += ("\nfrom asyncfl.server_app.puller import ThreadedPuller as _ThreadedPuller\n"
+                   f"_ThreadedPuller.MAX_INTERVAL = {float(puller_cap)!r}\n")
+    return source
 
 
 def client_source(source: str) -> str:
@@ -242,7 +247,8 @@ def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: floa
 
 
 def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, seconds: float, rounds: int,
-             seed: int, start_options: str = "", async_rounds: int | None = None) -> dict:
+             seed: int, start_options: str = "", async_rounds: int | None = None,
+             puller_cap: float | None = None) -> dict:
     """One run of ``example`` with ``strategy`` on the emulated fleet; the cell with its timed accuracy curve.
 
     ``rounds`` is the equal-work point (Flower's FedAvg runs that many); an asynchronous strategy runs
@@ -265,7 +271,7 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
                                                                         "accuracy.json"))
         server_app = app / module
         server_app.write_text(server_source(server_app.read_text(), strategy, timeline, summary, accuracy,
-                                                 start_options))
+                                                 start_options, puller_cap))
         client_app = server_app.with_name("client_app.py")
         client_app.write_text(client_source(client_app.read_text()))
         declare_device_keys(app / "pyproject.toml", profile, seconds, seed)
@@ -292,9 +298,10 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
     if first is None:
         raise SystemExit(f"{example} / {strategy} / {mode} run {run} evaluated no round: {points}")
     kept = ("arrivals", "rejected-updates", "rejected-by-reason", "staleness-mean", "client-train-s-mean",
-            "job-round-trip-s-mean", "in-flight-cap-mean", "held-dispatches", "stop-reason")
+            "job-round-trip-s-mean", "in-flight-cap-mean", "held-dispatches", "reply-pulls", "stop-reason")
     return {"example": example, "strategy": strategy, "run": run, "mode": mode, "profile": profile,
             **({"start-options": start_options} if start_options else {}),
+            **({"puller-cap": puller_cap} if puller_cap is not None else {}),
             "device-seconds": seconds, "device-seed": seed, "rounds": rounds, "run-rounds": run_rounds,
             "updates": updates,
             **ideal(profile, nodes, seconds, seed, in_flight=cohort),
@@ -421,10 +428,15 @@ def main() -> None:
     parser.add_argument("--start-options", default="",
                         help="keywords for an asyncfl strategy's start(), as Python (\"dispatch_hold=0.0\"): an "
                              "ablation, stored in its own --out folder")
+    parser.add_argument("--puller-cap", type=float, default=None,
+                        help="seconds: the wall-clock puller's longest wait between two pulls of one reply (default: "
+                             "asyncfl's); an ablation, stored in its own --out folder")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     args = parser.parse_args()
     DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
+    if args.puller_cap is not None and not 0.2 <= args.puller_cap <= 60:
+        parser.error(f"--puller-cap {args.puller_cap}: valid are 0.2 (the puller's shortest wait) to 60 seconds")
     path = args.out / "cells.jsonl"
     done = {(r["example"], r["mode"], r["strategy"], r["run"]) for r in load(path)}
     todo = [(e, s, run) for e in args.examples for run in range(1, args.runs + 1) for s in args.strategies
@@ -433,7 +445,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         for example, strategy, run in todo:
             row = run_cell(example, strategy, run, args.mode, args.profile, args.device_seconds, args.rounds,
-                           args.device_seed, args.start_options, args.async_rounds)
+                           args.device_seed, args.start_options, args.async_rounds, args.puller_cap)
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example} {args.mode} {strategy} run {run}: final {row['final']:.3f} in {row['train-seconds']:.0f} s "

@@ -276,6 +276,8 @@ def test_wall_clock_accepts_in_pull_order():
     accepted_nodes = [engine.clients[c] for _, c, _ in strategy.seen]
     pushed = [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"][:3]
     assert accepted_nodes == list(reversed(pushed))
+    # every reply came through a pull of its own, and the count of those pulls is kept (summary "reply-pulls")
+    assert engine.state.stats.reply_pulls >= 3
 
 
 def test_wall_clock_a_stuck_pull_does_not_block_other_replies():
@@ -801,6 +803,8 @@ def test_a_later_unavailable_error_for_a_pulled_reply_does_not_replace_it():
     from asyncfl.server_app.transport import unavailable_reply
 
     class TwoPulls:
+        pulls = 0
+
         def __init__(self, *answers):
             self.answers = list(answers)
 

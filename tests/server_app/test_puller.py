@@ -33,6 +33,14 @@ def test_the_wait_between_pulls_grows_with_the_message_age_within_bounds():
     assert puller.interval(60.0) == 1.0  # old: the cap
 
 
+def test_the_cap_defaults_to_the_class_value_which_an_ablation_may_set(monkeypatch):
+    assert ThreadedPuller(CountingGrid(), workers=1).interval(60.0) == ThreadedPuller.MAX_INTERVAL == 1.0
+    monkeypatch.setattr(ThreadedPuller, "MAX_INTERVAL", 2.5)
+    puller = ThreadedPuller(CountingGrid(), workers=1)
+    assert (puller.interval(8.0), puller.interval(16.0), puller.interval(60.0)) == (1.0, 2.0, 2.5)
+    assert ThreadedPuller(CountingGrid(), workers=1, max_interval=0.5).interval(60.0) == 0.5  # an explicit cap wins
+
+
 def test_a_message_is_pulled_again_only_after_its_interval():
     now = [0.0]
     grid = CountingGrid()
