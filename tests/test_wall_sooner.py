@@ -140,6 +140,12 @@ def test_the_puller_cap_ablation_sets_the_cap_when_the_copy_is_imported(study, t
     assert ThreadedPuller.MAX_INTERVAL == 2.5
 
 
+def test_the_jobs_out_come_from_the_studys_fraction_train_else_the_examples_pyproject(study):
+    assert study._cohort("quickstart-pytorch", 8) == 8  # its pyproject sets none: Flower's 1.0
+    assert study._cohort("advanced-pytorch", 50) == 12  # its pyproject's 0.25
+    assert study._cohort("advanced-pytorch-6-out", 50) == 6  # the study's override, 0.12
+
+
 def test_time_to_a_target_is_the_first_evaluation_at_or_above_it(study):
     timeline = [[0, 1.0, 0.1], [1, 5.0, 0.7], [2, 9.0, 0.69], [3, 12.0, 0.8]]
     assert study.time_to(timeline, 0.7) == 5.0 and study.time_to(timeline, 0.75) == 12.0

@@ -55,11 +55,18 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "dropin"))
 sys.path.insert(0, str(ROOT))
 
 from advanced_example import load  # noqa: E402  (the stored cells' reader)
-from wall_clock import EXAMPLES, FOLDER, fmnist_subset, swapped  # noqa: E402
+from wall_clock import EXAMPLES as DROPIN_EXAMPLES  # noqa: E402
+from wall_clock import FOLDER as DROPIN_FOLDER  # noqa: E402
+from wall_clock import fmnist_subset, swapped  # noqa: E402
 
 from asyncfl.client_app.device_speed import DeviceProfile  # noqa: E402
 
 STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync", "ca2fl")
+#: the drop-in study's examples, and the advanced example with 6 jobs out at once (6 of 50 nodes a round), so that
+#: Flower's simulation runtime on a 2-core host (min(32, cores + 4) = 6 ClientApps at once) does not cap the fleet
+EXAMPLES = {**DROPIN_EXAMPLES,
+            "advanced-pytorch-6-out": ("advancedexample/server_app.py", 50, "fraction-evaluate=0.0 fraction-train=0.12")}
+FOLDER = {**DROPIN_FOLDER, "advanced-pytorch-6-out": "advanced-pytorch"}
 MODES = ("simulation", "loopback")
 EVALUATE = "evaluate_fn=global_evaluate"
 CLIENT_APP = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re.M)
@@ -321,12 +328,14 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
 
 
 def _cohort(example: str, nodes: int) -> int:
-    """Client updates per round: the example's fraction-train (its pyproject; Flower's 1.0 where it sets none) of
-    its nodes, at least 2 (Flower's FedAvg samples that many)."""
+    """Client updates per round: the example's fraction-train (the study's run-config override, else its pyproject;
+    Flower's 1.0 where it sets none) of its nodes, at least 2 (Flower's FedAvg samples that many)."""
     import tomllib
 
+    override = re.search(r"(?:^| )fraction-train=([0-9.]+)", EXAMPLES[example][2])
     pyproject = ROOT / "examples" / FOLDER.get(example, example) / "pyproject.toml"
-    fraction = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"].get("fraction-train", 1.0)
+    fraction = float(override.group(1)) if override else \
+        tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"].get("fraction-train", 1.0)
     return max(int(fraction * nodes), 2)
 
 
