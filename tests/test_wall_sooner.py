@@ -126,18 +126,28 @@ def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tm
     assert (config["device-profile"], config["device-seconds"], config["device-seed"]) == ("quarter-5x-slower", 3.0, 0)
 
 
-def test_the_puller_cap_ablation_sets_the_cap_when_the_copy_is_imported(study, tmp_path, monkeypatch):
+def test_the_puller_ablations_set_the_puller_when_the_copy_is_imported(study, tmp_path, monkeypatch):
     from asyncfl.server_app.puller import ThreadedPuller
 
     source = (ROOT / "examples" / "quickstart-pytorch/pytorchexample" / "server_app.py").read_text()
     plain = study.server_source(source, "fedbuff", tmp_path / "t.jsonl", tmp_path / "s.json", tmp_path / "a.json")
-    assert "MAX_INTERVAL" not in plain
+    assert "ThreadedPuller" not in plain
     server = study.server_source(source, "fedbuff", tmp_path / "t.jsonl", tmp_path / "s.json", tmp_path / "a.json",
-                                 puller_cap=2.5)
+                                 puller={"cap": 2.5, "fine": 0.0})
     tail = server[server.index("from asyncfl.server_app.puller"):]  # the copy's last lines: run them alone
     monkeypatch.setattr(ThreadedPuller, "MAX_INTERVAL", 1.0)
+    monkeypatch.setattr(ThreadedPuller, "FINE", 0.05)
     exec(compile(tail, "server_app.py", "exec"), {})
-    assert ThreadedPuller.MAX_INTERVAL == 2.5
+    assert (ThreadedPuller.MAX_INTERVAL, ThreadedPuller.FINE) == (2.5, 0.0)
+    assert ThreadedPuller(object(), workers=0).fine == 0.0
+
+
+def test_a_study_pins_its_runs_to_its_own_tree(study, monkeypatch):
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", str(study.ROOT)]))
+    study.pin_code()
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(study.ROOT), "/elsewhere"]
 
 
 def test_the_jobs_out_come_from_the_studys_fraction_train_else_the_examples_pyproject(study):

@@ -248,7 +248,7 @@ class AsyncEngine:
             return 0
         got = 0
         if self._puller is not None:
-            replies = self._puller.poll(waiting)
+            replies = self._puller.poll(waiting, {mid: state.in_flight[mid].client for mid in waiting})
             state.stats.reply_pulls = self._puller.pulls
         else:
             replies = self.grid.pull_messages(waiting)

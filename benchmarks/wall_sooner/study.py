@@ -68,6 +68,8 @@ EXAMPLES = {**DROPIN_EXAMPLES,
             "advanced-pytorch-6-out": ("advancedexample/server_app.py", 50, "fraction-evaluate=0.0 fraction-train=0.12")}
 FOLDER = {**DROPIN_FOLDER, "advanced-pytorch-6-out": "advanced-pytorch"}
 MODES = ("simulation", "loopback")
+#: the puller's settings an ablation may set: study name -> ThreadedPuller class attribute
+PULLER_SETTINGS = {"cap": "MAX_INTERVAL", "fine": "FINE"}
 EVALUATE = "evaluate_fn=global_evaluate"
 CLIENT_APP = re.compile(r"^app = ClientApp\(mods=\[report_train_seconds\]\)", re.M)
 TIMED = '''
@@ -102,10 +104,10 @@ SUMMARY = ("\n    _summary = getattr(result, 'summary', None)\n"
 
 
 def server_source(source: str, strategy: str, timeline: Path, summary: Path, accuracy: Path,
-                  start_options: str = "", puller_cap: float | None = None) -> str:
+                  start_options: str = "", puller: dict[str, float] | None = None) -> str:
     """``server_app.py`` with the strategy swapped (``start_options``: keywords for asyncfl's ``start()``), its
-    evaluation timed and asyncfl's summary written; ``puller_cap``: the wall-clock puller's longest wait between two
-    pulls of one reply (an ablation of its default, ``ThreadedPuller.MAX_INTERVAL``)."""
+    evaluation timed and asyncfl's summary written; ``puller``: settings of the wall-clock puller by
+    :data:`PULLER_SETTINGS` name (an ablation of its defaults)."""
     if strategy == "ca2fl":  # the swap knows FedAsync; CA2FL is the same one-name change
         source = re.sub(r"^(from asyncfl import [^\n]*)\bFedBuff\b", r"\1CA2FL as FedBuff", source, count=1, flags=re.M)
         strategy = "fedbuff"
@@ -114,9 +116,10 @@ def server_source(source: str, strategy: str, timeline: Path, summary: Path, acc
         raise SystemExit(f"the example's server_app.py has no {EVALUATE!r}: update {Path(__file__).name}")
     source = source.replace(EVALUATE, "evaluate_fn=_timed(global_evaluate)", 1)
     source = source.rstrip("\n") + SUMMARY.format(path=str(summary)) + TIMED.format(path=str(timeline))
-    if puller_cap is not None:
-        source += ("\nfrom asyncfl.server_app.puller import ThreadedPuller as _ThreadedPuller\n"
-                   f"_ThreadedPuller.MAX_INTERVAL = {float(puller_cap)!r}\n")
+    if puller:
+        source += "\nfrom asyncfl.server_app.puller import ThreadedPuller as _ThreadedPuller\n"
+        source += "".join(f"_ThreadedPuller.{PULLER_SETTINGS[name]} = {float(value)!r}\n"
+                          for name, value in sorted(puller.items()))
     return source
 
 
@@ -225,6 +228,14 @@ def host_cpu_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def pin_code() -> None:
+    """Make every process of a run (the SuperLink's ServerApp, Ray's ClientApps, the SuperNodes) import asyncfl from
+    this study's own tree, not the editable install's: a study run from a pinned copy then runs the pinned code,
+    whatever happens to the working tree meanwhile."""
+    kept = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path and path != str(ROOT)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *kept])
+
+
 def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
                     actors: int | None = None) -> tuple[int, str]:
     """``asyncfl run`` in simulation with ``actors`` Ray actors (default one per node): one per job that can be out
@@ -255,7 +266,7 @@ def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: floa
 
 def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, seconds: float, rounds: int,
              seed: int, start_options: str = "", async_rounds: int | None = None,
-             puller_cap: float | None = None) -> dict:
+             puller: dict[str, float] | None = None) -> dict:
     """One run of ``example`` with ``strategy`` on the emulated fleet; the cell with its timed accuracy curve.
 
     ``rounds`` is the equal-work point (Flower's FedAvg runs that many); an asynchronous strategy runs
@@ -278,7 +289,7 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
                                                                         "accuracy.json"))
         server_app = app / module
         server_app.write_text(server_source(server_app.read_text(), strategy, timeline, summary, accuracy,
-                                                 start_options, puller_cap))
+                                                 start_options, puller))
         client_app = server_app.with_name("client_app.py")
         client_app.write_text(client_source(client_app.read_text()))
         declare_device_keys(app / "pyproject.toml", profile, seconds, seed)
@@ -308,7 +319,7 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             "job-round-trip-s-mean", "in-flight-cap-mean", "held-dispatches", "reply-pulls", "stop-reason")
     return {"example": example, "strategy": strategy, "run": run, "mode": mode, "profile": profile,
             **({"start-options": start_options} if start_options else {}),
-            **({"puller-cap": puller_cap} if puller_cap is not None else {}),
+            **{f"puller-{name}": value for name, value in sorted((puller or {}).items())},
             "device-seconds": seconds, "device-seed": seed, "rounds": rounds, "run-rounds": run_rounds,
             "updates": updates,
             **ideal(profile, nodes, seconds, seed, in_flight=cohort),
@@ -440,21 +451,29 @@ def main() -> None:
     parser.add_argument("--puller-cap", type=float, default=None,
                         help="seconds: the wall-clock puller's longest wait between two pulls of one reply (default: "
                              "asyncfl's); an ablation, stored in its own --out folder")
+    parser.add_argument("--puller-fine", type=float, default=None,
+                        help="seconds: the puller's spacing at a client's learned time to reply (default: asyncfl's; "
+                             "0: learn nothing); an ablation, stored in its own --out folder")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     args = parser.parse_args()
     DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
     if args.puller_cap is not None and not 0.2 <= args.puller_cap <= 60:
         parser.error(f"--puller-cap {args.puller_cap}: valid are 0.2 (the puller's shortest wait) to 60 seconds")
+    if args.puller_fine is not None and not (args.puller_fine == 0 or 0.01 <= args.puller_fine <= 1):
+        parser.error(f"--puller-fine {args.puller_fine}: valid are 0 (learn nothing) or 0.01 to 1 seconds")
+    puller = {name: value for name, value in (("cap", args.puller_cap), ("fine", args.puller_fine))
+              if value is not None}
     path = args.out / "cells.jsonl"
     done = {(r["example"], r["mode"], r["strategy"], r["run"]) for r in load(path)}
     todo = [(e, s, run) for e in args.examples for run in range(1, args.runs + 1) for s in args.strategies
             if (e, args.mode, s, run) not in done]
     if not args.table:
+        pin_code()
         args.out.mkdir(parents=True, exist_ok=True)
         for example, strategy, run in todo:
             row = run_cell(example, strategy, run, args.mode, args.profile, args.device_seconds, args.rounds,
-                           args.device_seed, args.start_options, args.async_rounds, args.puller_cap)
+                           args.device_seed, args.start_options, args.async_rounds, puller)
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example} {args.mode} {strategy} run {run}: final {row['final']:.3f} in {row['train-seconds']:.0f} s "

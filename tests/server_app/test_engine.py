@@ -1,6 +1,7 @@
 """Engine behaviour against a fake Grid: ordering, failures, exact buffering, determinism."""
 
 import time
+import types
 from collections import OrderedDict
 
 import numpy as np
@@ -761,6 +762,8 @@ def test_wall_clock_caps_jobs_in_flight_at_the_workers_parallelism_and_keeps_the
     engine.run()
     late = grid.in_flight_at_push[len(grid.in_flight_at_push) // 2:]  # dispatches of the run's second half
     assert strategy.buffer_size == 2 and engine.stats.arrivals == 32
+    # the engine names each job's client to the puller, which learns when that client's replies become ready
+    assert engine._puller.ready_after and set(engine._puller.ready_after) <= set(range(len(engine.roster.sizes)))
     if cap:
         assert max(late) <= 5 and 2 <= engine.stats.in_flight_cap_min <= 5
     else:
@@ -808,14 +811,15 @@ def test_a_later_unavailable_error_for_a_pulled_reply_does_not_replace_it():
         def __init__(self, *answers):
             self.answers = list(answers)
 
-        def poll(self, waiting):
+        def poll(self, waiting, sources):
             return self.answers.pop(0) if self.answers else []
 
     engine = make_engine(FakeGrid(2, plus_one), Recording(), max_arrivals=2)
     metadata = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=0, reply_to_message_id="job-x",
                         group_id="", created_at=time.time(), ttl=60.0, message_type="train")
     computed = make_message(metadata=metadata, content=RecordDict())
-    engine.state.in_flight["job-x"] = engine.state.in_flight["job-y"] = object()  # job-y keeps the engine pulling
+    job = types.SimpleNamespace(client=0)
+    engine.state.in_flight["job-x"] = engine.state.in_flight["job-y"] = job  # job-y keeps the engine pulling
     engine._puller = TwoPulls([computed], [unavailable_reply("job-x", "deleted after delivery")])
     assert engine._pull() == 1
     engine._pull()  # the error the re-pull queued in the first poll comes out with the next one

@@ -108,3 +108,78 @@ def test_a_message_whose_reply_was_pulled_is_not_pulled_again():
     puller.poll(["m"])
     assert puller._requests.empty() and "m" not in puller._pending  # no second pull asked for
     assert grid.pulls == ["m"] and len(got) == 1
+
+
+class ReadyAtGrid:
+    """A message's reply is there from a given (fake) time on; counts every pull and when it started."""
+
+    def __init__(self, now: list[float], ready_at: dict[str, float]) -> None:
+        self.now, self.ready_at, self.pulled_at = now, ready_at, []
+        self._lock = threading.Lock()
+
+    def pull_messages(self, message_ids):
+        (message_id,) = message_ids
+        with self._lock:
+            self.pulled_at.append((message_id, self.now[0]))
+        return [message_id] if self.now[0] >= self.ready_at[message_id] else []
+
+
+def _poll_at(puller, now, t, waiting, sources):
+    """Poll at fake time ``t``; wait until any pull that poll asked for has ended."""
+    now[0] = t
+    got = puller.poll(waiting, sources)
+    deadline = time.monotonic() + 5.0
+    while puller._pending and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return got + puller.poll([], sources)
+
+
+def test_a_client_s_next_reply_is_pulled_at_its_learned_time_then_densely():
+    now = [0.0]
+    grid = ReadyAtGrid(now, {"a1": 6.3, "a2": 106.3, "b1": 1000.0})
+    puller = ThreadedPuller(grid, workers=1, min_interval=0.2, max_interval=1.0, age_fraction=0.125, fine=0.05,
+                            clock=lambda: now[0])
+    # First job of client "a": the age rule alone (at age 6.3 s its wait is 0.79 s): misses at 5.6 and, too soon
+    # after it, no pull at 6.3, where the reply is ready; found at 6.4, 0.1 s late.
+    for t in (0.0, 5.6, 6.3):
+        assert _poll_at(puller, now, t, ["a1"], {"a1": "a"}) == []
+    assert _poll_at(puller, now, 6.4, ["a1"], {"a1": "a"}) == ["a1"]
+    assert puller.ready_after == {"a": 5.6}  # not there at 5.6 s: a lower bound on a's time to reply
+    puller.forget("a1")
+    # Its next job, first seen at 100 s: the age rule would wait 0.6-0.7 s around age 5.6, the learned time pulls
+    # at 105.6 exactly and then every 0.05 s.
+    assert _poll_at(puller, now, 100.0, ["a2", "b1"], {"a2": "a", "b1": "b"}) == []
+    assert _poll_at(puller, now, 105.0, ["a2", "b1"], {"a2": "a", "b1": "b"}) == []
+    grid.pulled_at.clear()
+    for t in (105.55, 105.6, 105.62, 105.66):
+        _poll_at(puller, now, t, ["a2", "b1"], {"a2": "a", "b1": "b"})
+    # b (nothing learned) keeps the age rule's 0.66 s wait after its pull at 105.0; a: 105.6 (due), then 0.05 later
+    assert grid.pulled_at == [("a2", 105.6), ("a2", 105.66)]
+    got = []
+    for t in (105.7, 105.75, 105.8, 106.0, 106.3, 106.35):
+        got += _poll_at(puller, now, t, ["a2"], {"a2": "a"})
+    assert got == ["a2"]
+    # after the due moment the wait is a quarter of the time since, at least 0.05 s: a reply 0.7 s after the learned
+    # time is still found at the first poll that sees it (the age rule's wait there would be 0.79 s)
+    found = [t for m, t in grid.pulled_at if m == "a2"][-1]
+    assert 106.3 <= found <= 106.35
+    assert puller.ready_after["a"] == [t for m, t in grid.pulled_at if m == "a2"][-2] - 100.0
+
+
+def test_a_reply_found_at_its_first_pull_teaches_nothing_and_no_source_means_the_age_rule():
+    now = [0.0]
+    grid = ReadyAtGrid(now, {"x": 0.0, "y": 50.0})
+    puller = ThreadedPuller(grid, workers=1, clock=lambda: now[0])
+    assert _poll_at(puller, now, 0.0, ["x"], {"x": "c"}) == ["x"]
+    assert puller.ready_after == {}
+    assert _poll_at(puller, now, 0.0, ["y"], None) == []
+    assert _poll_at(puller, now, 49.0, ["y"], None) == []
+    assert _poll_at(puller, now, 50.0, ["y"], None) == ["y"]
+    assert puller.ready_after == {}  # no client named: nothing learned
+    assert puller.wait_after(8.0, None) == puller.interval(8.0) == 1.0
+    assert puller.wait_after(8.0, 7.9) == 0.05 and puller.wait_after(8.0, 6.0) == 0.5  # (8 - 6) / 4
+    assert puller.wait_after(40.0, 10.0) == 1.0  # never longer than the age rule
+    ablated = ThreadedPuller(ReadyAtGrid(now, {"z": 51.0}), workers=1, fine=0.0, clock=lambda: now[0])
+    for t in (50.0, 50.5, 51.0):
+        _poll_at(ablated, now, t, ["z"], {"z": "c"})
+    assert ablated.pulls == 3 and ablated.ready_after == {}  # fine 0: the age rule alone, nothing learned
