@@ -249,7 +249,7 @@ class AsyncEngine:
         got = 0
         if self._puller is not None:
             replies = self._puller.poll(waiting, {mid: state.in_flight[mid].client for mid in waiting})
-            state.stats.reply_pulls = self._puller.pulls
+            state.stats.reply_pulls, state.stats.reply_miss_gap = self._puller.pulls, self._puller.miss_gap
         else:
             replies = self.grid.pull_messages(waiting)
         for reply in replies:

@@ -102,6 +102,9 @@ class EngineStats:
     clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
     held_dispatches: int = 0  # times free slots waited for the strategy's next version (dispatch-hold)
     reply_pulls: int = 0  # wall clock: pull requests of single replies the puller made (each costs the SuperLink)
+    # wall clock: seconds from the last pull that missed a reply to the pull that found it (how late it may have been
+    # noticed), summed over the replies found after a miss, and their count
+    reply_miss_gap: tuple[float, int] = (0.0, 0)
     # cap-in-flight: dispatch checks that found jobs in flight capped below concurrency, the sum and least cap
     capped_checks: int = 0
     in_flight_cap_sum: int = 0
@@ -119,7 +122,7 @@ class EngineStats:
 
     #: Fields of this process alone (moments of its monotonic clock, its puller's count): not carried into a
     #: resumed run.
-    process_fields = ("first_push_wall", "last_arrival_wall", "reply_pulls")
+    process_fields = ("first_push_wall", "last_arrival_wall", "reply_pulls", "reply_miss_gap")
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -88,6 +88,7 @@ class ThreadedPuller:
         self._lock = threading.Lock()
         self.errors = 0
         self.pulls = 0
+        self.miss_gap = (0.0, 0)  # seconds from the last miss to the finding pull, summed; replies found after a miss
         for _ in range(workers):
             threading.Thread(target=self._work, daemon=True).start()
 
@@ -119,7 +120,7 @@ class ThreadedPuller:
         while True:
             message_id = self._requests.get()
             started = self.clock()
-            found = False
+            found, missed = False, False
             try:
                 for reply in self.grid.pull_messages([message_id]):
                     found = True
@@ -127,14 +128,17 @@ class ThreadedPuller:
                         self._delivered.add(message_id)
                         self._learn(message_id)
                     self._replies.put(reply)
-            except Exception:  # a failed pull is retried on a later poll
+                missed = not found
+            except Exception:  # a failed pull is retried on a later poll; it says nothing of when the reply is ready
                 self.errors += 1
             finally:
                 with self._lock:
                     self._pending.discard(message_id)
                     self._last_try[message_id] = self.clock()
-                    if not found:
+                    if missed:
                         self._last_miss[message_id] = started
+                    elif message_id in self._last_miss:
+                        self.miss_gap = (self.miss_gap[0] + started - self._last_miss[message_id], self.miss_gap[1] + 1)
                     self.pulls += 1
 
     def _learn(self, message_id: str) -> None:

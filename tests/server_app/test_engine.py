@@ -279,6 +279,11 @@ def test_wall_clock_accepts_in_pull_order():
     assert accepted_nodes == list(reversed(pushed))
     # every reply came through a pull of its own, and the count of those pulls is kept (summary "reply-pulls")
     assert engine.state.stats.reply_pulls >= 3
+    # two of the three were found after pulls that missed them: the summary says how late they may have been seen
+    from asyncfl.server_app.recorder import transport_summary
+
+    gap_sum, gaps = engine.state.stats.reply_miss_gap
+    assert gaps >= 2 and transport_summary(engine.state.stats)["reply-miss-gap-s-mean"] == round(gap_sum / gaps, 4)
 
 
 def test_wall_clock_a_stuck_pull_does_not_block_other_replies():

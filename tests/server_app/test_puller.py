@@ -164,6 +164,9 @@ def test_a_client_s_next_reply_is_pulled_at_its_learned_time_then_densely():
     found = [t for m, t in grid.pulled_at if m == "a2"][-1]
     assert 106.3 <= found <= 106.35
     assert puller.ready_after["a"] == [t for m, t in grid.pulled_at if m == "a2"][-2] - 100.0
+    # the puller's own delay, as a bound: from the last miss to the finding pull, 6.4 - 5.6 for a1, then a2's
+    a2_last_miss = [t for m, t in grid.pulled_at if m == "a2"][-2]
+    assert puller.miss_gap[1] == 2 and abs(puller.miss_gap[0] - (0.8 + found - a2_last_miss)) < 1e-9
 
 
 def test_a_reply_found_at_its_first_pull_teaches_nothing_and_no_source_means_the_age_rule():
