@@ -176,3 +176,27 @@ def test_the_least_device_time_keeps_the_fleets_process_starts_within_the_hosts_
     assert cost.least_device_seconds([1.0, 5.0], 4.0, cores=2, host_share=0.5) == 4.8
     d = cost.least_device_seconds([1.1, 5.0, 0.9], 4.5, cores=2, host_share=0.5)
     assert abs(sum(1 / (s * d) for s in (1.1, 5.0, 0.9)) * 4.5 - 1.0) < 1e-9  # one core's worth of process starts
+
+
+def test_each_asyncfl_cell_records_its_puller_and_a_folder_of_another_puller_is_refused(study, tmp_path, monkeypatch,
+                                                                                     capsys):
+    import json
+    import sys
+
+    import pytest
+
+    assert study.puller_settings() == {"cap": 1.0, "fine": 0.05}  # this tree's defaults
+    assert study.puller_settings({"fine": 0}) == {"cap": 1.0, "fine": 0.0}
+    assert study.stored_puller({"strategy": "fedbuff"}) == {"cap": 1.0, "fine": 0.0}  # a cell from before the change
+    (tmp_path / "cells.jsonl").write_text(json.dumps({"example": "quickstart-pytorch", "mode": "simulation",
+                                                      "strategy": "fedbuff", "run": 1}) + "\n")
+    monkeypatch.setattr(sys, "argv", ["study.py", "--strategies", "fedbuff", "--runs", "1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:  # the default puller now learns: refused before any run starts
+        study.main()
+    assert stop.value.code == 2 and "give them their own --out" in capsys.readouterr().err
+    monkeypatch.setattr(study, "run_cell", lambda *a, **k: pytest.fail("run 1 is stored: nothing to run"))
+    monkeypatch.setattr(sys, "argv", ["study.py", "--strategies", "fedbuff", "--runs", "1", "--puller-fine", "0",
+                                      "--out", str(tmp_path)])
+    monkeypatch.setattr(study, "table", lambda rows: "table")
+    monkeypatch.setenv("PYTHONPATH", "")  # main() pins the code: restored after the test
+    study.main()  # the stored run's puller: accepted, and nothing left to run

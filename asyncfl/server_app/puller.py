@@ -24,16 +24,18 @@ as it stays under Flower 1.41 and 1.42's SuperNode idle sleep (3 s between pulls
 has no message), which it is.
 
 When the caller says which client a message went to, the puller also learns when
-that client's replies become ready: a reply found by a pull was not there at the
-last pull that missed it, so that miss (seconds after the message was first seen)
-is a lower bound on the client's time to reply. The next message to that client is
-pulled at that moment, and then again after a wait that starts at ``fine`` and grows
-by a quarter of the time since (never longer than the age rule's wait): a client
-whose jobs take about as long as its last one is noticed within ``fine`` seconds
-instead of up to an eighth of its job later, for a few pulls more per job. What a
-client's timing teaches only moves and adds pulls of its own messages, a bounded
-number per message (a handful at ``fine`` spacing, then waits that grow back to the
-age rule's), so a client that lies with its timing costs a few pulls, no more.
+that client's replies become ready: a reply found by a pull was not there when the
+last pull that missed it started, so that moment (seconds after the message was first
+seen) is a lower bound on the client's time to reply. The client's next message is
+pulled at that moment, then again after ``fine`` seconds (the engine's poll beat:
+waits count from the poll that asks), the wait between pulls set to a quarter of the
+time since that moment once that is longer, and never longer than the age rule's. A
+client whose jobs take about as long each time is noticed within about ``fine``
+seconds, not up to an eighth of its job later. This adds at most about 10 pulls per
+message, whatever the client's timing (a reply that comes early is found by the
+pull at the learned moment and lowers the bound; one that comes late is met by waits
+that grow back to the age rule's), and it moves only pulls of that client's own
+messages. Error replies (an expired upload) teach nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ import threading
 import time
 
 from flwr.app import Message
+
+
+def _is_error(reply) -> bool:
+    """Whether a pulled reply is an error message (Flower's, e.g. an expired upload): it says nothing of timing."""
+    has_error = getattr(reply, "has_error", None)
+    return bool(has_error()) if callable(has_error) else False
 
 
 class ThreadedPuller:
@@ -80,7 +88,7 @@ class ThreadedPuller:
         self._replies: queue.Queue[Message] = queue.Queue()
         self._pending: set[str] = set()  # queued or being pulled
         self._delivered: set[str] = set()  # a pull returned its reply: the SuperLink deleted it, never pull it again
-        self._last_try: dict[str, float] = {}
+        self._last_try: dict[str, float] = {}  # when a poll last asked for the message
         self._first_seen: dict[str, float] = {}
         self._last_miss: dict[str, float] = {}  # when the latest pull that found nothing started
         self._source: dict[str, object] = {}  # message id -> the client it went to, where the caller said
@@ -120,36 +128,38 @@ class ThreadedPuller:
         while True:
             message_id = self._requests.get()
             started = self.clock()
-            found, missed = False, False
+            replies, failed = [], False
             try:
-                for reply in self.grid.pull_messages([message_id]):
-                    found = True
-                    with self._lock:
-                        self._delivered.add(message_id)
-                        self._learn(message_id)
-                    self._replies.put(reply)
-                missed = not found
+                replies = list(self.grid.pull_messages([message_id]))
             except Exception:  # a failed pull is retried on a later poll; it says nothing of when the reply is ready
-                self.errors += 1
-            finally:
-                with self._lock:
-                    self._pending.discard(message_id)
-                    self._last_try[message_id] = self.clock()
-                    if missed:
-                        self._last_miss[message_id] = started
-                    elif message_id in self._last_miss:
-                        self.miss_gap = (self.miss_gap[0] + started - self._last_miss[message_id], self.miss_gap[1] + 1)
-                    self.pulls += 1
+                failed = True
+            with self._lock:  # counted before the reply is handed on, so a run's last summary sees this pull
+                self._pending.discard(message_id)
+                self.pulls += 1
+                self.errors += failed
+                if message_id not in self._first_seen:  # forgotten while this pull ran: its job is over
+                    continue
+                if replies:
+                    self._delivered.add(message_id)
+                    if not any(_is_error(reply) for reply in replies):
+                        self._learn(message_id, started)
+                elif not failed:
+                    self._last_miss[message_id] = started
+            for reply in replies:
+                self._replies.put(reply)
 
-    def _learn(self, message_id: str) -> None:
-        """A reply was found: its client's replies take at least until the last pull that missed this one."""
+    def _learn(self, message_id: str, found_at: float) -> None:
+        """A reply was found at ``found_at``: count how late it may have been seen, and learn that its client's
+        replies take at least until the last pull that missed this one."""
+        miss = self._last_miss.get(message_id)
+        if miss is not None:
+            self.miss_gap = (self.miss_gap[0] + found_at - miss, self.miss_gap[1] + 1)
         source = self._source.get(message_id)
         if source is None or self.fine <= 0:
             return
-        miss = self._last_miss.get(message_id)
         if miss is None:  # found at the first pull: no lower bound, nothing to plan by
             self.ready_after.pop(source, None)
-        elif message_id in self._first_seen:
+        else:
             self.ready_after[source] = miss - self._first_seen[message_id]
 
     def poll(self, waiting: list[str], sources: dict[str, object] | None = None) -> list[Message]:
@@ -167,6 +177,7 @@ class ThreadedPuller:
                     continue
                 if not self._asks(message_id, now):
                     continue
+                self._last_try[message_id] = now  # waits count from the poll that asks, the engine's own beat
                 self._pending.add(message_id)
                 self._requests.put(message_id)
         replies = []

@@ -228,6 +228,21 @@ def host_cpu_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def puller_settings(puller: dict[str, float] | None = None) -> dict[str, float]:
+    """The wall-clock puller's settings a run of this tree has: its defaults, with an ablation's ``puller`` over
+    them (recorded in each asyncfl cell)."""
+    from asyncfl.server_app.puller import ThreadedPuller
+
+    return {name: float(getattr(ThreadedPuller, attribute)) for name, attribute in PULLER_SETTINGS.items()} \
+        | {name: float(value) for name, value in (puller or {}).items()}
+
+
+def stored_puller(cell: dict) -> dict[str, float]:
+    """The puller settings an asyncfl cell ran with; cells from before the learned pull time record a cap only
+    when it was ablated (default 1 s) and had no fine spacing (0: nothing learned)."""
+    return {"cap": float(cell.get("puller-cap", 1.0)), "fine": float(cell.get("puller-fine", 0.0))}
+
+
 def pin_code() -> None:
     """Make every process of a run (the SuperLink's ServerApp, Ray's ClientApps, the SuperNodes) import asyncfl from
     this study's own tree, not the editable install's: a study run from a pinned copy then runs the pinned code,
@@ -320,7 +335,8 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             "stop-reason")
     return {"example": example, "strategy": strategy, "run": run, "mode": mode, "profile": profile,
             **({"start-options": start_options} if start_options else {}),
-            **{f"puller-{name}": value for name, value in sorted((puller or {}).items())},
+            **({f"puller-{name}": value for name, value in puller_settings(puller).items()}
+               if strategy != "flower-fedavg" else {}),
             "device-seconds": seconds, "device-seed": seed, "rounds": rounds, "run-rounds": run_rounds,
             "updates": updates,
             **ideal(profile, nodes, seconds, seed, in_flight=cohort),
@@ -466,6 +482,12 @@ def main() -> None:
     puller = {name: value for name, value in (("cap", args.puller_cap), ("fine", args.puller_fine))
               if value is not None}
     path = args.out / "cells.jsonl"
+    settings = puller_settings(puller)
+    other = next((stored_puller(r) for r in load(path) if r["strategy"] != "flower-fedavg"
+                  and stored_puller(r) != settings), None)
+    if other is not None and not args.table:
+        parser.error(f"{path} holds asyncfl runs whose puller had {other}; these would have {settings}: "
+                     "give them their own --out")
     done = {(r["example"], r["mode"], r["strategy"], r["run"]) for r in load(path)}
     todo = [(e, s, run) for e in args.examples for run in range(1, args.runs + 1) for s in args.strategies
             if (e, args.mode, s, run) not in done]

@@ -811,7 +811,7 @@ def test_a_later_unavailable_error_for_a_pulled_reply_does_not_replace_it():
     from asyncfl.server_app.transport import unavailable_reply
 
     class TwoPulls:
-        pulls = 0
+        pulls, miss_gap = 0, (0.0, 0)
 
         def __init__(self, *answers):
             self.answers = list(answers)

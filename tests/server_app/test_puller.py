@@ -186,3 +186,58 @@ def test_a_reply_found_at_its_first_pull_teaches_nothing_and_no_source_means_the
     for t in (50.0, 50.5, 51.0):
         _poll_at(ablated, now, t, ["z"], {"z": "c"})
     assert ablated.pulls == 3 and ablated.ready_after == {}  # fine 0: the age rule alone, nothing learned
+
+
+def test_a_failed_pull_is_neither_a_miss_nor_a_find():
+    class FailsOnce(ReadyAtGrid):
+        def pull_messages(self, message_ids):
+            if self.now[0] == 1.0:
+                raise ConnectionError("the SuperLink did not answer")
+            return super().pull_messages(message_ids)
+
+    now = [0.0]
+    puller = ThreadedPuller(FailsOnce(now, {"m": 1.5}), workers=1, clock=lambda: now[0])
+    for t in (0.0, 1.0):
+        assert _poll_at(puller, now, t, ["m"], {"m": "c"}) == []
+    assert _poll_at(puller, now, 2.0, ["m"], {"m": "c"}) == ["m"]
+    # the failed pull at 1.0 says nothing: the lower bound stays the miss at 0.0, and one reply was found after it
+    assert puller.errors == 1 and puller.ready_after == {"c": 0.0} and puller.miss_gap == (2.0, 1)
+
+
+def test_a_message_forgotten_while_its_pull_runs_leaves_nothing_behind():
+    release = threading.Event()
+
+    class Stuck:
+        def pull_messages(self, message_ids):
+            release.wait(10)
+            return ["an error reply after the upload session expired"]
+
+    puller = ThreadedPuller(Stuck(), workers=1)
+    puller.poll(["x"], {"x": "c"})
+    deadline = time.monotonic() + 5
+    while puller._requests.qsize() and time.monotonic() < deadline:  # the worker has taken it
+        time.sleep(0.002)
+    puller.forget("x")  # its job was lost meanwhile (timed out, node offline)
+    release.set()
+    _settle(puller, 1)
+    time.sleep(0.05)
+    assert puller.poll([]) == []  # the reply of a forgotten job is not handed on
+    assert not (puller._last_try or puller._last_miss or puller._delivered or puller._first_seen or puller._pending)
+
+
+def test_an_early_reply_and_an_error_reply_update_what_was_learned():
+    class ErrorReply:
+        def has_error(self):
+            return True
+
+    now = [0.0]
+    grid = ReadyAtGrid(now, {"early": 0.0, "error": 0.0})
+    puller = ThreadedPuller(grid, workers=1, clock=lambda: now[0])
+    puller.ready_after["c"] = 5.0
+    assert _poll_at(puller, now, 0.0, ["early"], {"early": "c"}) == ["early"]
+    assert puller.ready_after == {}  # found at its first pull: the old bound is dropped, not kept
+    puller.ready_after["c"] = 5.0
+    grid.pull_messages = lambda ids: [ErrorReply()] if now[0] >= 1.0 else []
+    assert _poll_at(puller, now, 0.0, ["error"], {"error": "c"}) == []
+    assert len(_poll_at(puller, now, 1.0, ["error"], {"error": "c"})) == 1
+    assert puller.ready_after == {"c": 5.0} and puller.miss_gap == (0.0, 0)  # an error reply teaches nothing
