@@ -200,3 +200,19 @@ def test_each_asyncfl_cell_records_its_puller_and_a_folder_of_another_puller_is_
     monkeypatch.setattr(study, "table", lambda rows: "table")
     monkeypatch.setenv("PYTHONPATH", "")  # main() pins the code: restored after the test
     study.main()  # the stored run's puller: accepted, and nothing left to run
+
+
+def test_the_puller_replay_shows_learned_reply_times_noticed_sooner_for_about_as_many_pulls():
+    """The replay is the real puller on a fake clock: the same figures on any machine."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("puller_notice", ROOT / "benchmarks/wall_sooner/puller_notice.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    age_rule = replay.replay(fine=0.0, horizon=400.0)
+    learned = replay.replay(horizon=400.0)
+    assert age_rule["replies"] > 150 and learned["replies"] >= age_rule["replies"]
+    assert learned["notice-s-mean"] < 0.6 * age_rule["notice-s-mean"]  # most nodes have had a job or two by 400 s
+    assert learned["pulls-per-reply"] < age_rule["pulls-per-reply"] + 3
+    assert age_rule["rate-share"] < learned["rate-share"] < 1.0
+    assert replay.replay(fine=0.0, horizon=400.0) == age_rule  # no randomness the seed does not fix
