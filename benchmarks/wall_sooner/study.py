@@ -331,8 +331,8 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
     if first is None:
         raise SystemExit(f"{example} / {strategy} / {mode} run {run} evaluated no round: {points}")
     kept = ("arrivals", "rejected-updates", "rejected-by-reason", "staleness-mean", "client-train-s-mean",
-            "job-round-trip-s-mean", "in-flight-cap-mean", "held-dispatches", "reply-pulls", "reply-miss-gap-s-mean", "server-ms-per-arrival",
-            "stop-reason")
+            "job-round-trip-s-mean", "in-flight-cap-mean", "held-dispatches", "reply-pulls", "reply-miss-gap-s-mean",
+            "server-ms-per-arrival", "stop-reason")
     return {"example": example, "strategy": strategy, "run": run, "mode": mode, "profile": profile,
             **({"start-options": start_options} if start_options else {}),
             **({f"puller-{name}": value for name, value in puller_settings(puller).items()}
