@@ -216,3 +216,15 @@ def test_the_puller_replay_shows_learned_reply_times_noticed_sooner_for_about_as
     assert learned["pulls-per-reply"] < age_rule["pulls-per-reply"] + 3
     assert age_rule["rate-share"] < learned["rate-share"] < 1.0
     assert replay.replay(fine=0.0, horizon=400.0) == age_rule  # no randomness the seed does not fix
+
+
+def test_the_timed_evaluation_records_its_own_seconds(study, tmp_path):
+    import json
+
+    path = tmp_path / "timeline.jsonl"
+    scope: dict = {}
+    exec(study.TIMED.format(path=str(path)), scope)
+    timed = scope["_timed"](lambda server_round, arrays: {"accuracy": 0.5})
+    assert timed(3, None) == {"accuracy": 0.5}
+    point = json.loads(path.read_text())
+    assert point["round"] == 3 and point["accuracy"] == 0.5 and 0 <= point["evaluation_s"] <= point["t"]

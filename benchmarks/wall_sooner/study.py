@@ -91,10 +91,13 @@ def _timed(evaluate, path={path!r}):
         return round((user + nice + system + irq + softirq) / _os.sysconf("SC_CLK_TCK"), 2)
 
     def timed(server_round, arrays):
+        began = _time.monotonic()
         metrics = evaluate(server_round, arrays)
+        now = _time.monotonic()
         with open(path, "a") as out:
-            out.write(_json.dumps({{"round": int(server_round), "t": round(_time.monotonic() - started, 3),
-                                   "accuracy": float(metrics["accuracy"]), "cpu": host_cpu()}}) + "\\n")
+            out.write(_json.dumps({{"round": int(server_round), "t": round(now - started, 3),
+                                   "accuracy": float(metrics["accuracy"]), "cpu": host_cpu(),
+                                   "evaluation_s": round(now - began, 3)}}) + "\\n")
         return metrics
     return timed
 '''
@@ -352,6 +355,9 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             **({"host-cpu-steady-seconds": round(equal["cpu"] - first["cpu"], 1)}
                if equal.get("cpu") is not None and first.get("cpu") is not None else {}),
             "steady-updates-per-s": (equal["round"] - first["round"]) * cohort / max(last - first["t"], 1e-9),
+            # the server-side evaluations' own seconds (the engine's loop waits for each one)
+            **({"evaluation-s-mean": round(sum(p["evaluation_s"] for p in points) / len(points), 3)}
+               if all("evaluation_s" in p for p in points) else {}),
             **{key: facts[key] for key in kept if key in facts}}
 
 
