@@ -168,6 +168,11 @@ def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
     assert len(tables) == 5
     for cells, stored in tables:
         assert stored == study.table(study.load(ROOT / "benchmarks" / "wall_sooner" / cells)), cells
+    overhead = re.findall(r"<!-- overhead table from ([^>]+?) -->\n(.*?)\n<!-- /table -->", readme, re.S)
+    assert len(overhead) == 1
+    for folders, stored in overhead:
+        here = ROOT / "benchmarks" / "wall_sooner"
+        assert stored == study.overhead_table({f: study.load(here / f / "cells.jsonl") for f in folders.split()})
 
 
 def test_the_least_device_time_keeps_the_fleets_process_starts_within_the_hosts_share():

@@ -454,6 +454,32 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def overhead_table(folders: dict[str, list[dict]]) -> str:
+    """Per folder of cells and asyncfl strategy: where a job's time goes besides its device time. The rate and its
+    share of the ideal move with which nodes a run drew; a job's device time over its round trip does not."""
+    lines = ["| cells | strategy | runs | updates a run | final at equal work (mean) | updates/s after the first round "
+             "(mean) | share of the ideal | device time / round trip (mean; runs) | round trip − device time, s "
+             "| last miss to find, s | pulls per update |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for folder, rows in folders.items():
+        for strategy in STRATEGIES[1:]:
+            cells = [r for r in rows if r["strategy"] == strategy and "job-round-trip-s-mean" in r]
+            if not cells:
+                continue
+            shares = [r["client-train-s-mean"] / r["job-round-trip-s-mean"] for r in cells]
+            gaps = [r["reply-miss-gap-s-mean"] for r in cells if "reply-miss-gap-s-mean" in r]
+            lines.append(
+                f"| {folder} | {strategy} | {len(cells)} | {'/'.join(sorted({str(r['arrivals']) for r in cells}))} "
+                f"| {statistics.mean(r['final'] for r in cells):.3f} "
+                f"| {statistics.mean(r['steady-updates-per-s'] for r in cells):.3f} "
+                f"| {statistics.mean(r['steady-updates-per-s'] / r['ideal-updates-per-s'] for r in cells):.2f} "
+                f"| {statistics.mean(shares):.3f}; {min(shares):.3f}-{max(shares):.3f} "
+                f"| {statistics.mean(r['job-round-trip-s-mean'] - r['client-train-s-mean'] for r in cells):.2f} "
+                f"| {f'{statistics.mean(gaps):.2f}' if gaps else '–'} "
+                f"| {statistics.mean(r['reply-pulls'] / r['arrivals'] for r in cells):.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", nargs="+", default=["quickstart-pytorch"], choices=list(EXAMPLES))
@@ -479,7 +505,12 @@ def main() -> None:
                              "0: learn nothing); an ablation, stored in its own --out folder")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
+    parser.add_argument("--overhead-table", nargs="+", type=Path, metavar="FOLDER",
+                        help="only print where asyncfl's jobs' time goes, per folder of stored cells")
     args = parser.parse_args()
+    if args.overhead_table:
+        print(overhead_table({folder.name: load(folder / "cells.jsonl") for folder in args.overhead_table}))
+        return
     DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
     if args.puller_cap is not None and not 0.2 <= args.puller_cap <= 60:
         parser.error(f"--puller-cap {args.puller_cap}: valid are 0.2 (the puller's shortest wait) to 60 seconds")
