@@ -31,7 +31,7 @@ pulled at that moment, then again after ``fine`` seconds (the engine's poll beat
 waits count from the poll that asks), the wait between pulls set to a quarter of the
 time since that moment once that is longer, and never longer than the age rule's. A
 client whose jobs take about as long each time is noticed within about ``fine``
-seconds, not up to an eighth of its job later. This adds at most about 10 pulls per
+seconds, not up to an eighth of its job later. This adds at most about 12 pulls per
 message, whatever the client's timing (a reply that comes early is found by the
 pull at the learned moment and lowers the bound; one that comes late is met by waits
 that grow back to the age rule's), and it moves only pulls of that client's own
