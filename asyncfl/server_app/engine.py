@@ -199,6 +199,8 @@ class AsyncEngine:
         except SuperLinkUnreachable as exc:  # ends as any stop does (checkpoint, last row), then says why
             unreachable, self.stop_reason = exc, f"superlink unreachable: {exc}"
             self.grid.end()
+        if self._puller is not None:  # the puller's own counts, read once the loop that pulls has ended
+            self.stats.reply_pulls, self.stats.reply_miss_gap = self._puller.pulls, self._puller.miss_gap
         if self.checkpoints is not None:  # the stopped run's state: resume it with a later stop to extend it
             self._checkpoint()
             self.checkpoints.close()
@@ -249,7 +251,6 @@ class AsyncEngine:
         got = 0
         if self._puller is not None:
             replies = self._puller.poll(waiting, {mid: state.in_flight[mid].client for mid in waiting})
-            state.stats.reply_pulls, state.stats.reply_miss_gap = self._puller.pulls, self._puller.miss_gap
         else:
             replies = self.grid.pull_messages(waiting)
         for reply in replies:

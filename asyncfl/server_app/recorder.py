@@ -223,7 +223,7 @@ def transport_summary(stats) -> dict:
     if getattr(stats, "reply_pulls", 0):
         out["reply-pulls"] = stats.reply_pulls
     gap_sum, gaps = getattr(stats, "reply_miss_gap", (0.0, 0))
-    if gaps:  # a reply found after a miss was noticed at most this late: the puller's share of a round trip
+    if gaps:  # an upper bound on how long a reply found after a miss waited for the pull that found it
         out["reply-miss-gap-s-mean"] = round(gap_sum / gaps, 4)
     if getattr(stats, "capped_checks", 0):  # cap-in-flight acted: the mean and least cap over those checks
         out["in-flight-cap-mean"] = round(stats.in_flight_cap_sum / stats.capped_checks, 2)
