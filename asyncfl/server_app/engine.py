@@ -249,10 +249,8 @@ class AsyncEngine:
         if not waiting:
             return 0
         got = 0
-        if self._puller is not None:
-            replies = self._puller.poll(waiting, {mid: state.in_flight[mid].client for mid in waiting})
-        else:
-            replies = self.grid.pull_messages(waiting)
+        replies = (self.grid.pull_messages(waiting) if self._puller is None
+                   else self._puller.poll(waiting, {mid: state.in_flight[mid].client for mid in waiting}))
         for reply in replies:
             reply_to = reply.metadata.reply_to_message_id
             # the first reply stays: a later one for the same job (a second pull after the SuperLink delivered
