@@ -117,6 +117,9 @@ def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tm
     client = study.client_source((example / "client_app.py").read_text())
     compile(client, "client_app.py", "exec")
     assert "mods=[report_train_seconds, device_speed]" in client
+    stamped = study.client_source((example / "client_app.py").read_text(), tmp_path / "stamps.jsonl")
+    compile(stamped, "client_app.py", "exec")
+    assert "mods=[_stamped, report_train_seconds, device_speed]" in stamped and str(tmp_path / "stamps.jsonl") in stamped
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text((example.parent / "pyproject.toml").read_text())
     study.declare_device_keys(pyproject, "quarter-5x-slower", 3.0, 0)
@@ -233,3 +236,54 @@ def test_the_timed_evaluation_records_its_own_seconds(study, tmp_path):
     assert timed(3, None) == {"accuracy": 0.5}
     point = json.loads(path.read_text())
     assert point["round"] == 3 and point["accuracy"] == 0.5 and 0 <= point["evaluation_s"] <= point["t"]
+
+
+def test_the_stamped_mod_times_a_train_job_from_its_request_s_making_and_the_split_table_reads_it(study, tmp_path):
+    import json
+    import time
+
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    path = tmp_path / "stamps.jsonl"
+    scope: dict = {}
+    exec(study.STAMPED.format(path=str(path)), scope)
+    request = Message(RecordDict(), dst_node_id=3, message_type="train")
+    time.sleep(0.05)  # the request waits before the ClientApp gets it
+
+    def app(msg, context):
+        time.sleep(0.05)
+        return Message(RecordDict({"metrics": MetricRecord({"train-seconds": 0.04, "train_loss": 1.0})}), reply_to=msg)
+
+    reply = scope["_stamped"](request, None, app)
+    assert reply.content.metric_records["metrics"]["train-seconds"] == 0.04
+    scope["_stamped"](Message(RecordDict(), dst_node_id=3, message_type="evaluate"), None, app)  # not a train job
+    started, done = [json.loads(line) for line in path.read_text().splitlines()]
+    assert started == {"created": request.metadata.created_at, "began": done["began"]}
+    assert done["began"] - done["created"] >= 0.05 and done["ended"] - done["began"] >= 0.05 and done["device"] == 0.04
+
+
+def test_a_job_split_by_hand_and_its_table(study):
+    def job(created, began, ended=None, device=1.0):
+        return {"created": created, "began": began} | ({"ended": ended, "device": device} if ended else {})
+
+    # asynchronous: each job's end to the next request made after it; a job still out has a request, no end
+    jobs = [job(0.0, 0.1, 2.0), job(0.0, 0.3, 5.0, None), job(2.5, 2.7, 4.0), job(4.2, 4.3), job(5.6, 5.8, 7.0)]
+    split = study.job_split(jobs, synchronous=False)
+    assert split["stamped-jobs"] == 4
+    assert split["delivery-s-mean"] == pytest.approx((0.1 + 0.3 + 0.2 + 0.2) / 4, abs=1e-4)
+    assert split["clientapp-s-mean"] == pytest.approx((1.9 + 4.7 + 1.3 + 1.2) / 4, abs=1e-4)
+    assert split["clientapp-device-s-mean"] == 1.0  # the job that reported none is left out
+    assert split["next-request-s-mean"] == pytest.approx((0.5 + 0.6 + 0.2) / 3, abs=1e-4)  # the last job: none after it
+    # synchronous: a round's last end to the next round's first request
+    rounds = [job(0.0, 0.1, 3.0), job(0.001, 0.2, 9.0), job(12.0, 12.1, 15.0), job(12.002, 12.2, 14.0), job(20.0, 20.1)]
+    assert study.job_split(rounds, synchronous=True)["next-request-s-mean"] == pytest.approx((3.0 + 5.0) / 2, abs=1e-4)
+    assert study.job_split([job(0.0, 0.1)], synchronous=False) == {}
+    cells = [{"strategy": "fedasync", "delivery-s-mean": 0.2, "clientapp-s-mean": 10.3, "clientapp-device-s-mean": 10.0,
+              "next-request-s-mean": 0.8, "job-round-trip-s-mean": 10.9, "evaluation-s-mean": 0.5,
+              "server-ms-per-arrival": 4.0},
+             {"strategy": "flower-fedavg", "delivery-s-mean": 0.1, "clientapp-s-mean": 9.2,
+              "clientapp-device-s-mean": 9.0, "next-request-s-mean": 2.5},
+             {"strategy": "fedbuff", "job-round-trip-s-mean": 12.0}]  # no stamps: left out
+    rows = study.split_table({"here": cells}).splitlines()[2:]
+    assert rows == ["| here | flower-fedavg | 1 | 9.00 | 0.100 | 0.200 | – | 2.500 | – | – | – |",
+                    "| here | fedasync | 1 | 10.00 | 0.200 | 0.300 | 0.400 | 0.800 | 10.90 | 0.500 | 4.0 |"]

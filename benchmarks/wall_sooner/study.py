@@ -24,7 +24,10 @@ Two modes, the same app and settings:
 
 The server-side evaluation is timed (the copy wraps ``evaluate_fn``: seconds since ``start()`` was
 called, per evaluation), so a cell has its accuracy against wall time. asyncfl's own figures come from
-``Result.summary`` (rejections by reason, lost replies, round trips, jobs in flight). Cells are
+``Result.summary`` (rejections by reason, lost replies, round trips, jobs in flight). A study-only mod outside the
+others (``_stamped``) writes each train job's timing (its request made, the ClientApp's start and end, the device
+time it reports), which splits a job's time between Flower's delivery, the ClientApp and the server
+(``--split-table``). Cells are
 appended to ``<out>/cells.jsonl`` as they finish; runs are interleaved over strategies (Flower's FedAvg
 first in each run), so every strategy sees the machine in the same state, and a stopped study resumes.
 
@@ -37,6 +40,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -101,6 +105,31 @@ def _timed(evaluate, path={path!r}):
         return metrics
     return timed
 '''
+STAMPED = '''
+
+def _stamped(msg, context, call_next, _path={path!r}):
+    """The study's outermost mod: for each train job, the request's ``created_at`` (the ServerApp's moment of making
+    it) and when the ClientApp got it, written as it starts; then also when the ClientApp was done with it and the
+    device time its reply reports (``train-seconds``): JSON lines, the host's clock on both sides."""
+    import json as _json
+    import time as _time
+
+    from asyncfl import protocol as _protocol
+
+    def write(stamp):
+        with open(_path, "a") as out:
+            out.write(_json.dumps(stamp) + "\\n")
+
+    train = msg.metadata.message_type == "train"
+    stamp = {{"created": msg.metadata.created_at, "began": _time.time()}}
+    if train:
+        write(stamp)
+    reply = call_next(msg, context)
+    if train and reply.has_content():
+        device = _protocol.train_seconds(_protocol.reply_metrics(reply.content))
+        write({{**stamp, "ended": _time.time(), "device": None if device is None else round(float(device), 4)}})
+    return reply
+'''
 SUMMARY = ("\n    _summary = getattr(result, 'summary', None)\n"
            "    if _summary is not None:\n"
            "        open({path!r}, 'w').write(_json.dumps(_summary, default=str))\n")
@@ -126,12 +155,15 @@ def server_source(source: str, strategy: str, timeline: Path, summary: Path, acc
     return source
 
 
-def client_source(source: str) -> str:
-    """``client_app.py`` with the ``device_speed`` mod added after ``report_train_seconds``."""
+def client_source(source: str, stamps: Path | None = None) -> str:
+    """``client_app.py`` with the ``device_speed`` mod added after ``report_train_seconds``; ``stamps``: also the
+    study's ``_stamped`` mod outside both, writing each train job's timing there."""
     if not CLIENT_APP.search(source):
         raise SystemExit(f"the example's client_app.py has no {CLIENT_APP.pattern[1:]!r}: update {Path(__file__).name}")
-    return CLIENT_APP.sub("from asyncfl.client_app.device_speed import device_speed\n\n"
-                          "app = ClientApp(mods=[report_train_seconds, device_speed])", source)
+    mods = "report_train_seconds, device_speed" if stamps is None else "_stamped, report_train_seconds, device_speed"
+    added = ("from asyncfl.client_app.device_speed import device_speed\n"
+             + ("" if stamps is None else STAMPED.format(path=str(stamps))) + f"\n\napp = ClientApp(mods=[{mods}])")
+    return CLIENT_APP.sub(lambda _: added, source)  # a function: the mod's "\\n" must not become a line end
 
 
 def declare_device_keys(pyproject: Path, profile: str, seconds: float, seed: int) -> None:
@@ -309,7 +341,8 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
         server_app.write_text(server_source(server_app.read_text(), strategy, timeline, summary, accuracy,
                                                  start_options, puller))
         client_app = server_app.with_name("client_app.py")
-        client_app.write_text(client_source(client_app.read_text()))
+        stamps = Path(folder) / "stamps.jsonl"
+        client_app.write_text(client_source(client_app.read_text(), stamps))
         declare_device_keys(app / "pyproject.toml", profile, seconds, seed)
         if FOLDER.get(example, example) == "advanced-pytorch":
             overrides += f" save-dir='{Path(folder) / 'saved'}'"
@@ -322,6 +355,7 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             raise SystemExit(f"{example} / {strategy} / {mode} run {run} failed (rc {code}):\n{output[-4000:]}")
         points = [json.loads(line) for line in timeline.read_text().splitlines()]
         facts = json.loads(summary.read_text()) if summary.exists() else {}
+        jobs = [json.loads(line) for line in stamps.read_text().splitlines()] if stamps.exists() else []
     updates = rounds * cohort
     at_equal_work = [p for p in points if p["round"] == rounds]
     if not at_equal_work:
@@ -358,7 +392,36 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             # the server-side evaluations' own seconds (the engine's loop waits for each one)
             **({"evaluation-s-mean": round(sum(p["evaluation_s"] for p in points) / len(points), 3)}
                if all("evaluation_s" in p for p in points) else {}),
+            **job_split(jobs, synchronous=strategy == "flower-fedavg"),
             **{key: facts[key] for key in kept if key in facts}}
+
+
+def job_split(jobs: list[dict], synchronous: bool) -> dict:
+    """Means over a run's stamped train jobs (the ``_stamped`` mod; none for a run without stamps): the request's way
+    from the ServerApp making it to the ClientApp (Flower's push, the SuperLink, its runtime's look for new messages,
+    Ray's actor call), the ClientApp's time with it, the device time it reports, and the time from a ClientApp's end
+    to the server's next request: after each job for an asynchronous run (a freed slot's new job, unless another
+    request came first), after each round's last job for a ``synchronous`` one (the next round's requests)."""
+    created = sorted({stamp["created"] for stamp in jobs})  # every request that reached a ClientApp
+    jobs = [stamp for stamp in jobs if "ended" in stamp]  # the jobs it was done with
+    if not jobs:
+        return {}
+    devices = [job["device"] for job in jobs if job["device"] is not None]
+    if synchronous:  # a round's requests are made in one push: a new round where they are over a second apart
+        firsts = created[:1] + [b for a, b in zip(created, created[1:]) if b - a > 1.0]  # each round's first request
+        turnarounds = []
+        for first, following in zip(firsts, firsts[1:]):
+            ended = [job["ended"] for job in jobs if first <= job["created"] < following]
+            if ended:
+                turnarounds.append(following - max(ended))
+    else:
+        after = [bisect.bisect_right(created, job["ended"]) for job in jobs]
+        turnarounds = [created[i] - job["ended"] for job, i in zip(jobs, after) if i < len(created)]
+    return {"stamped-jobs": len(jobs),
+            "delivery-s-mean": round(statistics.mean(job["began"] - job["created"] for job in jobs), 4),
+            "clientapp-s-mean": round(statistics.mean(job["ended"] - job["began"] for job in jobs), 4),
+            **({"clientapp-device-s-mean": round(statistics.mean(devices), 4)} if devices else {}),
+            **({"next-request-s-mean": round(statistics.mean(turnarounds), 4)} if turnarounds else {})}
 
 
 def _cohort(example: str, nodes: int) -> int:
@@ -480,6 +543,39 @@ def overhead_table(folders: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def split_table(folders: dict[str, list[dict]]) -> str:
+    """Per folder of cells and strategy, a train job's time split by the ``_stamped`` mod's clocks (cells without
+    stamps left out): the request's way to the ClientApp, the ClientApp's time beyond the device time, for asyncfl
+    (whose summary has the round trip, push end to pull) the reply's way back to the SuperLink with the puller's
+    notice, and the time from a ClientApp's end to the server's next request (:func:`job_split`); with the server's
+    own figures beside (a server-side evaluation's seconds, its step per arrival)."""
+    lines = ["| cells | strategy | runs | device time, s | ServerApp to ClientApp, s | ClientApp − device time, s "
+             "| ClientApp's end to pull, s | ClientApp's end to the next request, s | round trip, s "
+             "| a server-side evaluation, s | server ms per arrival |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def mean(values: list[float], digits: int = 3) -> str:
+        return f"{statistics.mean(values):.{digits}f}" if values else "–"
+
+    def of(cells: list[dict], key: str) -> list[float]:
+        return [r[key] for r in cells if r.get(key) is not None]
+
+    for folder, rows in folders.items():
+        for strategy in STRATEGIES:
+            cells = [r for r in rows if r["strategy"] == strategy and "delivery-s-mean" in r]
+            if not cells:
+                continue
+            beyond = [r["clientapp-s-mean"] - r["clientapp-device-s-mean"] for r in cells
+                      if "clientapp-device-s-mean" in r]
+            back = [r["job-round-trip-s-mean"] - r["delivery-s-mean"] - r["clientapp-s-mean"] for r in cells
+                    if "job-round-trip-s-mean" in r]
+            lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(cells, 'clientapp-device-s-mean'), 2)} "
+                         f"| {mean(of(cells, 'delivery-s-mean'))} | {mean(beyond)} | {mean(back)} "
+                         f"| {mean(of(cells, 'next-request-s-mean'))} | {mean(of(cells, 'job-round-trip-s-mean'), 2)} "
+                         f"| {mean(of(cells, 'evaluation-s-mean'))} | {mean(of(cells, 'server-ms-per-arrival'), 1)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", nargs="+", default=["quickstart-pytorch"], choices=list(EXAMPLES))
@@ -507,9 +603,14 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     parser.add_argument("--overhead-table", nargs="+", type=Path, metavar="FOLDER",
                         help="only print where asyncfl's jobs' time goes, per folder of stored cells")
+    parser.add_argument("--split-table", nargs="+", type=Path, metavar="FOLDER",
+                        help="only print a train job's time split by the stamps of its ClientApp, per folder of cells")
     args = parser.parse_args()
     if args.overhead_table:
         print(overhead_table({folder.name: load(folder / "cells.jsonl") for folder in args.overhead_table}))
+        return
+    if args.split_table:
+        print(split_table({folder.name: load(folder / "cells.jsonl") for folder in args.split_table}))
         return
     DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
     if args.puller_cap is not None and not 0.2 <= args.puller_cap <= 60:
