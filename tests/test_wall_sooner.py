@@ -287,3 +287,12 @@ def test_a_job_split_by_hand_and_its_table(study):
     rows = study.split_table({"here": cells}).splitlines()[2:]
     assert rows == ["| here | flower-fedavg | 1 | 9.00 | 0.100 | 0.200 | – | 2.500 | – | – | – |",
                     "| here | fedasync | 1 | 10.00 | 0.200 | 0.300 | 0.400 | 0.800 | 10.90 | 0.500 | 4.0 |"]
+
+
+def test_the_accuracy_s_move_between_evaluations_by_hand(study):
+    cells = [{"strategy": "fedasync", "rounds": 4, "timeline": [[0, 0.0, 0.1], [1, 5.0, 0.5], [2, 9.0, 0.6],
+                                                                 [3, 12.0, 0.4], [4, 15.0, 0.7], [5, 18.0, 0.1]]},
+             {"strategy": "fedasync", "rounds": 4, "timeline": [[2, 9.0, 0.5], [3, 12.0, 0.5], [4, 15.0, 0.6]]},
+             {"strategy": "flower-fedavg", "rounds": 4, "timeline": [[4, 15.0, 0.7]]}]  # one point: no move
+    # rounds 2-4 only: |0.4 - 0.6| and |0.7 - 0.4| (mean 0.25); |0.5 - 0.5| and |0.6 - 0.5| (mean 0.05)
+    assert study.movement_table({"here": cells}).splitlines()[2:] == ["| here | fedasync | 2 | 0.150; 0.050-0.250 |"]

@@ -576,6 +576,26 @@ def split_table(folders: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def movement_table(folders: dict[str, list[dict]]) -> str:
+    """Per folder of cells and strategy, how far the server-side accuracy moves from one evaluation to the next in
+    the second half of equal work (the mean absolute change, each run's mean, then their mean and range): how much
+    one evaluation, such as the final one, can differ from its neighbours."""
+    lines = ["| cells | strategy | runs | accuracy's move between evaluations, second half of equal work (mean; runs) |",
+             "|---|---|---|---|"]
+    for folder, rows in folders.items():
+        for strategy in STRATEGIES:
+            moves = []
+            for cell in (r for r in rows if r["strategy"] == strategy):
+                points = [accuracy for round_, _, accuracy in cell["timeline"]
+                          if cell["rounds"] / 2 <= round_ <= cell["rounds"]]
+                if len(points) > 1:
+                    moves.append(statistics.mean(abs(b - a) for a, b in zip(points, points[1:])))
+            if moves:
+                lines.append(f"| {folder} | {strategy} | {len(moves)} | {statistics.mean(moves):.3f}; "
+                             f"{min(moves):.3f}-{max(moves):.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", nargs="+", default=["quickstart-pytorch"], choices=list(EXAMPLES))
@@ -603,11 +623,16 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     parser.add_argument("--overhead-table", nargs="+", type=Path, metavar="FOLDER",
                         help="only print where asyncfl's jobs' time goes, per folder of stored cells")
+    parser.add_argument("--movement-table", nargs="+", type=Path, metavar="FOLDER",
+                        help="only print how far the accuracy moves between evaluations, per folder of cells")
     parser.add_argument("--split-table", nargs="+", type=Path, metavar="FOLDER",
                         help="only print a train job's time split by the stamps of its ClientApp, per folder of cells")
     args = parser.parse_args()
     if args.overhead_table:
         print(overhead_table({folder.name: load(folder / "cells.jsonl") for folder in args.overhead_table}))
+        return
+    if args.movement_table:
+        print(movement_table({folder.name: load(folder / "cells.jsonl") for folder in args.movement_table}))
         return
     if args.split_table:
         print(split_table({folder.name: load(folder / "cells.jsonl") for folder in args.split_table}))
