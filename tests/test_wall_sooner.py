@@ -264,29 +264,35 @@ def test_the_stamped_mod_times_a_train_job_from_its_request_s_making_and_the_spl
 
 def test_a_job_split_by_hand_and_its_table(study):
     def job(created, began, ended=None, device=1.0):
-        return {"created": created, "began": began} | ({"ended": ended, "device": device} if ended else {})
+        return {"created": 100.0 + created, "began": 100.0 + began} | ({"ended": 100.0 + ended, "device": device}
+                                                                       if ended else {})
 
-    # asynchronous: each job's end to the next request made after it; a job still out has a request, no end
-    jobs = [job(0.0, 0.1, 2.0), job(0.0, 0.3, 5.0, None), job(2.5, 2.7, 4.0), job(4.2, 4.3), job(5.6, 5.8, 7.0)]
-    split = study.job_split(jobs, synchronous=False)
-    assert split["stamped-jobs"] == 4
-    assert split["delivery-s-mean"] == pytest.approx((0.1 + 0.3 + 0.2 + 0.2) / 4, abs=1e-4)
-    assert split["clientapp-s-mean"] == pytest.approx((1.9 + 4.7 + 1.3 + 1.2) / 4, abs=1e-4)
-    assert split["clientapp-device-s-mean"] == 1.0  # the job that reported none is left out
-    assert split["next-request-s-mean"] == pytest.approx((0.5 + 0.6 + 0.2) / 3, abs=1e-4)  # the last job: none after it
+    # asynchronous: each job's end to the next request made after it; a job still out has a request, no end; the
+    # first wave (requested before any ClientApp was done: Ray's actors starting) is left out of the means
+    jobs = [job(0.0, 1.5, 3.0), job(0.0, 1.6, 5.0), job(3.5, 3.7, 6.0, None), job(5.2, 5.3), job(6.6, 6.9, 9.0, 2.0)]
+    stamps = study.compact_stamps(jobs)
+    assert stamps[2] == [3.5, 3.7, 6.0, None] and stamps[3] == [5.2, 5.3, None, None]
+    split = study.job_split(stamps, synchronous=False)
+    assert split["jobs"] == 4 and split["jobs-after-the-first-wave"] == 2
+    assert split["delivery-s-mean"] == pytest.approx((0.2 + 0.3) / 2)
+    assert split["clientapp-s-mean"] == pytest.approx((2.3 + 2.1) / 2)
+    assert split["clientapp-device-s-mean"] == 2.0  # the job that reported none is left out
+    assert split["next-request-s-mean"] == pytest.approx((0.5 + 0.2 + 0.6) / 3)  # the last: none after it
     # synchronous: a round's last end to the next round's first request
     rounds = [job(0.0, 0.1, 3.0), job(0.001, 0.2, 9.0), job(12.0, 12.1, 15.0), job(12.002, 12.2, 14.0), job(20.0, 20.1)]
-    assert study.job_split(rounds, synchronous=True)["next-request-s-mean"] == pytest.approx((3.0 + 5.0) / 2, abs=1e-4)
-    assert study.job_split([job(0.0, 0.1)], synchronous=False) == {}
-    cells = [{"strategy": "fedasync", "delivery-s-mean": 0.2, "clientapp-s-mean": 10.3, "clientapp-device-s-mean": 10.0,
-              "next-request-s-mean": 0.8, "job-round-trip-s-mean": 10.9, "evaluation-s-mean": 0.5,
-              "server-ms-per-arrival": 4.0},
-             {"strategy": "flower-fedavg", "delivery-s-mean": 0.1, "clientapp-s-mean": 9.2,
-              "clientapp-device-s-mean": 9.0, "next-request-s-mean": 2.5},
-             {"strategy": "fedbuff", "job-round-trip-s-mean": 12.0}]  # no stamps: left out
-    rows = study.split_table({"here": cells}).splitlines()[2:]
-    assert rows == ["| here | flower-fedavg | 1 | 9.00 | 0.100 | 0.200 | – | 2.500 | – | – | – |",
-                    "| here | fedasync | 1 | 10.00 | 0.200 | 0.300 | 0.400 | 0.800 | 10.90 | 0.500 | 4.0 |"]
+    split = study.job_split(study.compact_stamps(rounds), synchronous=True)
+    assert split["next-request-s-mean"] == pytest.approx((3.0 + 5.0) / 2)
+    assert split["delivery-s-mean"] == pytest.approx((0.1 + 0.198) / 2)  # the second round only
+    assert study.job_split(study.compact_stamps([job(0.0, 0.1)]), synchronous=False) == {}
+    fedasync = {"strategy": "fedasync", "job-stamps": [[0.0, 0.2, 10.5, 10.0], [10.9, 11.1, 21.4, 10.0]],
+                "job-round-trip-s-mean": 10.9, "evaluation-s-mean": 0.5, "server-ms-per-arrival": 4.0}
+    fedavg = {"strategy": "flower-fedavg", "job-stamps": [[0.0, 0.1, 9.3, 9.0], [11.8, 11.9, 21.1, 9.0]]}
+    rows = study.split_table({"here": [fedasync, fedavg, {"strategy": "fedbuff", "job-round-trip-s-mean": 12.0}]})
+    # fedasync: the second job only (requested after the first ended): 0.2 to the ClientApp, 10.3 in it; the
+    # first's end to the next request 0.4; its round trip less those, 0.4. FedAvg: a round's end to the next, 2.5
+    assert rows.splitlines()[2:] == ["| here | flower-fedavg | 1 | 9.00 | 0.100 | 0.200 | – | 2.500 | – | – | – |",
+                                     "| here | fedasync | 1 | 10.00 | 0.200 | 0.300 | 0.400 | 0.400 | 10.90 | 0.500 "
+                                     "| 4.0 |"]
 
 
 def test_the_accuracy_s_move_between_evaluations_by_hand(study):

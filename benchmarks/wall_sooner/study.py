@@ -392,36 +392,49 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             # the server-side evaluations' own seconds (the engine's loop waits for each one)
             **({"evaluation-s-mean": round(sum(p["evaluation_s"] for p in points) / len(points), 3)}
                if all("evaluation_s" in p for p in points) else {}),
-            **job_split(jobs, synchronous=strategy == "flower-fedavg"),
+            **({"job-stamps": compact_stamps(jobs)} if jobs else {}),
             **{key: facts[key] for key in kept if key in facts}}
 
 
-def job_split(jobs: list[dict], synchronous: bool) -> dict:
-    """Means over a run's stamped train jobs (the ``_stamped`` mod; none for a run without stamps): the request's way
-    from the ServerApp making it to the ClientApp (Flower's push, the SuperLink, its runtime's look for new messages,
-    Ray's actor call), the ClientApp's time with it, the device time it reports, and the time from a ClientApp's end
-    to the server's next request: after each job for an asynchronous run (a freed slot's new job, unless another
-    request came first), after each round's last job for a ``synchronous`` one (the next round's requests)."""
-    created = sorted({stamp["created"] for stamp in jobs})  # every request that reached a ClientApp
-    jobs = [stamp for stamp in jobs if "ended" in stamp]  # the jobs it was done with
+def compact_stamps(stamps: list[dict]) -> list[list]:
+    """The ``_stamped`` mod's lines as a cell keeps them: ``[created, began, ended, device]`` per line, seconds since
+    the first request was made (ms), ``ended`` and ``device`` None on a line written as the ClientApp started."""
+    t0 = min(stamp["created"] for stamp in stamps)
+    return [[round(stamp["created"] - t0, 3), round(stamp["began"] - t0, 3),
+             None if "ended" not in stamp else round(stamp["ended"] - t0, 3), stamp.get("device")] for stamp in stamps]
+
+
+def job_split(stamps: list[list], synchronous: bool) -> dict:
+    """Means over a run's train jobs from its stamps (:func:`compact_stamps`).
+
+    The request's way from the ServerApp making it to the ClientApp (Flower's push, the SuperLink, its runtime's
+    look for new messages, Ray's actor call), the ClientApp's time with it and the device time it reports, over the
+    jobs requested once a first ClientApp was done (the first wave waits for Ray's actors to start); and the time
+    from a ClientApp's end to the server's next request: after each job for an asynchronous run (a freed slot's new
+    job, unless another request came first), after each round's last job for a ``synchronous`` one (the next
+    round's requests)."""
+    created = sorted({stamp[0] for stamp in stamps})  # every request that reached a ClientApp
+    jobs = [(made, began, ended, device) for made, began, ended, device in stamps if ended is not None]
     if not jobs:
         return {}
-    devices = [job["device"] for job in jobs if job["device"] is not None]
+    first_end = min(ended for _, _, ended, _ in jobs)
+    steady = [job for job in jobs if job[0] >= first_end] or jobs  # not the first wave: Ray's actors start
+    devices = [device for *_, device in steady if device is not None]
     if synchronous:  # a round's requests are made in one push: a new round where they are over a second apart
         firsts = created[:1] + [b for a, b in zip(created, created[1:]) if b - a > 1.0]  # each round's first request
         turnarounds = []
         for first, following in zip(firsts, firsts[1:]):
-            ended = [job["ended"] for job in jobs if first <= job["created"] < following]
-            if ended:
-                turnarounds.append(following - max(ended))
+            ends = [ended for made, _, ended, _ in jobs if first <= made < following]
+            if ends:
+                turnarounds.append(following - max(ends))
     else:
-        after = [bisect.bisect_right(created, job["ended"]) for job in jobs]
-        turnarounds = [created[i] - job["ended"] for job, i in zip(jobs, after) if i < len(created)]
-    return {"stamped-jobs": len(jobs),
-            "delivery-s-mean": round(statistics.mean(job["began"] - job["created"] for job in jobs), 4),
-            "clientapp-s-mean": round(statistics.mean(job["ended"] - job["began"] for job in jobs), 4),
-            **({"clientapp-device-s-mean": round(statistics.mean(devices), 4)} if devices else {}),
-            **({"next-request-s-mean": round(statistics.mean(turnarounds), 4)} if turnarounds else {})}
+        after = [(ended, bisect.bisect_right(created, ended)) for _, _, ended, _ in jobs]
+        turnarounds = [created[i] - ended for ended, i in after if i < len(created)]
+    return {"jobs": len(jobs), "jobs-after-the-first-wave": len(steady),
+            "delivery-s-mean": statistics.mean(began - made for made, began, _, _ in steady),
+            "clientapp-s-mean": statistics.mean(ended - began for _, began, ended, _ in steady),
+            **({"clientapp-device-s-mean": statistics.mean(devices)} if devices else {}),
+            **({"next-request-s-mean": statistics.mean(turnarounds)} if turnarounds else {})}
 
 
 def _cohort(example: str, nodes: int) -> int:
@@ -562,17 +575,18 @@ def split_table(folders: dict[str, list[dict]]) -> str:
 
     for folder, rows in folders.items():
         for strategy in STRATEGIES:
-            cells = [r for r in rows if r["strategy"] == strategy and "delivery-s-mean" in r]
+            cells = [r for r in rows if r["strategy"] == strategy and "job-stamps" in r]
             if not cells:
                 continue
-            beyond = [r["clientapp-s-mean"] - r["clientapp-device-s-mean"] for r in cells
+            splits = [job_split(r["job-stamps"], synchronous=strategy == "flower-fedavg") | r for r in cells]
+            beyond = [r["clientapp-s-mean"] - r["clientapp-device-s-mean"] for r in splits
                       if "clientapp-device-s-mean" in r]
-            back = [r["job-round-trip-s-mean"] - r["delivery-s-mean"] - r["clientapp-s-mean"] for r in cells
+            back = [r["job-round-trip-s-mean"] - r["delivery-s-mean"] - r["clientapp-s-mean"] for r in splits
                     if "job-round-trip-s-mean" in r]
-            lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(cells, 'clientapp-device-s-mean'), 2)} "
-                         f"| {mean(of(cells, 'delivery-s-mean'))} | {mean(beyond)} | {mean(back)} "
-                         f"| {mean(of(cells, 'next-request-s-mean'))} | {mean(of(cells, 'job-round-trip-s-mean'), 2)} "
-                         f"| {mean(of(cells, 'evaluation-s-mean'))} | {mean(of(cells, 'server-ms-per-arrival'), 1)} |")
+            lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(splits, 'clientapp-device-s-mean'), 2)} "
+                         f"| {mean(of(splits, 'delivery-s-mean'))} | {mean(beyond)} | {mean(back)} "
+                         f"| {mean(of(splits, 'next-request-s-mean'))} | {mean(of(splits, 'job-round-trip-s-mean'), 2)} "
+                         f"| {mean(of(splits, 'evaluation-s-mean'))} | {mean(of(splits, 'server-ms-per-arrival'), 1)} |")
     return "\n".join(lines)
 
 
