@@ -430,7 +430,9 @@ def job_split(stamps: list[list], synchronous: bool) -> dict:
     else:
         after = [(ended, bisect.bisect_right(created, ended)) for _, _, ended, _ in jobs]
         turnarounds = [created[i] - ended for ended, i in after if i < len(created)]
+    first_wave = [began - made for made, began, _, _ in jobs if made < first_end]
     return {"jobs": len(jobs), "jobs-after-the-first-wave": len(steady),
+            **({"first-wave-delivery-s-mean": statistics.mean(first_wave)} if first_wave else {}),
             "delivery-s-mean": statistics.mean(began - made for made, began, _, _ in steady),
             "clientapp-s-mean": statistics.mean(ended - began for _, began, ended, _ in steady),
             **({"clientapp-device-s-mean": statistics.mean(devices)} if devices else {}),
@@ -558,12 +560,12 @@ def overhead_table(folders: dict[str, list[dict]]) -> str:
 
 def split_table(folders: dict[str, list[dict]]) -> str:
     """Per folder of cells and strategy, a train job's time split by the ``_stamped`` mod's clocks (cells without
-    stamps left out): the request's way to the ClientApp, the ClientApp's time beyond the device time, for asyncfl
-    (whose summary has the round trip, push end to pull) the reply's way back to the SuperLink with the puller's
-    notice, and the time from a ClientApp's end to the server's next request (:func:`job_split`); with the server's
-    own figures beside (a server-side evaluation's seconds, its step per arrival)."""
-    lines = ["| cells | strategy | runs | device time, s | ServerApp to ClientApp, s | ClientApp − device time, s "
-             "| ClientApp's end to pull, s | ClientApp's end to the next request, s | round trip, s "
+    stamps left out; :func:`job_split`): the request's way to the ClientApp (the first wave's, while Ray's actors
+    start, apart), the ClientApp's time beyond the device time, and the time from a ClientApp's end to the server's
+    next request; with the server's own figures beside (a server-side evaluation's seconds, its step per arrival).
+    Every job a ClientApp finished counts, also those the server no longer took in after its stop."""
+    lines = ["| cells | strategy | runs | jobs a run | device time, s | first wave: ServerApp to ClientApp, s "
+             "| then: ServerApp to ClientApp, s | ClientApp − device time, s | ClientApp's end to the next request, s "
              "| a server-side evaluation, s | server ms per arrival |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -581,11 +583,10 @@ def split_table(folders: dict[str, list[dict]]) -> str:
             splits = [job_split(r["job-stamps"], synchronous=strategy == "flower-fedavg") | r for r in cells]
             beyond = [r["clientapp-s-mean"] - r["clientapp-device-s-mean"] for r in splits
                       if "clientapp-device-s-mean" in r]
-            back = [r["job-round-trip-s-mean"] - r["delivery-s-mean"] - r["clientapp-s-mean"] for r in splits
-                    if "job-round-trip-s-mean" in r]
-            lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(splits, 'clientapp-device-s-mean'), 2)} "
-                         f"| {mean(of(splits, 'delivery-s-mean'))} | {mean(beyond)} | {mean(back)} "
-                         f"| {mean(of(splits, 'next-request-s-mean'))} | {mean(of(splits, 'job-round-trip-s-mean'), 2)} "
+            lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(splits, 'jobs'), 0)} "
+                         f"| {mean(of(splits, 'clientapp-device-s-mean'), 2)} "
+                         f"| {mean(of(splits, 'first-wave-delivery-s-mean'), 1)} | {mean(of(splits, 'delivery-s-mean'))} "
+                         f"| {mean(beyond)} | {mean(of(splits, 'next-request-s-mean'))} "
                          f"| {mean(of(splits, 'evaluation-s-mean'))} | {mean(of(splits, 'server-ms-per-arrival'), 1)} |")
     return "\n".join(lines)
 
