@@ -291,8 +291,10 @@ def test_a_job_split_by_hand_and_its_table(study):
     rows = study.split_table({"here": [fedasync, fedavg, {"strategy": "fedbuff", "job-round-trip-s-mean": 12.0}]})
     # fedasync: the second job only (requested after the first ended): 0.2 to the ClientApp, 10.3 in it; the first
     # wave's job 0.2 to the ClientApp; the first's end to the next request 0.4. FedAvg: a round's end to the next, 2.5
-    assert rows.splitlines()[2:] == ["| here | flower-fedavg | 1 | 2 | 9.00 | 0.1 | 0.100 | 0.200 | 2.500 | – | – |",
-                                     "| here | fedasync | 1 | 2 | 10.00 | 0.2 | 0.200 | 0.300 | 0.400 | 0.500 | 4.0 |"]
+    # fedasync's slot: 10.0 of device time in a cycle of 0.2 + 10.3 + 0.4
+    assert rows.splitlines()[2:] == [
+        "| here | flower-fedavg | 1 | 2 | 9.00 | 0.1 | 0.100 | 0.200 | 2.500 | – | – | – |",
+        f"| here | fedasync | 1 | 2 | 10.00 | 0.2 | 0.200 | 0.300 | 0.400 | {10 / 10.9:.3f} | 0.500 | 4.0 |"]
 
 
 def test_the_accuracy_s_move_between_evaluations_by_hand(study):

@@ -562,12 +562,14 @@ def split_table(folders: dict[str, list[dict]]) -> str:
     """Per folder of cells and strategy, a train job's time split by the ``_stamped`` mod's clocks (cells without
     stamps left out; :func:`job_split`): the request's way to the ClientApp (the first wave's, while Ray's actors
     start, apart), the ClientApp's time beyond the device time, and the time from a ClientApp's end to the server's
-    next request; with the server's own figures beside (a server-side evaluation's seconds, its step per arrival).
+    next request; for an asynchronous strategy the device time's share of a slot's cycle (those three and the
+    ClientApp's device time: what the engine makes of the fleet's time, whichever nodes a run drew); with the
+    server's own figures beside (a server-side evaluation's seconds, its step per arrival).
     Every job a ClientApp finished counts, also those the server no longer took in after its stop."""
     lines = ["| cells | strategy | runs | jobs a run | device time, s | first wave: ServerApp to ClientApp, s "
              "| then: ServerApp to ClientApp, s | ClientApp − device time, s | ClientApp's end to the next request, s "
-             "| a server-side evaluation, s | server ms per arrival |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| device time / a slot's cycle | a server-side evaluation, s | server ms per arrival |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def mean(values: list[float], digits: int = 3) -> str:
         return f"{statistics.mean(values):.{digits}f}" if values else "–"
@@ -583,10 +585,14 @@ def split_table(folders: dict[str, list[dict]]) -> str:
             splits = [job_split(r["job-stamps"], synchronous=strategy == "flower-fedavg") | r for r in cells]
             beyond = [r["clientapp-s-mean"] - r["clientapp-device-s-mean"] for r in splits
                       if "clientapp-device-s-mean" in r]
+            # asynchronous: a slot's cycle is a job's way out, its ClientApp and the wait for the slot's next request
+            cycles = [] if strategy == "flower-fedavg" else [
+                r["clientapp-device-s-mean"] / (r["delivery-s-mean"] + r["clientapp-s-mean"] + r["next-request-s-mean"])
+                for r in splits if "clientapp-device-s-mean" in r and "next-request-s-mean" in r]
             lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(splits, 'jobs'), 0)} "
                          f"| {mean(of(splits, 'clientapp-device-s-mean'), 2)} "
                          f"| {mean(of(splits, 'first-wave-delivery-s-mean'), 1)} | {mean(of(splits, 'delivery-s-mean'))} "
-                         f"| {mean(beyond)} | {mean(of(splits, 'next-request-s-mean'))} "
+                         f"| {mean(beyond)} | {mean(of(splits, 'next-request-s-mean'))} | {mean(cycles)} "
                          f"| {mean(of(splits, 'evaluation-s-mean'))} | {mean(of(splits, 'server-ms-per-arrival'), 1)} |")
     return "\n".join(lines)
 
