@@ -119,7 +119,8 @@ def test_the_copy_swaps_the_strategy_times_evaluation_and_adds_the_mod(study, tm
     assert "mods=[report_train_seconds, device_speed]" in client
     stamped = study.client_source((example / "client_app.py").read_text(), tmp_path / "stamps.jsonl")
     compile(stamped, "client_app.py", "exec")
-    assert "mods=[_stamped, report_train_seconds, device_speed]" in stamped and str(tmp_path / "stamps.jsonl") in stamped
+    assert "mods=[_stamped, report_train_seconds, device_speed]" in stamped
+    assert repr(str(tmp_path / "stamps.jsonl")) in stamped
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text((example.parent / "pyproject.toml").read_text())
     study.declare_device_keys(pyproject, "quarter-5x-slower", 3.0, 0)
@@ -171,11 +172,13 @@ def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
     assert len(tables) == 5
     for cells, stored in tables:
         assert stored == study.table(study.load(ROOT / "benchmarks" / "wall_sooner" / cells)), cells
-    overhead = re.findall(r"<!-- overhead table from ([^>]+?) -->\n(.*?)\n<!-- /table -->", readme, re.S)
-    assert len(overhead) == 1
-    for folders, stored in overhead:
-        here = ROOT / "benchmarks" / "wall_sooner"
-        assert stored == study.overhead_table({f: study.load(here / f / "cells.jsonl") for f in folders.split()})
+    here = ROOT / "benchmarks" / "wall_sooner"
+    by_folder = re.findall(r"<!-- (overhead|split|movement) table from ([^>]+?) -->\n(.*?)\n<!-- /table -->", readme,
+                           re.S)
+    assert sorted({kind for kind, _, _ in by_folder}) == ["movement", "overhead", "split"]
+    for kind, folders, stored in by_folder:
+        make = {"overhead": study.overhead_table, "split": study.split_table, "movement": study.movement_table}[kind]
+        assert stored == make({f: study.load(here / f / "cells.jsonl") for f in folders.split()}), (kind, folders)
 
 
 def test_the_least_device_time_keeps_the_fleets_process_starts_within_the_hosts_share():
@@ -260,47 +263,62 @@ def test_the_stamped_mod_times_a_train_job_from_its_request_s_making_and_the_spl
     started, done = [json.loads(line) for line in path.read_text().splitlines()]
     assert started == {"created": request.metadata.created_at, "began": done["began"]}
     assert done["began"] - done["created"] >= 0.05 and done["ended"] - done["began"] >= 0.05 and done["device"] == 0.04
+    with path.open("a") as out:
+        out.write('{"created": 1.0, "be')  # a line cut off as the run ended
+    split = study.job_split(study.compact_stamps(study.read_stamps(path)), synchronous=False)
+    assert split["jobs"] == 1 and split["first-wave-delivery-s-mean"] >= 0.05 and "delivery-s-mean" not in split
 
 
 def test_a_job_split_by_hand_and_its_table(study):
     def job(created, began, ended=None, device=1.0):
-        return {"created": 100.0 + created, "began": 100.0 + began} | ({"ended": 100.0 + ended, "device": device}
-                                                                       if ended else {})
+        """The mod's lines for one job: one as its ClientApp starts, one as it ends (if it did)."""
+        start = {"created": 100.0 + created, "began": 100.0 + began}
+        return [start] + ([start | {"ended": 100.0 + ended, "device": device}] if ended else [])
 
-    # asynchronous: each job's end to the next request made after it; a job still out has a request, no end; the
-    # first wave (requested before any ClientApp was done: Ray's actors starting) is left out of the means
-    jobs = [job(0.0, 1.5, 3.0), job(0.0, 1.6, 5.0), job(3.5, 3.7, 6.0, None), job(5.2, 5.3), job(6.6, 6.9, 9.0, 2.0)]
+    # asynchronous: each request after the first wave takes the oldest end before it not yet taken; a job still out
+    # has a request, no end; the first wave (requested before any ClientApp was done: Ray's actors starting) is apart
+    jobs = [*job(0.0, 1.5, 3.0), *job(0.0, 1.6, 5.0), *job(3.5, 3.7, 6.0, None), *job(5.2, 5.3),
+            *job(6.6, 6.9, 9.0, 2.0)]
     stamps = study.compact_stamps(jobs)
-    assert stamps[2] == [3.5, 3.7, 6.0, None] and stamps[3] == [5.2, 5.3, None, None]
+    assert stamps[4:7] == [[3.5, 3.7, None, None], [3.5, 3.7, 6.0, None], [5.2, 5.3, None, None]]
     split = study.job_split(stamps, synchronous=False)
     assert split["jobs"] == 4 and split["jobs-after-the-first-wave"] == 2
     assert split["first-wave-delivery-s-mean"] == pytest.approx((1.5 + 1.6) / 2)
     assert split["delivery-s-mean"] == pytest.approx((0.2 + 0.3) / 2)
     assert split["clientapp-s-mean"] == pytest.approx((2.3 + 2.1) / 2)
     assert split["clientapp-device-s-mean"] == 2.0  # the job that reported none is left out
-    assert split["next-request-s-mean"] == pytest.approx((0.5 + 0.2 + 0.6) / 3)  # the last: none after it
-    # synchronous: a round's last end to the next round's first request
-    rounds = [job(0.0, 0.1, 3.0), job(0.001, 0.2, 9.0), job(12.0, 12.1, 15.0), job(12.002, 12.2, 14.0), job(20.0, 20.1)]
+    assert split["next-request-s-mean"] == pytest.approx((0.5 + 0.2 + 0.6) / 3)  # 3.0->3.5, 5.0->5.2, 6.0->6.6
+    # two ends close together, then one push of two requests (a held slot): one request each, in order
+    close = [*job(0.0, 0.1, 4.0), *job(0.0, 0.1, 4.1), *job(5.0, 5.1), *job(5.0005, 5.1)]
+    assert study.job_split(study.compact_stamps(close), synchronous=False)["next-request-s-mean"] == pytest.approx(
+        (1.0 + 0.9005) / 2, abs=1e-3)
+    # synchronous: a round's last end to the next round's first request; a round with a job that left no end: none
+    rounds = [*job(0.0, 0.1, 3.0), *job(0.0, 0.2, 9.0), *job(12.0, 12.1, 15.0), *job(12.002, 12.2, 14.0),
+              *job(20.0, 20.1, 21.0), *job(20.001, 20.1), *job(30.0, 30.1)]
     split = study.job_split(study.compact_stamps(rounds), synchronous=True)
-    assert split["next-request-s-mean"] == pytest.approx((3.0 + 5.0) / 2)
-    assert split["delivery-s-mean"] == pytest.approx((0.1 + 0.198) / 2)  # the second round only
-    assert study.job_split(study.compact_stamps([job(0.0, 0.1)]), synchronous=False) == {}
-    fedasync = {"strategy": "fedasync", "job-stamps": [[0.0, 0.2, 10.5, 10.0], [10.9, 11.1, 21.4, 10.0]],
-                "job-round-trip-s-mean": 10.9, "evaluation-s-mean": 0.5, "server-ms-per-arrival": 4.0}
-    fedavg = {"strategy": "flower-fedavg", "job-stamps": [[0.0, 0.1, 9.3, 9.0], [11.8, 11.9, 21.1, 9.0]]}
-    rows = study.split_table({"here": [fedasync, fedavg, {"strategy": "fedbuff", "job-round-trip-s-mean": 12.0}]})
-    # fedasync: the second job only (requested after the first ended): 0.2 to the ClientApp, 10.3 in it; the first
-    # wave's job 0.2 to the ClientApp; the first's end to the next request 0.4. FedAvg: a round's end to the next, 2.5
-    # fedasync's slot: 10.0 of device time in a cycle of 0.2 + 10.3 + 0.4
+    assert split["next-request-s-mean"] == pytest.approx((3.0 + 5.0) / 2)  # 9.0 -> 12.0, 15.0 -> 20.0
+    assert split["delivery-s-mean"] == pytest.approx((0.1 + 0.198 + 0.1) / 3)  # after the first wave
+    assert study.job_split(study.compact_stamps(job(0.0, 0.1)), synchronous=False) == {}
+    two_jobs = study.compact_stamps([*job(0.0, 0.2, 10.5, 10.0), *job(10.9, 11.1, 21.4, 10.0)])
+    fedasync = {"strategy": "fedasync", "job-stamps": two_jobs, "evaluation-s-mean": 0.5, "server-ms-per-arrival": 4.0,
+                "ray-actors": 6, "runtime-workers": 6}
+    fedavg = {"strategy": "flower-fedavg",
+              "job-stamps": study.compact_stamps([*job(0.0, 0.1, 9.3, 9.0), *job(11.8, 11.9, 21.1, 9.0)])}
+    queued = {"strategy": "fedbuff", "job-stamps": two_jobs, "ray-actors": 8, "runtime-workers": 6}
+    rows = study.split_table({"here": [fedasync, fedavg, queued, {"strategy": "ca2fl", "job-round-trip-s-mean": 1.0}]})
+    # fedasync: the second job only after the first wave: 0.2 to the ClientApp, 10.3 in it (device 10.0); the first's
+    # end to the next request 0.4; a slot's seconds beyond the device time 0.2 + 0.3 + 0.4. FedAvg: 11.8 - 9.3
     assert rows.splitlines()[2:] == [
-        "| here | flower-fedavg | 1 | 2 | 9.00 | 0.1 | 0.100 | 0.200 | 2.500 | – | – | – |",
-        f"| here | fedasync | 1 | 2 | 10.00 | 0.2 | 0.200 | 0.300 | 0.400 | {10 / 10.9:.3f} | 0.500 | 4.0 |"]
+        "| here | flower-fedavg | 1 | 2 | 9.20 (9.00) | 0.1 | 0.100 | 2.500 | – | – | – |",
+        "| here | fedbuff | 1 | 2 | 10.30 (10.00) | 0.2 | 0.200 (queued for a worker) | 0.400 | – | – | – |",
+        "| here | fedasync | 1 | 2 | 10.30 (10.00) | 0.2 | 0.200 | 0.400 | 0.900 | 0.500 | 4.0 |"]
 
 
 def test_the_accuracy_s_move_between_evaluations_by_hand(study):
     cells = [{"strategy": "fedasync", "rounds": 4, "timeline": [[0, 0.0, 0.1], [1, 5.0, 0.5], [2, 9.0, 0.6],
                                                                  [3, 12.0, 0.4], [4, 15.0, 0.7], [5, 18.0, 0.1]]},
-             {"strategy": "fedasync", "rounds": 4, "timeline": [[2, 9.0, 0.5], [3, 12.0, 0.5], [4, 15.0, 0.6]]},
+             {"strategy": "fedasync", "rounds": 4, "timeline": [[2, 9.0, 0.5], [3, 12.0, 0.5], [3, 13.0, 0.9],
+                                                                 [4, 15.0, 0.6]]},  # round 3's last: 0.9
              {"strategy": "flower-fedavg", "rounds": 4, "timeline": [[4, 15.0, 0.7]]}]  # one point: no move
-    # rounds 2-4 only: |0.4 - 0.6| and |0.7 - 0.4| (mean 0.25); |0.5 - 0.5| and |0.6 - 0.5| (mean 0.05)
-    assert study.movement_table({"here": cells}).splitlines()[2:] == ["| here | fedasync | 2 | 0.150; 0.050-0.250 |"]
+    # rounds 2-4 only: |0.4 - 0.6| and |0.7 - 0.4| (mean 0.25); |0.9 - 0.5| and |0.6 - 0.9| (mean 0.35)
+    assert study.movement_table({"here": cells}).splitlines()[2:] == ["| here | fedasync | 2 | 0.300; 0.250-0.350 |"]

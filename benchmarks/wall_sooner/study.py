@@ -40,8 +40,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
+import math
 import os
 import random
 import re
@@ -120,7 +120,7 @@ def _stamped(msg, context, call_next, _path={path!r}):
         with open(_path, "a") as out:
             out.write(_json.dumps(stamp) + "\\n")
 
-    train = msg.metadata.message_type == "train"
+    train = msg.metadata.message_type.split(".")[0] == "train"  # "train" or "train.<action>"
     stamp = {{"created": msg.metadata.created_at, "began": _time.time()}}
     if train:
         write(stamp)
@@ -355,7 +355,7 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             raise SystemExit(f"{example} / {strategy} / {mode} run {run} failed (rc {code}):\n{output[-4000:]}")
         points = [json.loads(line) for line in timeline.read_text().splitlines()]
         facts = json.loads(summary.read_text()) if summary.exists() else {}
-        jobs = [json.loads(line) for line in stamps.read_text().splitlines()] if stamps.exists() else []
+        jobs = read_stamps(stamps)
     updates = rounds * cohort
     at_equal_work = [p for p in points if p["round"] == rounds]
     if not at_equal_work:
@@ -396,6 +396,17 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             **{key: facts[key] for key in kept if key in facts}}
 
 
+def read_stamps(path: Path) -> list[dict]:
+    """The ``_stamped`` mod's lines; a line cut off (a loopback ClientApp still writing as the run ends) is left out."""
+    stamps = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            stamps.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return stamps
+
+
 def compact_stamps(stamps: list[dict]) -> list[list]:
     """The ``_stamped`` mod's lines as a cell keeps them: ``[created, began, ended, device]`` per line, seconds since
     the first request was made (ms), ``ended`` and ``device`` None on a line written as the ClientApp started."""
@@ -407,34 +418,42 @@ def compact_stamps(stamps: list[dict]) -> list[list]:
 def job_split(stamps: list[list], synchronous: bool) -> dict:
     """Means over a run's train jobs from its stamps (:func:`compact_stamps`).
 
-    The request's way from the ServerApp making it to the ClientApp (Flower's push, the SuperLink, its runtime's
-    look for new messages, Ray's actor call), the ClientApp's time with it and the device time it reports, over the
-    jobs requested once a first ClientApp was done (the first wave waits for Ray's actors to start); and the time
-    from a ClientApp's end to the server's next request: after each job for an asynchronous run (a freed slot's new
-    job, unless another request came first), after each round's last job for a ``synchronous`` one (the next
-    round's requests)."""
-    created = sorted({stamp[0] for stamp in stamps})  # every request that reached a ClientApp
+    - ``delivery``: from the ServerApp making a request to its ClientApp starting (Flower's push, the SuperLink,
+      its runtime's look for new messages every 0.1 s, a free worker, Ray's actor call), over the jobs requested
+      once a first ClientApp was done (the first wave waits for Ray's actors to start: apart);
+    - ``clientapp``: the ClientApp's time with a job, and ``device``: the time its reply reports (``train-seconds``:
+      the handler and the device mod's wait, so the two differ only by the outer mods' own bookkeeping);
+    - ``next-request``: from a ClientApp's end to the request that replaced it: the reply's way back (Ray, the
+      SuperLink), the puller's notice, the server's step and evaluations, a held slot's wait (FedBuff). Asynchronous:
+      each request after the first wave takes the oldest end before it not yet taken (one to one, in order);
+      ``synchronous`` (Flower's FedAvg): a round's last end to the next round's first request, for rounds whose
+      every job left an end."""
+    created = sorted(stamp[0] for stamp in stamps if stamp[2] is None)  # each request that reached a ClientApp
     jobs = [(made, began, ended, device) for made, began, ended, device in stamps if ended is not None]
     if not jobs:
         return {}
     first_end = min(ended for _, _, ended, _ in jobs)
-    steady = [job for job in jobs if job[0] >= first_end] or jobs  # not the first wave: Ray's actors start
+    steady = [job for job in jobs if job[0] >= first_end]
+    first_wave = [began - made for made, began, _, _ in jobs if made < first_end]
     devices = [device for *_, device in steady if device is not None]
     if synchronous:  # a round's requests are made in one push: a new round where they are over a second apart
         firsts = created[:1] + [b for a, b in zip(created, created[1:]) if b - a > 1.0]  # each round's first request
         turnarounds = []
         for first, following in zip(firsts, firsts[1:]):
+            requested = [made for made in created if first <= made < following]
             ends = [ended for made, _, ended, _ in jobs if first <= made < following]
-            if ends:
+            if ends and len(ends) == len(requested):
                 turnarounds.append(following - max(ends))
     else:
-        after = [(ended, bisect.bisect_right(created, ended)) for _, _, ended, _ in jobs]
-        turnarounds = [created[i] - ended for ended, i in after if i < len(created)]
-    first_wave = [began - made for made, began, _, _ in jobs if made < first_end]
+        ends, turnarounds, taken = sorted(ended for _, _, ended, _ in jobs), [], 0
+        for made in created:
+            if made >= first_end and taken < len(ends) and ends[taken] <= made:
+                turnarounds.append(made - ends[taken])
+                taken += 1
     return {"jobs": len(jobs), "jobs-after-the-first-wave": len(steady),
             **({"first-wave-delivery-s-mean": statistics.mean(first_wave)} if first_wave else {}),
-            "delivery-s-mean": statistics.mean(began - made for made, began, _, _ in steady),
-            "clientapp-s-mean": statistics.mean(ended - began for _, began, ended, _ in steady),
+            **({"delivery-s-mean": statistics.mean(began - made for made, began, _, _ in steady),
+                "clientapp-s-mean": statistics.mean(ended - began for _, began, ended, _ in steady)} if steady else {}),
             **({"clientapp-device-s-mean": statistics.mean(devices)} if devices else {}),
             **({"next-request-s-mean": statistics.mean(turnarounds)} if turnarounds else {})}
 
@@ -559,17 +578,19 @@ def overhead_table(folders: dict[str, list[dict]]) -> str:
 
 
 def split_table(folders: dict[str, list[dict]]) -> str:
-    """Per folder of cells and strategy, a train job's time split by the ``_stamped`` mod's clocks (cells without
-    stamps left out; :func:`job_split`): the request's way to the ClientApp (the first wave's, while Ray's actors
-    start, apart), the ClientApp's time beyond the device time, and the time from a ClientApp's end to the server's
-    next request; for an asynchronous strategy the device time's share of a slot's cycle (those three and the
-    ClientApp's device time: what the engine makes of the fleet's time, whichever nodes a run drew); with the
-    server's own figures beside (a server-side evaluation's seconds, its step per arrival).
-    Every job a ClientApp finished counts, also those the server no longer took in after its stop."""
-    lines = ["| cells | strategy | runs | jobs a run | device time, s | first wave: ServerApp to ClientApp, s "
-             "| then: ServerApp to ClientApp, s | ClientApp − device time, s | ClientApp's end to the next request, s "
-             "| device time / a slot's cycle | a server-side evaluation, s | server ms per arrival |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """Per folder of cells and strategy, a train job's time from the ``_stamped`` mod's clocks (:func:`job_split`;
+    cells without stamps left out): the request's way to the ClientApp (the first wave's, while Ray's actors start,
+    apart), the ClientApp's time, the time from its end to the request that replaced it, and for an asynchronous
+    strategy a slot's seconds per job beyond the device time (way out, ClientApp beyond the device time, way to the
+    next request); with the server's own figures beside (a server-side evaluation's seconds, its step per arrival).
+    Every job a ClientApp finished counts, also those the server no longer took in after its stop. In a cell with
+    more jobs out than Flower's runtime has workers (``ray-actors`` > ``runtime-workers``) the way out includes the
+    wait for a worker: marked, and no slot figure."""
+    lines = ["| cells | strategy | runs | jobs a run | ClientApp's time (its device time), s "
+             "| first wave: ServerApp to ClientApp, s | then: ServerApp to ClientApp, s "
+             "| ClientApp's end to the next request, s | a slot's seconds per job beyond the device time "
+             "| a server-side evaluation, s | server ms per arrival |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def mean(values: list[float], digits: int = 3) -> str:
         return f"{statistics.mean(values):.{digits}f}" if values else "–"
@@ -583,31 +604,34 @@ def split_table(folders: dict[str, list[dict]]) -> str:
             if not cells:
                 continue
             splits = [job_split(r["job-stamps"], synchronous=strategy == "flower-fedavg") | r for r in cells]
-            beyond = [r["clientapp-s-mean"] - r["clientapp-device-s-mean"] for r in splits
-                      if "clientapp-device-s-mean" in r]
-            # asynchronous: a slot's cycle is a job's way out, its ClientApp and the wait for the slot's next request
-            cycles = [] if strategy == "flower-fedavg" else [
-                r["clientapp-device-s-mean"] / (r["delivery-s-mean"] + r["clientapp-s-mean"] + r["next-request-s-mean"])
+            queued = any(r.get("ray-actors", 0) > r.get("runtime-workers", math.inf) for r in cells)
+            slots = [] if strategy == "flower-fedavg" or queued else [
+                r["delivery-s-mean"] + r["clientapp-s-mean"] - r["clientapp-device-s-mean"] + r["next-request-s-mean"]
                 for r in splits if "clientapp-device-s-mean" in r and "next-request-s-mean" in r]
+            device = mean(of(splits, 'clientapp-device-s-mean'), 2)
             lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(splits, 'jobs'), 0)} "
-                         f"| {mean(of(splits, 'clientapp-device-s-mean'), 2)} "
-                         f"| {mean(of(splits, 'first-wave-delivery-s-mean'), 1)} | {mean(of(splits, 'delivery-s-mean'))} "
-                         f"| {mean(beyond)} | {mean(of(splits, 'next-request-s-mean'))} | {mean(cycles)} "
-                         f"| {mean(of(splits, 'evaluation-s-mean'))} | {mean(of(splits, 'server-ms-per-arrival'), 1)} |")
+                         f"| {mean(of(splits, 'clientapp-s-mean'), 2)} ({device}) "
+                         f"| {mean(of(splits, 'first-wave-delivery-s-mean'), 1)} "
+                         f"| {mean(of(splits, 'delivery-s-mean'))}{' (queued for a worker)' if queued else ''} "
+                         f"| {mean(of(splits, 'next-request-s-mean'))} | {mean(slots)} "
+                         f"| {mean(of(splits, 'evaluation-s-mean'))} "
+                         f"| {mean(of(splits, 'server-ms-per-arrival'), 1)} |")
     return "\n".join(lines)
 
 
 def movement_table(folders: dict[str, list[dict]]) -> str:
-    """Per folder of cells and strategy, how far the server-side accuracy moves from one evaluation to the next in
-    the second half of equal work (the mean absolute change, each run's mean, then their mean and range): how much
-    one evaluation, such as the final one, can differ from its neighbours."""
+    """Per folder of cells and strategy, how far the server-side accuracy moves from one round's evaluation to the
+    next (a round's last, where it has several) in the second half of equal work (the mean absolute change, each
+    run's mean, then their mean and range): how much one evaluation, such as the final one, can differ from its
+    neighbours."""
     lines = ["| cells | strategy | runs | accuracy's move between evaluations, second half of equal work (mean; runs) |",
              "|---|---|---|---|"]
     for folder, rows in folders.items():
         for strategy in STRATEGIES:
             moves = []
             for cell in (r for r in rows if r["strategy"] == strategy):
-                points = [accuracy for round_, _, accuracy in cell["timeline"]
+                by_round = {round_: accuracy for round_, _, accuracy in cell["timeline"]}  # a round's last evaluation
+                points = [by_round[round_] for round_ in sorted(by_round)
                           if cell["rounds"] / 2 <= round_ <= cell["rounds"]]
                 if len(points) > 1:
                     moves.append(statistics.mean(abs(b - a) for a, b in zip(points, points[1:])))
