@@ -30,8 +30,7 @@ from asyncfl.options import EngineConfig
 from asyncfl.server_app import journal
 from asyncfl.server_app.clock import clock_for
 from asyncfl.server_app.codec import ModelCodec, RejectedReply, read_reply
-from asyncfl.server_app.dispatch import Dispatcher
-from asyncfl.server_app.dispatch import Slots
+from asyncfl.server_app.dispatch import Dispatcher, Slots
 from asyncfl.server_app.engine_state import (EngineState, EngineStats, FederatedEvaluator, GridLike, Job, Recorder,
                                              TrainMetricsSink, VersionStore)
 from asyncfl.server_app.pacing import PollPacer
@@ -125,8 +124,7 @@ class AsyncEngine:
         self.federated_eval = federated_eval
         self.delays = delay_sampler(config.delay_model, config.seed)
         self.clock = clock_for(config, self.delays, grid)  # a job's timeout does not run while the SuperLink is away
-        # where nodes come and go (a deployment) every node is asked at once; a simulation asks one first
-        # (asyncfl.server_app.discovery)
+        # a deployment asks every node at once, a simulation one first (asyncfl.server_app.discovery)
         self.roster = Roster(grid, self.delays, config.identify_nodes, probe_first=not self.clock.nodes_come_and_go)
         self._puller = self.clock.puller(grid, config.concurrency)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
@@ -144,6 +142,7 @@ class AsyncEngine:
         self._pacer = PollPacer()
         self.checkpoints = checkpoints
         self._journaling = checkpoints is not None and self.clock.nodes_come_and_go  # replies cannot be had again
+        self._refill_first = self.clock.nodes_come_and_go and not strategy.synchronous  # wall clock, asynchronous
         #: A resumed run takes in its journal's replies (nothing recorded again, nothing dispatched meanwhile).
         self.replaying = False
         if self._journaling:
@@ -390,6 +389,8 @@ class AsyncEngine:
             self.state.rounds_closed += 1
             if self.train_metrics is not None:
                 self.train_metrics.on_round(self.state.rounds_closed)
+            if self._refill_first and not self.replaying and not self._should_stop():  # no node waits for a score
+                self.dispatcher.top_up(self.state.rounds_closed)
             self.scoring.round_closed(self.state.rounds_closed, self.state.now, self._model_state)
 
     # ------------------------------------------------------------- evaluate

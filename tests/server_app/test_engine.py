@@ -829,3 +829,36 @@ def test_a_later_unavailable_error_for_a_pulled_reply_does_not_replace_it():
     assert engine._pull() == 1
     engine._pull()  # the error the re-pull queued in the first poll comes out with the next one
     assert engine.state.inbox["job-x"] is computed
+
+
+def _scored_with_jobs_out(clock: str, refill_first: bool | None = None) -> tuple[list[tuple[int, int]], int]:
+    """A run of 3 jobs out and rounds of 3 updates scored at their close: (rounds closed, jobs out) at each score,
+    and how many train jobs went out; ``refill_first`` overrides the engine's choice."""
+    grid = FakeGrid(3, plus_one)
+    seen: list[tuple[int, int]] = []
+
+    def evaluate(model):
+        seen.append((engine.state.rounds_closed, len(engine.state.in_flight)))
+        return 0.0, float(model[0])
+
+    config = engine_config(None, clock=clock, max_arrivals=9, round_arrivals=3, evaluate_every=1,
+                           evaluate_every_time=0.0)
+    engine = AsyncEngine(grid, FedBuff(buffer_size=1), CODEC, np.zeros(3, np.float32), config, {}, evaluate)
+    if refill_first is not None:
+        engine._refill_first = refill_first
+    engine.run()
+    assert engine.stats.arrivals == 9 and not engine.state.in_flight
+    return seen, sum(m.metadata.message_type == "train" for m in grid.pushed)
+
+
+@pytest.mark.parametrize("clock, out_at_a_score", [("wall", 3), ("virtual", 2)])
+def test_on_the_wall_clock_a_rounds_free_slot_gets_its_job_before_the_round_is_scored(clock, out_at_a_score):
+    # Act
+    seen, pushed = _scored_with_jobs_out(clock)
+    # Assert: rounds 1 and 2 are scored with every slot out again on the wall clock (the virtual clock, whose order a
+    # seed fixes, fills the freed slot in its loop, after the score)
+    at_round_closes = [out for closed, out in seen if closed in (1, 2)]
+    assert len(at_round_closes) == 2 and all(out == out_at_a_score for out in at_round_closes)
+    if clock == "wall":  # the same jobs go out, only sooner: the stopping round sends none more out
+        late_seen, late_pushed = _scored_with_jobs_out(clock, refill_first=False)
+        assert [out for closed, out in late_seen if closed in (1, 2)] == [2, 2] and late_pushed == pushed
