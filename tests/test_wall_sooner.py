@@ -261,7 +261,7 @@ def test_the_stamped_mod_times_a_train_job_from_its_request_s_making_and_the_spl
     assert reply.content.metric_records["metrics"]["train-seconds"] == 0.04
     scope["_stamped"](Message(RecordDict(), dst_node_id=3, message_type="evaluate"), None, app)  # not a train job
     started, done = [json.loads(line) for line in path.read_text().splitlines()]
-    assert started == {"created": request.metadata.created_at, "began": done["began"]}
+    assert started == {"created": request.metadata.created_at, "began": done["began"], "node": 3}
     assert done["began"] - done["created"] >= 0.05 and done["ended"] - done["began"] >= 0.05 and done["device"] == 0.04
     with path.open("a") as out:
         out.write('{"created": 1.0, "be')  # a line cut off as the run ended
@@ -280,7 +280,8 @@ def test_a_job_split_by_hand_and_its_table(study):
     jobs = [*job(0.0, 1.5, 3.0), *job(0.0, 1.6, 5.0), *job(3.5, 3.7, 6.0, None), *job(5.2, 5.3),
             *job(6.6, 6.9, 9.0, 2.0)]
     stamps = study.compact_stamps(jobs)
-    assert stamps[4:7] == [[3.5, 3.7, None, None], [3.5, 3.7, 6.0, None], [5.2, 5.3, None, None]]
+    assert stamps[4:7] == [[3.5, 3.7, None, None, None], [3.5, 3.7, 6.0, None, None], [5.2, 5.3, None, None, None]]
+    assert study.job_split([stamp[:4] for stamp in stamps], synchronous=False) == study.job_split(stamps, False)
     split = study.job_split(stamps, synchronous=False)
     assert split["jobs"] == 4 and split["jobs-after-the-first-wave"] == 2
     assert split["first-wave-delivery-s-mean"] == pytest.approx((1.5 + 1.6) / 2)
@@ -292,6 +293,15 @@ def test_a_job_split_by_hand_and_its_table(study):
     close = [*job(0.0, 0.1, 4.0), *job(0.0, 0.1, 4.1), *job(5.0, 5.1), *job(5.0005, 5.1)]
     assert study.job_split(study.compact_stamps(close), synchronous=False)["next-request-s-mean"] == pytest.approx(
         (1.0 + 0.9005) / 2, abs=1e-3)
+    # with nodes stamped: the wait after a node's first job (its reply time not yet learned) and after later ones
+    noded = study.compact_stamps([{**line, "node": node} for node, lines in
+                                  ((1, job(0.0, 0.1, 3.0)), (2, job(0.0, 0.1, 4.0)), (1, job(3.5, 3.6, 6.0)),
+                                   (2, job(4.2, 4.3, 8.0)), (1, job(6.1, 6.2))) for line in lines])
+    split = study.job_split(noded, synchronous=False)  # ends 3.0, 4.0, 6.0 -> requests 3.5, 4.2, 6.1
+    assert split["next-request-after-first-s-mean"] == pytest.approx((0.5 + 0.2) / 2)
+    assert split["next-request-after-later-s-mean"] == pytest.approx(0.1)
+    assert "| 0.267 (after a node's first job 0.350, later 0.100) |" in study.split_table(
+        {"here": [{"strategy": "fedasync", "job-stamps": noded}]})
     # synchronous: a round's last end to the next round's first request; a round with a job that left no end: none
     rounds = [*job(0.0, 0.1, 3.0), *job(0.0, 0.2, 9.0), *job(12.0, 12.1, 15.0), *job(12.002, 12.2, 14.0),
               *job(20.0, 20.1, 21.0), *job(20.001, 20.1), *job(30.0, 30.1)]

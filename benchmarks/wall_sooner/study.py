@@ -121,7 +121,7 @@ def _stamped(msg, context, call_next, _path={path!r}):
             out.write(_json.dumps(stamp) + "\\n")
 
     train = msg.metadata.message_type.split(".")[0] == "train"  # "train" or "train.<action>"
-    stamp = {{"created": msg.metadata.created_at, "began": _time.time()}}
+    stamp = {{"created": msg.metadata.created_at, "began": _time.time(), "node": msg.metadata.dst_node_id}}
     if train:
         write(stamp)
     reply = call_next(msg, context)
@@ -408,15 +408,17 @@ def read_stamps(path: Path) -> list[dict]:
 
 
 def compact_stamps(stamps: list[dict]) -> list[list]:
-    """The ``_stamped`` mod's lines as a cell keeps them: ``[created, began, ended, device]`` per line, seconds since
-    the first request was made (ms), ``ended`` and ``device`` None on a line written as the ClientApp started."""
+    """The ``_stamped`` mod's lines as a cell keeps them: ``[created, began, ended, device, node]`` per line, seconds
+    since the first request was made (ms), ``ended`` and ``device`` None on a line written as the ClientApp started
+    (cells stamped before the node was: four fields)."""
     t0 = min(stamp["created"] for stamp in stamps)
     return [[round(stamp["created"] - t0, 3), round(stamp["began"] - t0, 3),
-             None if "ended" not in stamp else round(stamp["ended"] - t0, 3), stamp.get("device")] for stamp in stamps]
+             None if "ended" not in stamp else round(stamp["ended"] - t0, 3), stamp.get("device"), stamp.get("node")]
+            for stamp in stamps]
 
 
 def job_split(stamps: list[list], synchronous: bool) -> dict:
-    """Means over a run's train jobs from its stamps (:func:`compact_stamps`).
+    """Means over a run's train jobs from its stamps (:func:`compact_stamps`; the node, where stamped, is not used).
 
     - ``delivery``: from the ServerApp making a request to its ClientApp starting (Flower's push, the SuperLink,
       its runtime's look for new messages every 0.1 s, a free worker, Ray's actor call), over the jobs requested
@@ -429,9 +431,11 @@ def job_split(stamps: list[list], synchronous: bool) -> dict:
       ``synchronous`` (Flower's FedAvg): a round's last end to the next round's first request, for rounds whose
       every job left an end."""
     created = sorted(stamp[0] for stamp in stamps if stamp[2] is None)  # each request that reached a ClientApp
-    jobs = [(made, began, ended, device) for made, began, ended, device in stamps if ended is not None]
+    done = [stamp for stamp in stamps if stamp[2] is not None]
+    jobs = [tuple(stamp[:4]) for stamp in done]
     if not jobs:
         return {}
+    nodes = [stamp[4] if len(stamp) > 4 else None for stamp in done]
     first_end = min(ended for _, _, ended, _ in jobs)
     steady = [job for job in jobs if job[0] >= first_end]
     first_wave = [began - made for made, began, _, _ in jobs if made < first_end]
@@ -445,17 +449,30 @@ def job_split(stamps: list[list], synchronous: bool) -> dict:
             if ends and len(ends) == len(requested):
                 turnarounds.append(following - max(ends))
     else:
-        ends, turnarounds, taken = sorted(ended for _, _, ended, _ in jobs), [], 0
+        by_end, turnarounds, taken = sorted(range(len(jobs)), key=lambda k: jobs[k][2]), [], 0
+        first_of_node, seen = set(), set()  # each node's first job, by request (where the stamps have the node)
+        for k in sorted(range(len(jobs)), key=lambda k: jobs[k][0]):
+            if nodes[k] is not None and nodes[k] not in seen:
+                seen.add(nodes[k])
+                first_of_node.add(k)
+        after_first, after_later = [], []
         for made in created:
-            if made >= first_end and taken < len(ends) and ends[taken] <= made:
-                turnarounds.append(made - ends[taken])
+            if made >= first_end and taken < len(by_end) and jobs[by_end[taken]][2] <= made:
+                k = by_end[taken]
+                turnarounds.append(made - jobs[k][2])
+                if nodes[k] is not None:
+                    (after_first if k in first_of_node else after_later).append(made - jobs[k][2])
                 taken += 1
     return {"jobs": len(jobs), "jobs-after-the-first-wave": len(steady),
             **({"first-wave-delivery-s-mean": statistics.mean(first_wave)} if first_wave else {}),
             **({"delivery-s-mean": statistics.mean(began - made for made, began, _, _ in steady),
                 "clientapp-s-mean": statistics.mean(ended - began for _, began, ended, _ in steady)} if steady else {}),
             **({"clientapp-device-s-mean": statistics.mean(devices)} if devices else {}),
-            **({"next-request-s-mean": statistics.mean(turnarounds)} if turnarounds else {})}
+            **({"next-request-s-mean": statistics.mean(turnarounds)} if turnarounds else {}),
+            # asynchronous, nodes stamped: after a node's first job (its reply time not yet learned) and later ones
+            **({"next-request-after-first-s-mean": statistics.mean(after_first),
+                "next-request-after-later-s-mean": statistics.mean(after_later)}
+               if not synchronous and after_first and after_later else {})}
 
 
 def _cohort(example: str, nodes: int) -> int:
@@ -609,11 +626,13 @@ def split_table(folders: dict[str, list[dict]]) -> str:
                 r["delivery-s-mean"] + r["clientapp-s-mean"] - r["clientapp-device-s-mean"] + r["next-request-s-mean"]
                 for r in splits if "clientapp-device-s-mean" in r and "next-request-s-mean" in r]
             device = mean(of(splits, 'clientapp-device-s-mean'), 2)
+            first, later = of(splits, 'next-request-after-first-s-mean'), of(splits, 'next-request-after-later-s-mean')
+            by_node = f" (after a node's first job {mean(first)}, later {mean(later)})" if first and later else ""
             lines.append(f"| {folder} | {strategy} | {len(cells)} | {mean(of(splits, 'jobs'), 0)} "
                          f"| {mean(of(splits, 'clientapp-s-mean'), 2)} ({device}) "
                          f"| {mean(of(splits, 'first-wave-delivery-s-mean'), 1)} "
                          f"| {mean(of(splits, 'delivery-s-mean'))}{' (queued for a worker)' if queued else ''} "
-                         f"| {mean(of(splits, 'next-request-s-mean'))} | {mean(slots)} "
+                         f"| {mean(of(splits, 'next-request-s-mean'))}{by_node} | {mean(slots)} "
                          f"| {mean(of(splits, 'evaluation-s-mean'))} "
                          f"| {mean(of(splits, 'server-ms-per-arrival'), 1)} |")
     return "\n".join(lines)
