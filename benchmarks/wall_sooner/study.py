@@ -692,15 +692,11 @@ def main() -> None:
     parser.add_argument("--split-table", nargs="+", type=Path, metavar="FOLDER",
                         help="only print a train job's time split by the stamps of its ClientApp, per folder of cells")
     args = parser.parse_args()
-    if args.overhead_table:
-        print(overhead_table({folder.name: load(folder / "cells.jsonl") for folder in args.overhead_table}))
-        return
-    if args.movement_table:
-        print(movement_table({folder.name: load(folder / "cells.jsonl") for folder in args.movement_table}))
-        return
-    if args.split_table:
-        print(split_table({folder.name: load(folder / "cells.jsonl") for folder in args.split_table}))
-        return
+    for folders, make in ((args.overhead_table, overhead_table), (args.movement_table, movement_table),
+                          (args.split_table, split_table)):
+        if folders:  # a table of stored cells per folder, nothing run
+            print(make({folder.name: load(folder / "cells.jsonl") for folder in folders}))
+            return
     DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
     if args.puller_cap is not None and not 0.2 <= args.puller_cap <= 60:
         parser.error(f"--puller-cap {args.puller_cap}: valid are 0.2 (the puller's shortest wait) to 60 seconds")
