@@ -107,6 +107,13 @@ class RunOptions(Knobs):
         Evaluate (server side and federated) every this many rounds (0 = by clock only). ``evaluate-every``.
     evaluate_every_time : float
         Also evaluate at every multiple of this clock time (0 = off). ``evaluate-every-time``.
+    tail_average_rounds : int
+        The model a run scores and returns (its evaluations, callbacks, federated evaluation and
+        ``Result.arrays``) is the mean of the current model and the models at the ends of the
+        ``tail_average_rounds - 1`` rounds before it (Polyak and Juditsky, 1992, "Acceleration of
+        stochastic approximation by averaging", over a window of rounds: the average of the iterates
+        smooths the swing of a model that moves between evaluations). Clients always train the current
+        model. 1 (default) = the current model. ``tail-average-rounds``.
     target_accuracy : tuple of float
         Accuracies whose first clock time the summary reports (``time-to-target``). ``target-accuracy``
         (comma-separated).
@@ -193,6 +200,7 @@ class RunOptions(Knobs):
     seed: int = knob(0)
     evaluate_every: int = knob(1, minimum=0)
     evaluate_every_time: float = knob(0.0, minimum=0)
+    tail_average_rounds: int = knob(1, minimum=1)
     target_accuracy: tuple = knob(())
     progress: bool = knob(False)
     overlap_server_compute: bool = knob(False)
@@ -463,6 +471,7 @@ class EngineConfig:
     pipeline_late_clients: bool = _resumed()
     num_rounds: int  # stop after this many rounds (0 = no cap); Flower's num_rounds
     evaluate_every: int = _resumed()  # also evaluate every this many rounds (0 = by clock only)
+    tail_average_rounds: int = _resumed()  # the scored model: the mean over the current one and N - 1 round ends
     # a round is this many accepted updates (asynchronous strategies under Flower's num_rounds: the cohort
     # FedAvg would train); 0: a round is a server version (synchronous strategies)
     round_arrivals: int = _resumed()

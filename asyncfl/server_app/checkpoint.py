@@ -176,7 +176,8 @@ def resume_settings(config) -> dict:
 #: Settings a resumed run takes from its checkpoint, with the least valid value of each.
 WHOLE_SETTINGS = {"concurrency": 1, "round_arrivals": 0}
 #: Settings added after checkpoints were first written, at the value that reproduces the runs before them.
-SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip", "dispatch_hold": 0.0}
+SETTINGS_BEFORE_THEY_EXISTED = {"update_norm_bound": 0.0, "update_norm_action": "clip", "dispatch_hold": 0.0,
+                                "tail_average_rounds": 1}
 
 
 def saved_settings(tree: dict, say: bool = False) -> dict:

@@ -1,10 +1,9 @@
 """The async engine: the only code that talks to Flower's Grid.
 
-One loop serves every method. It keeps ``concurrency`` jobs in flight (or, for
-synchronous strategies, runs cohorts of that size), pulls every reply into a
-local queue (pulls are destructive), accepts replies in clock order, validates
-them, hands them to the strategy as :class:`~asyncfl.strategies.base.Arrival`
-objects and evaluates the global model on a schedule.
+One loop serves every method. It keeps ``concurrency`` jobs in flight (or, for synchronous strategies, runs
+cohorts of that size), pulls every reply into a local queue (pulls are destructive), accepts replies in clock
+order, validates them, hands them to the strategy as :class:`~asyncfl.strategies.base.Arrival` objects and
+evaluates the global model on a schedule.
 
 A reply takes one path, step by step (``docs/engine.md``): pulled (:meth:`AsyncEngine._pull`),
 picked by the clock, read into an Arrival or a rejection (:func:`~asyncfl.server_app.codec.read_reply`),
@@ -37,7 +36,7 @@ from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.participants import ParticipantBounds
 from asyncfl.server_app.resume import resume_from, snapshot
 from asyncfl.server_app.roster import Roster
-from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring
+from asyncfl.server_app.scoring import EvaluateFn, ModelState, Scoring, TailAverage
 from asyncfl.server_app.transport import SuperLinkUnreachable, guarded
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.simulation.presets import delay_sampler
@@ -138,7 +137,8 @@ class AsyncEngine:
         self.stop_reason = "not started"
         self.scoring = Scoring(config.evaluate_every_time, config.evaluate_every, evaluate_fn, self.stats, recorder,
                                federated_eval, on_row=self._tell_evaluation if self.callbacks else None,
-                               changed_only=self.clock.nodes_come_and_go)  # wall-clock points come regardless
+                               changed_only=self.clock.nodes_come_and_go,  # wall-clock points come regardless
+                               tail=TailAverage(config.tail_average_rounds, codec.to_record))
         self._pacer = PollPacer()
         self.checkpoints = checkpoints
         self._journaling = checkpoints is not None and self.clock.nodes_come_and_go  # replies cannot be had again

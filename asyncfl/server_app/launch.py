@@ -172,8 +172,9 @@ def start_strategy(strategy: Strategy, grid, initial_arrays: ArrayRecord, num_ro
     run = _Run.build(strategy, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn,
                      options, run_config, callbacks, trusted_train_fn)
     run.execute()
+    scored = run.engine.scoring.tail.mean(run.engine.versions.version, run.engine.global_model)  # the last row's model
     result = AsyncResult(
-        arrays=run.codec.to_record(run.engine.global_model),
+        arrays=run.codec.to_record(scored),
         train_metrics_clientapp=run.train_metrics.by_round,
         evaluate_metrics_clientapp=run.federated.by_round if run.federated is not None else {},
         evaluate_metrics_serverapp=run.server_eval.by_round if run.server_eval is not None else {},

@@ -5,11 +5,15 @@ The model is scored at every multiple of ``evaluate-every-time`` clock time, at 
 version and test data (a repeated point reuses the last score, also for the round it falls in).
 Each point also sends the model out for federated evaluation once per round, when a strategy
 evaluates on clients.
+
+With ``tail-average-rounds`` N > 1 the model scored (and returned) is the mean of the current model
+and the models at the ends of the N - 1 rounds before it (:class:`TailAverage`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -29,6 +33,57 @@ class ModelState:
     record: Callable[[], object]  # the version's ArrayRecord, built only if federated evaluation needs it
     clients: list[int]
     rounds_done: int | None = None  # rounds complete (None: ``round``)
+
+
+class TailAverage:
+    """The mean of the models at the last ``rounds`` points that were a round's end or now.
+
+    Polyak and Juditsky, 1992, "Acceleration of stochastic approximation by averaging": the average of
+    stochastic iterates has a smaller error than the last one. Averaged here over a window of rounds,
+    so the scored model keeps up with training while a model that swings from one round to the next
+    (an asynchronous one, whose every stale update moves it) is read at the middle of its swing. At a
+    round's end the window is that round's model and the ``rounds - 1`` ends before it; between two
+    ends, the current model and the ``rounds - 1`` last ends. Clients never see the mean; they train the
+    current model.
+
+    Parameters
+    ----------
+    rounds : int
+        Models averaged (1: the current model as it is).
+    to_record : callable, optional
+        ``flat model -> ArrayRecord``, for the mean's record (federated evaluation, callbacks).
+    """
+
+    state_attributes = ("_ends",)  # what a checkpoint keeps (asyncfl.state)
+
+    def __init__(self, rounds: int = 1, to_record: Callable[[np.ndarray], object] | None = None) -> None:
+        self.rounds = rounds
+        self.to_record = to_record
+        self._ends: deque[tuple[int, np.ndarray]] = deque(maxlen=rounds if rounds > 1 else 0)
+
+    def round_ended(self, version: int, model: np.ndarray) -> None:
+        """A round closed with ``model`` (server version ``version``) current: it joins the window."""
+        if self.rounds > 1:
+            self._ends.append((version, model.copy()))
+
+    def mean(self, version: int, model: np.ndarray) -> np.ndarray:
+        """The mean of the window's models, ``model`` (server version ``version``, the current one) included."""
+        ends = [end for _, end in self._ends]
+        if not ends:
+            return model
+        if self._ends[-1][0] != version:  # the model moved since the last round's end
+            ends = ends[1 - self.rounds:] + [model] if self.rounds > 1 else [model]
+        total = np.zeros(model.shape, dtype=np.float64)
+        for end in ends:
+            total += end
+        return (total / len(ends)).astype(model.dtype)
+
+    def of(self, state: ModelState) -> ModelState:
+        """``state`` with its model averaged (its record built from the mean)."""
+        if not self._ends:
+            return state
+        averaged = self.mean(state.version, state.model)
+        return replace(state, model=averaged, record=lambda: self.to_record(averaged))
 
 
 class Scoring:
@@ -51,13 +106,17 @@ class Scoring:
     changed_only : bool
         Skip a scheduled clock point whose model (version and round) the last row already scored, unless the
         test data drifts: on the wall clock points come every few seconds whether or not an update arrived.
+    tail : TailAverage, optional
+        What is scored: the mean over the last rounds (``tail-average-rounds``); None: the current model.
     """
 
-    state_attributes = ("_next", "_last", "_sent_round")  # what a checkpoint keeps (asyncfl.state)
+    state_attributes = ("_next", "_last", "_sent_round", "tail")  # what a checkpoint keeps (asyncfl.state)
 
     def __init__(self, every_time: float, every_rounds: int, evaluate_fn: EvaluateFn | None, stats: EngineStats,
                  recorder: Recorder | None = None, federated_eval: FederatedEvaluator | None = None,
-                 on_row: Callable[[ModelState, dict], None] | None = None, changed_only: bool = False) -> None:
+                 on_row: Callable[[ModelState, dict], None] | None = None, changed_only: bool = False,
+                 tail: TailAverage | None = None) -> None:
+        self.tail = tail if tail is not None else TailAverage()
         self.every_time = every_time
         self.changed_only = changed_only
         self.every_rounds = every_rounds
@@ -89,12 +148,17 @@ class Scoring:
                 and not hasattr(self.evaluate_fn, "select"))
 
     def round_closed(self, round_: int, clock: float, state: Callable[[], ModelState]) -> None:
-        """Round ``round_`` closed at ``clock``: score it if the round schedule says so."""
+        """Round ``round_`` closed at ``clock``: its model joins the tail average's window; score it if the round
+        schedule says so."""
+        if self.tail.rounds > 1:
+            current = state()
+            self.tail.round_ended(current.version, current.model)
         if self.every_rounds and round_ % self.every_rounds == 0:
             self.score(clock, state())
 
     def score(self, at: float, state: ModelState, at_end: bool = False) -> None:
         """One row at clock ``at``: the only place rows are made (``at_end``: the run's final point)."""
+        state = self.tail.of(state)
         # a round goes out once complete (a point inside the next one sends it), the last one also when partial
         self._send_federated(state.round if at_end or state.rounds_done is None else state.rounds_done, state)
         if self.evaluate_fn is None:
@@ -103,6 +167,8 @@ class Scoring:
             return
         # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
         key = (state.version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
+        if self.tail.rounds > 1:  # a round's end changes the mean, not the version
+            key += (state.round,)
         if self._last is not None and self._last[0] == key:
             self._reused_for(state.round)
         else:

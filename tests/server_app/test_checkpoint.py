@@ -259,6 +259,7 @@ def _trusted_step(version, arrays):
 
 RUNS = {
     "fedbuff": (lambda: FedBuff(buffer_size=3), {}),
+    "fedasync-tail-average": (lambda: FedAsync(), {"tail_average_rounds": 3}),  # the window's round ends
     "fedasync-trusted-direction": (lambda: FedAsync(), {"trusted_train_fn": _trusted_step}),
     "fedbuff-aggregate-train": (lambda: AggregatingFedBuff(buffer_size=3), {}),
     "fedasync-overlap": (lambda: FedAsync(), {"overlap_server_compute": True}),

@@ -1,0 +1,98 @@
+"""``tail-average-rounds``: the scored and returned model is the mean over the last rounds (Polyak averaging)."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, MetricRecord
+
+from asyncfl import FedAsync
+from asyncfl.errors import ConfigError
+from asyncfl.server_app.engine_state import EngineStats
+from asyncfl.server_app.scoring import ModelState, Scoring, TailAverage
+from tests.fake_grid import FakeGrid
+from tests.test_library import FIXED, client, initial_record
+
+
+def test_the_mean_is_over_the_last_round_ends_and_the_current_model():
+    # Prepare: a window of 3
+    tail = TailAverage(3)
+    # Execute: rounds end at versions 1, 2, 3 with models 1, 2, 4
+    for version, value in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        tail.round_ended(version, np.full(2, value, dtype=np.float32))
+    # Assert: at the last round's end (version 3 current) the mean of the 3 ends; once the model moved on
+    # (version 4, model 8), the current model and the 2 last ends
+    assert tail.mean(3, np.full(2, 4.0, dtype=np.float32)).tolist() == pytest.approx([7 / 3, 7 / 3])
+    assert tail.mean(4, np.full(2, 8.0, dtype=np.float32)).tolist() == pytest.approx([14 / 3, 14 / 3])
+    assert tail.mean(4, np.zeros(2, dtype=np.float32)).dtype == np.float32
+
+
+def test_one_round_is_the_current_model_itself_and_keeps_nothing():
+    tail = TailAverage(1)
+    tail.round_ended(1, np.ones(2, dtype=np.float32))
+    current = np.zeros(2, dtype=np.float32)
+    assert tail.mean(2, current) is current and not tail._ends
+
+
+def test_a_round_end_is_a_copy_not_the_live_array():
+    tail = TailAverage(2)
+    model = np.ones(2, dtype=np.float32)
+    tail.round_ended(1, model)
+    model += 10  # a strategy that steps in place must not change the window
+    assert tail.mean(2, np.zeros(2, dtype=np.float32)).tolist() == [0.5, 0.5]
+
+
+def test_scoring_rescores_a_version_when_a_round_end_changed_the_mean():
+    # Prepare: score every round; a window of 2
+    stats, seen = EngineStats(), []
+    scoring = Scoring(0.0, 1, lambda model: seen.append(float(model[0])) or (0.0, float(model[0])), stats,
+                      tail=TailAverage(2, to_record=lambda model: model))
+    # Execute: round 1 closes at version 1 (model 2), round 2 at version 2 (model 4), round 3 on version 2 still
+    for round_, version, value in ((1, 1, 2.0), (2, 2, 4.0), (3, 2, 4.0)):
+        state = ModelState(version, round_, np.full(1, value, dtype=np.float32), lambda: None, [0])
+        scoring.round_closed(round_, float(round_), lambda: state)
+    # Assert: round 1 scores its own end, round 2 the mean of the two ends, round 3 (same version, a new end in
+    # the window) is scored again: the mean of version 2's two ends
+    assert seen == [2.0, 3.0, 4.0]
+    assert [row["round"] for row in stats.evaluations] == [1, 2, 3]
+
+
+def _run(tail_rounds: int) -> tuple[dict, dict]:
+    """A seeded FedAsync run of 5 rounds on the fake Grid: its server-side scores by round, and every model the
+    evaluator saw (fc.weight's mean; the model is linear in it)."""
+    seen: dict[int, float] = {}
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        seen[server_round] = float(arrays.to_torch_state_dict()["fc.weight"].mean())
+        return MetricRecord({"accuracy": seen[server_round], "loss": 1.0})
+
+    result = FedAsync(fraction_evaluate=0.0).start(
+        FakeGrid(4, client), initial_record(), num_rounds=5, clock="virtual", delay_model=FIXED, concurrency=2,
+        seed=3, evaluate_fn=evaluate, update_norm_bound=0.0, tail_average_rounds=tail_rounds)
+    final = float(result.arrays.to_torch_state_dict()["fc.weight"].mean())
+    return seen, {"final": final, "arrivals": result.summary["arrivals"]}
+
+
+def test_a_run_scores_and_returns_the_mean_of_the_last_rounds_models_and_trains_the_same():
+    # Prepare: the run without averaging: the models at each round's end
+    plain, plain_end = _run(1)
+    # Execute: the same seeded run, averaged over 3 rounds
+    averaged, averaged_end = _run(3)
+    # Assert: clients trained the same models (same arrivals, and the raw trajectory is unchanged), each round
+    # scored the mean of its own and the two ends before it (round 0, the initial model, is no round's end),
+    # and the Result holds the last such mean
+    assert averaged_end["arrivals"] == plain_end["arrivals"] == 20
+    assert len({round(v, 4) for v in plain.values()}) == 6  # the model moved every round
+    for round_, value in averaged.items():
+        window = [plain[r] for r in range(max(1, round_ - 2), round_ + 1)] if round_ else [plain[0]]
+        assert value == pytest.approx(np.mean(window), abs=1e-5), round_
+    assert averaged_end["final"] == pytest.approx(np.mean([plain[3], plain[4], plain[5]]), abs=1e-5)
+    assert plain_end["final"] == pytest.approx(plain[5], abs=1e-6)
+
+
+def test_zero_rounds_is_refused_before_any_message():
+    grid = FakeGrid(2, client)
+    with pytest.raises(ConfigError, match="tail_average_rounds") as refused:
+        FedAsync().start(grid, initial_record(), num_rounds=1, clock="virtual", delay_model=FIXED,
+                         tail_average_rounds=0)
+    assert "\n" not in str(refused.value) and not grid.pushed
+    assert torch is not None
