@@ -44,6 +44,23 @@ STRATEGIES = ("flower-fedavg", "fedbuff", "fedasync")
 NODES = 50
 
 
+def _quarter_5x_slower():
+    """The virtual clock's stand-in for benchmarks/wall_sooner's fleet (``device_speed`` profile
+    ``quarter-5x-slower``): a quarter of the nodes 5x slower, on every run; jobs +-0.2 around their node's mean
+    (the wall study's fast nodes spread lognormally around 1 instead, one factor per node)."""
+    from asyncfl.simulation.delays import ComponentDelay, DelayModel
+
+    none = ComponentDelay("constant", ((1.0, 0.0),))
+    return DelayModel(download=none, upload=none, train=ComponentDelay(
+        "uniform", ((0.75, 1.0), (0.25, 5.0)), spread=0.2, exact_shares=True))
+
+
+#: the tail means recorded: the accuracy of the mean of the last N rounds' models, for each N
+TAIL_ROUNDS = (2, 3, 5)
+#: delay names this study adds to asyncfl's presets
+DELAYS = {"quarter-5x-slower": _quarter_5x_slower()}
+
+
 def scheduled(cls):
     """``cls`` with the example's schedule: the clients' ``lr`` halved from round 5 (its ``configure_train``)."""
 
@@ -81,19 +98,31 @@ def run_cell(cell: dict) -> dict:
 
     client_app._model_and_data = with_heads if cell.get("personal-heads", True) else without_heads
     config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    config.update(cell.get("config", {}))  # --fraction-train / --rounds: the run config a user would change
     seed = cell["seed"]
     random.seed(seed)  # Flower's FedAvg samples its cohort with `random`
     np.random.seed(seed)
     torch.manual_seed(seed)
     testloader = load_centralized_dataset(config["data-dir"])
     curve: dict[int, float] = {}
+    scored: dict[int, dict] = {}  # the last TAIL_ROUNDS rounds' models, for the tail means
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = Net()
-        model.load_state_dict(arrays.to_torch_state_dict())
+        state = arrays.to_torch_state_dict()
+        model.load_state_dict(state)
         loss, accuracy = test(model, testloader, "cpu")
         curve[server_round] = accuracy
+        scored[server_round] = state
+        scored.pop(server_round - max(TAIL_ROUNDS), None)
         return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    def tail_mean_accuracy(rounds: int) -> float:
+        """The accuracy of the mean of the last ``rounds`` rounds' models (Polyak averaging, a diagnostic)."""
+        last = sorted(scored)[-rounds:]
+        model = Net()
+        model.load_state_dict({key: sum(scored[r][key] for r in last) / len(last) for key in scored[last[-1]]})
+        return round(test(model, testloader, "cpu")[1], 4)
 
     common = dict(grid=InProcessGrid(client_app.app, NODES, config), initial_arrays=ArrayRecord(Net().state_dict()),
                   num_rounds=config["num-server-rounds"], train_config=ConfigRecord({"lr": config["learning-rate"]}),
@@ -111,10 +140,12 @@ def run_cell(cell: dict) -> dict:
         keywords, run_options = split_run_options(keywords)
         cls = scheduled({"fedbuff": asyncfl.FedBuff, "fedasync": asyncfl.FedAsync}[name])
         summary = cls(fraction_train=config["fraction-train"], fraction_evaluate=0.0, **keywords).start(
-            **common, clock="virtual", delay_model=cell["delays"], seed=seed, **run_options).summary
+            **common, clock="virtual", delay_model=DELAYS.get(cell["delays"], cell["delays"]), seed=seed,
+            **run_options).summary
     accuracies = [round(curve[r], 4) for r in sorted(curve)]
     return {**cell, "curve": accuracies, "final": accuracies[-1], "best": max(accuracies),
-            "collapsed": collapsed(accuracies), "updates": summary.get("arrivals"),
+            "collapsed": collapsed(accuracies), "tail-means": {n: tail_mean_accuracy(n) for n in TAIL_ROUNDS},
+            "updates": summary.get("arrivals"),
             "staleness-mean": summary.get("staleness-mean"), "seconds": round(time.perf_counter() - started, 1),
             "virtual-time": summary.get("final-time"), "held-dispatches": summary.get("held-dispatches"),
             **{key: summary[key] for key in ("server-versions", "update-norm-clipped", "pace-response", "pace-bound")
@@ -168,6 +199,31 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tail_table(rows: list[dict]) -> str:
+    """Markdown: per strategy, the final accuracy beside that of the mean of the last N rounds' models
+    (``tail-average-rounds`` N, computed from the stored rounds' models), each against Flower's FedAvg's mean
+    final, and the worst run."""
+    rows = [r for r in rows if "tail-means" in r and r.get("personal-heads", True)]
+    reference = [r["final"] for r in rows if r["strategy"] == "flower-fedavg"]
+    if not reference:
+        return ""
+    ref = statistics.mean(reference)
+    names = sorted(rows[0]["tail-means"], key=int)
+    lines = ["| strategy | delays | runs | final (mean; worst) − FedAvg's final | " +
+             " | ".join(f"mean of {n} rounds (mean; worst) − FedAvg's final" for n in names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for strategy, delays in sorted({(r["strategy"], r["delays"]) for r in rows},
+                                   key=lambda k: (STRATEGIES.index(k[0].partition(":")[0]), k)):
+        cells = [r for r in rows if (r["strategy"], r["delays"]) == (strategy, delays)]
+
+        def gap(values: list[float]) -> str:
+            return f"{statistics.mean(values) - ref:+.3f}; {min(values) - ref:+.3f}"
+
+        lines.append(f"| {strategy} | {delays} | {len(cells)} | {gap([r['final'] for r in cells])} | " +
+                     " | ".join(gap([r["tail-means"][n] for r in cells]) for n in names) + " |")
+    return "\n".join(lines)
+
+
 def row_figures(cells: list[dict], reference: float | None) -> str:
     """A table row's figures over ``cells``: final mean ± sd, its gap to ``reference`` (Flower FedAvg's mean), the
     worst run's gap, collapses, late swing and mean staleness, as ``|``-separated Markdown cells."""
@@ -186,25 +242,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
                         help=f"{', '.join(STRATEGIES)}; asyncfl's optionally with ':key=value,...' keyword changes")
-    parser.add_argument("--delays", default="uniform-speed", help="the virtual clock's delay preset")
+    parser.add_argument("--delays", default="uniform-speed",
+                        help=f"the virtual clock's delay preset, or this study's {', '.join(DELAYS)}")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, default=HERE / "advanced-example")
+    parser.add_argument("--fraction-train", type=float,
+                        help="the example's fraction-train (jobs in flight = fraction x 50; default: its pyproject's)")
+    parser.add_argument("--rounds", type=int, help="the example's num-server-rounds (default: its pyproject's)")
     parser.add_argument("--no-personal-heads", action="store_true",
                         help="the ablation: clients train the received head instead of their own")
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     args = parser.parse_args()
     path = args.out / "cells.jsonl"
-    done = {(r["strategy"], r["delays"], r["seed"], r.get("personal-heads", True)) for r in load(path)}
+    def key(cell: dict) -> tuple:
+        return (cell["strategy"], cell["delays"], cell["seed"], cell.get("personal-heads", True),
+                json.dumps(cell.get("config", {}), sort_keys=True))
+
+    done = {key(r) for r in load(path)}
     heads = {} if not args.no_personal_heads else {"personal-heads": False}
-    todo = [{"strategy": s, "delays": "none" if s == "flower-fedavg" else args.delays, "seed": seed, **heads}
+    config = {name: value for name, value in (("fraction-train", args.fraction_train),
+                                              ("num-server-rounds", args.rounds)) if value is not None}
+    extra = {**heads, **({"config": config} if config else {})}
+    todo = [{"strategy": s, "delays": "none" if s == "flower-fedavg" else args.delays, "seed": seed, **extra}
             for seed in args.seeds for s in args.strategies]
-    todo = [c for c in todo if (c["strategy"], c["delays"], c["seed"], c.get("personal-heads", True)) not in done]
+    todo = [c for c in todo if key(c) not in done]
     if not args.table and todo:
         for row in run_cells(run_cell, todo, path, args.workers):
             print(f"{row['strategy']:>14} {row['delays']:>14} seed {row['seed']}: final {row['final']:.3f} best "
                   f"{row['best']:.3f}{' COLLAPSED' if row['collapsed'] else ''} ({row['seconds']} s)", flush=True)
     print(table(load(path)))
+    print(tail_table(load(path)))
 
 
 if __name__ == "__main__":
