@@ -260,3 +260,15 @@ def test_the_adversaries_readme_carries_the_drill_tables_as_the_stored_cells_giv
     readme = (ROOT / "benchmarks" / "adversaries" / "README.md").read_text()
     assert table.rstrip("\n") in readme, "run .venv/bin/python benchmarks/adversaries/table.py and copy its tables"
     assert (ROOT / "benchmarks" / "adversaries" / "quickstart.md").read_text() == table
+
+
+@pytest.mark.parametrize("folder", ["advanced-6-out-diagnosis", "advanced-6-out"])
+def test_the_drop_in_readme_holds_the_6_out_tables_its_cells_give(folder):
+    # the advanced example at 6 jobs out: the README's tables (final accuracy, and that of the mean of the last rounds'
+    # models) are what the stored cells give today
+    study = load_script("benchmarks/dropin/advanced_example.py", "advanced_example")
+    rows = study.load(ROOT / "benchmarks" / "dropin" / folder / "cells.jsonl")
+    readme = (ROOT / "benchmarks" / "dropin" / "README.md").read_text()
+    assert rows and study.table(rows) in readme
+    tails = study.tail_table(rows)
+    assert "mean of 3 rounds" in tails and tails in readme
