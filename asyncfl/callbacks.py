@@ -51,7 +51,9 @@ class VersionInfo:
 
     @property
     def arrays(self) -> "ArrayRecord":
-        """The global model of :attr:`version`, in the layout of ``initial_arrays`` (encoded on first use)."""
+        """The global model of :attr:`version`, in the layout of ``initial_arrays`` (encoded on first use); in
+        :meth:`Callback.on_evaluation` the model scored, which with ``tail_average_rounds`` > 1 is the mean over
+        the last rounds (:class:`asyncfl.server_app.scoring.TailAverage`)."""
         return self.record()
 
 

@@ -78,6 +78,7 @@ def resume_from(engine: AsyncEngine, tree: dict) -> None:
             part.load_state_dict(tree["parts"][name])
         else:
             restore(part, tree["parts"][name], name)
+    engine.scoring.tail.check(engine.versions.current)
     # every round due was closed before the checkpoint
     engine.state.rounds_closed = engine.state.rounds(engine.config.round_arrivals)[0]
     if engine.checkpoints is not None:

@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from asyncfl.errors import CheckpointError
 from asyncfl.server_app.engine_state import EngineStats, FederatedEvaluator, Recorder
 
 EvaluateFn = Callable[[np.ndarray], tuple]
@@ -60,6 +61,19 @@ class TailAverage:
         self.rounds = rounds
         self.to_record = to_record
         self._ends: deque[tuple[int, np.ndarray]] = deque(maxlen=rounds if rounds > 1 else 0)
+
+    def identity(self, version: int) -> tuple:
+        """What the mean at server version ``version`` is made of (the window's versions and the current one): two
+        points with the same identity score the same model; () when nothing is averaged."""
+        return (tuple(v for v, _ in self._ends), version) if self._ends else ()
+
+    def check(self, model: np.ndarray) -> None:
+        """Refuse a window (from a checkpoint) whose models do not fit ``model``, the current one, or are not finite."""
+        for version, end in self._ends:
+            if not isinstance(end, np.ndarray) or end.shape != model.shape or not np.isfinite(end).all():
+                raise CheckpointError(f"the checkpoint's tail average holds a model for version {version!r} that is "
+                                      f"not a finite array of shape {model.shape}: the file was changed or is damaged; "
+                                      "resume from another checkpoint")
 
     def round_ended(self, version: int, model: np.ndarray) -> None:
         """A round closed with ``model`` (server version ``version``) current: it joins the window."""
@@ -145,7 +159,8 @@ class Scoring:
         """Whether the last row scored ``state``'s model on test data that has not changed since."""
         last = self.stats.evaluations[-1] if self.stats.evaluations else None
         return (last is not None and (last["server_version"], last["round"]) == (state.version, state.round)
-                and not hasattr(self.evaluate_fn, "select"))
+                and not hasattr(self.evaluate_fn, "select")
+                and (self._last is None or self._last[0][2:] == self.tail.identity(state.version)))
 
     def round_closed(self, round_: int, clock: float, state: Callable[[], ModelState]) -> None:
         """Round ``round_`` closed at ``clock``: its model joins the tail average's window; score it if the round
@@ -166,9 +181,8 @@ class Scoring:
                                            "round": state.round})
             return
         # an evaluator whose test data changes over time (variant data) says which data is in effect at `at`
-        key = (state.version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None)
-        if self.tail.rounds > 1:  # a round's end changes the mean, not the version
-            key += (state.round,)
+        key = (state.version, self.evaluate_fn.select(at) if hasattr(self.evaluate_fn, "select") else None,
+               *self.tail.identity(state.version))  # a round's end may change the mean, not the version
         if self._last is not None and self._last[0] == key:
             self._reused_for(state.round)
         else:
@@ -207,7 +221,7 @@ class Scoring:
         if last is None or last["time"] < at or new_round:
             self.score(at, state, at_end=True)
         else:  # the model of the last row: its (partial) round still goes out to the ClientApps
-            self._send_federated(state.round, state)
+            self._send_federated(state.round, self.tail.of(state))
 
     def _send_federated(self, round_: int, state: ModelState) -> None:
         """Send ``state``'s model for federated evaluation as round ``round_``, once per round; as Flower, the

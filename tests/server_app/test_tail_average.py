@@ -56,6 +56,55 @@ def test_scoring_rescores_a_version_when_a_round_end_changed_the_mean():
     assert [row["round"] for row in stats.evaluations] == [1, 2, 3]
 
 
+def test_a_round_that_ends_on_the_version_of_the_last_end_is_scored_again_not_read_from_the_cache():
+    # Prepare: a window of 2 holding versions 1 (model 10) and 2 (model 20); scores by the clock only
+    stats, seen = EngineStats(), []
+    tail = TailAverage(2, to_record=lambda model: model)
+    scoring = Scoring(2.0, 0, lambda model: seen.append(float(model[0])) or (0.0, float(model[0])), stats, tail=tail)
+    for version, value in ((1, 10.0), (2, 20.0)):
+        tail.round_ended(version, np.full(1, value, dtype=np.float32))
+    current = ModelState(2, 3, np.full(1, 20.0, dtype=np.float32), lambda: None, [0])
+    # Execute: a clock point at version 2; then a round closes on version 2 again (a buffer larger than the round)
+    # and the run stops there
+    scoring.until(0.0, lambda: current)
+    scoring.round_closed(3, 1.0, lambda: current)
+    scoring.final(1.0, current)
+    # Assert: the point scored (10 + 20) / 2; the stop scored the new window (20, 20), which Result.arrays holds too
+    assert seen == [15.0, 20.0]
+    assert stats.evaluations[-1]["accuracy"] == 20.0 == float(tail.mean(2, current.model)[0])
+
+
+def test_the_stops_federated_evaluation_gets_the_mean_also_when_the_stop_reuses_the_last_row():
+    class Federated:
+        sent = []
+
+        def dispatch(self, round_, version, record, clients):
+            self.sent.append((round_, float(record[0])))
+
+    # Prepare: a window of 2 with version 1's end (model 2); the current model (version 2) is 4
+    tail = TailAverage(2, to_record=lambda model: model)
+    tail.round_ended(1, np.full(1, 2.0, dtype=np.float32))
+    scoring = Scoring(2.0, 0, lambda model: (0.0, float(model[0])), EngineStats(), federated_eval=Federated(),
+                      tail=tail)
+    current = ModelState(2, 2, np.full(1, 4.0, dtype=np.float32), lambda: np.full(1, 4.0), [0], rounds_done=1)
+    # Execute: a clock point at the stop's time (round 1 goes out), then the stop (round 2 goes out)
+    scoring.until(2.0, lambda: current)
+    scoring.final(2.0, current)
+    # Assert: both carried the mean (2 + 4) / 2, not the current model
+    assert Federated.sent == [(1, 3.0), (2, 3.0)]
+
+
+@pytest.mark.parametrize("end", [np.ones(3, dtype=np.float32), np.array([np.nan, 1.0], dtype=np.float32), [1.0, 1.0]])
+def test_a_checkpoints_window_that_does_not_fit_the_model_is_refused(end):
+    from asyncfl.errors import CheckpointError
+
+    tail = TailAverage(3)
+    tail._ends.append((4, end))  # as a changed checkpoint would restore it
+    with pytest.raises(CheckpointError, match="tail average holds a model for version 4"):
+        tail.check(np.zeros(2, dtype=np.float32))
+    TailAverage(3).check(np.zeros(2, dtype=np.float32))  # an empty window fits
+
+
 def _run(tail_rounds: int) -> tuple[dict, dict]:
     """A seeded FedAsync run of 5 rounds on the fake Grid: its server-side scores by round, and every model the
     evaluator saw (fc.weight's mean; the model is linear in it)."""
