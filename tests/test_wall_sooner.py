@@ -173,11 +173,12 @@ def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
     for cells, stored in tables:
         assert stored == study.table(study.load(ROOT / "benchmarks" / "wall_sooner" / cells)), cells
     here = ROOT / "benchmarks" / "wall_sooner"
-    by_folder = re.findall(r"<!-- (overhead|split|movement) table from ([^>]+?) -->\n(.*?)\n<!-- /table -->", readme,
-                           re.S)
-    assert sorted({kind for kind, _, _ in by_folder}) == ["movement", "overhead", "split"]
+    by_folder = re.findall(r"<!-- (overhead|split|movement|fedavg) table from ([^>]+?) -->\n(.*?)\n<!-- /table -->",
+                           readme, re.S)
+    assert sorted({kind for kind, _, _ in by_folder}) == ["fedavg", "movement", "overhead", "split"]
     for kind, folders, stored in by_folder:
-        make = {"overhead": study.overhead_table, "split": study.split_table, "movement": study.movement_table}[kind]
+        make = {"overhead": study.overhead_table, "split": study.split_table, "movement": study.movement_table,
+                "fedavg": study.fedavg_table}[kind]
         assert stored == make({f: study.load(here / f / "cells.jsonl") for f in folders.split()}), (kind, folders)
 
 

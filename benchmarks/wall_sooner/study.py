@@ -660,6 +660,44 @@ def movement_table(folders: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def fedavg_table(folders: dict[str, list[dict]]) -> str:
+    """Per folder of cells and asyncfl strategy, against Flower's FedAvg's runs pooled over every folder given (one
+    example and setting): final accuracy at equal work (mean; worst) and its distance to FedAvg's mean final, and the
+    seconds until FedAvg's mean final is first reached (mean; slowest) as a share of FedAvg's mean time. For
+    comparing settings run in separate folders (``--start-options``) with one reference."""
+    rows = [r for cells in folders.values() for r in cells]
+    fedavg = [r for r in rows if r["strategy"] == "flower-fedavg"]
+    setting = ("example", "mode", "rounds", "profile", "device-seconds", "device-seed")
+    if not fedavg or len({tuple(r.get(key) for key in setting) for r in rows}) > 1:
+        raise SystemExit(f"--fedavg-table needs Flower's FedAvg runs, and every folder of one {', '.join(setting)}")
+    target = statistics.mean(r["final"] for r in fedavg)
+    fedavg_s = statistics.mean(r["train-seconds"] for r in fedavg)
+    lines = ["| cells | strategy | run options | runs | final (mean; worst) | − FedAvg (mean; worst) "
+             "| s to FedAvg's final (mean of the runs that reach it; slowest) | share of FedAvg's s (mean; slowest) |",
+             "|---|---|---|---|---|---|---|---|"]
+    slowest_fedavg = max(r["train-seconds"] for r in fedavg)
+    lines.append(f"| {' + '.join(f for f, cells in folders.items() if any(r in fedavg for r in cells))} | flower-fedavg "
+                 f"| – | {len(fedavg)} | {target:.3f}; {min(r['final'] for r in fedavg):.3f} | – "
+                 f"| {fedavg_s:.0f}; {slowest_fedavg:.0f} | 1.00; {slowest_fedavg / fedavg_s:.2f} |")
+    for folder, cells in folders.items():
+        for strategy in STRATEGIES[1:]:
+            runs = [r for r in cells if r["strategy"] == strategy]
+            if not runs:
+                continue
+            finals = [r["final"] for r in runs]
+            reach = [time_to(r["timeline"], target) for r in runs]
+            reached = [t for t in reach if t is not None]
+            slowest = max(reached) if len(reached) == len(reach) else None
+            seconds = "never" if not reached else f"{statistics.mean(reached):.0f}; " + (
+                "never" if slowest is None else f"{slowest:.0f}")
+            share = "never" if not reached else f"{statistics.mean(reached) / fedavg_s:.2f}; " + (
+                "never" if slowest is None else f"{slowest / fedavg_s:.2f}")
+            lines.append(f"| {folder} | {strategy} | {runs[0].get('start-options', '') or '–'} | {len(runs)} "
+                         f"| {statistics.mean(finals):.3f}; {min(finals):.3f} "
+                         f"| {statistics.mean(finals) - target:+.3f}; {min(finals) - target:+.3f} | {seconds} | {share} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", nargs="+", default=["quickstart-pytorch"], choices=list(EXAMPLES))
@@ -691,9 +729,11 @@ def main() -> None:
                         help="only print how far the accuracy moves between evaluations, per folder of cells")
     parser.add_argument("--split-table", nargs="+", type=Path, metavar="FOLDER",
                         help="only print a train job's time split by the stamps of its ClientApp, per folder of cells")
+    parser.add_argument("--fedavg-table", nargs="+", type=Path, metavar="FOLDER",
+                        help="only print each folder's asyncfl runs against Flower's FedAvg's runs of all of them")
     args = parser.parse_args()
     for folders, make in ((args.overhead_table, overhead_table), (args.movement_table, movement_table),
-                          (args.split_table, split_table)):
+                          (args.split_table, split_table), (args.fedavg_table, fedavg_table)):
         if folders:  # a table of stored cells per folder, nothing run
             print(make({folder.name: load(folder / "cells.jsonl") for folder in folders}))
             return
