@@ -86,7 +86,7 @@ class TailAverage:
         if not ends:
             return model
         if self._ends[-1][0] != version:  # the model moved since the last round's end
-            ends = ends[1 - self.rounds:] + [model] if self.rounds > 1 else [model]
+            ends = ends[1 - self.rounds:] + [model]  # a window exists only with rounds > 1
         total = np.zeros(model.shape, dtype=np.float64)
         for end in ends:
             total += end
