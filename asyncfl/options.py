@@ -113,7 +113,8 @@ class RunOptions(Knobs):
         ``tail_average_rounds - 1`` rounds before it (Polyak and Juditsky, 1992, "Acceleration of
         stochastic approximation by averaging", over a window of rounds: the average of the iterates
         smooths the swing of a model that moves between evaluations). Clients always train the current
-        model. 1 (default) = the current model. ``tail-average-rounds``.
+        model. 1 (default) = the current model; at most 100 (the server holds that many models).
+        ``tail-average-rounds``.
     target_accuracy : tuple of float
         Accuracies whose first clock time the summary reports (``time-to-target``). ``target-accuracy``
         (comma-separated).
@@ -200,7 +201,7 @@ class RunOptions(Knobs):
     seed: int = knob(0)
     evaluate_every: int = knob(1, minimum=0)
     evaluate_every_time: float = knob(0.0, minimum=0)
-    tail_average_rounds: int = knob(1, minimum=1)
+    tail_average_rounds: int = knob(1, minimum=1, maximum=100)
     target_accuracy: tuple = knob(())
     progress: bool = knob(False)
     overlap_server_compute: bool = knob(False)

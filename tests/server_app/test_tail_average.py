@@ -138,10 +138,11 @@ def test_a_run_scores_and_returns_the_mean_of_the_last_rounds_models_and_trains_
     assert plain_end["final"] == pytest.approx(plain[5], abs=1e-6)
 
 
-def test_zero_rounds_is_refused_before_any_message():
+@pytest.mark.parametrize("rounds", [0, 101, 2.5, "3"])
+def test_a_window_that_is_not_1_to_100_rounds_is_refused_before_any_message(rounds):
     grid = FakeGrid(2, client)
     with pytest.raises(ConfigError, match="tail_average_rounds") as refused:
         FedAsync().start(grid, initial_record(), num_rounds=1, clock="virtual", delay_model=FIXED,
-                         tail_average_rounds=0)
+                         tail_average_rounds=rounds)
     assert "\n" not in str(refused.value) and not grid.pushed
     assert torch is not None
