@@ -763,13 +763,18 @@ def test_a_wall_clock_run_resumes_from_its_checkpoint_and_counts_the_jobs_lost_i
 
     with pytest.raises(Crash):
         run(_grid(crash_after=20))
-    saved = checkpoint.read(checkpoint.find(tmp_path / "wall"))
+    newest = checkpoint.find(tmp_path / "wall")
+    saved = checkpoint.read(newest)
     in_flight, accepted = len(saved["jobs"]), restore(None, saved["stats"])["arrivals"]
     assert in_flight and accepted
+    # a job whose reply came after the checkpoint and before the crash is in its journal: replayed, not lost (how
+    # many depends on the wall clock's order, so it is read, not assumed)
+    replayed = {h["seq"] for h, _ in checkpoint.read_journal(newest)}
+    lost = [job for job in saved["jobs"] if restore(None, job)["seq"] not in replayed]
     resumed = run(_grid(first_node=501), resume_from=str(tmp_path / "wall"))
     assert resumed.summary["arrivals"] == 30  # the checkpoint's accepted updates count: only the rest is trained
     assert resumed.summary["dispatched"] >= restore(None, saved["stats"])["dispatched"] + 30 - accepted
-    assert resumed.summary["rejected-by-reason"] == {"lost-in-restart": in_flight}
+    assert resumed.summary["rejected-by-reason"] == ({"lost-in-restart": len(lost)} if lost else {})
     assert resumed.summary["server-versions"] == 10
 
 
