@@ -302,13 +302,14 @@ def test_server_side_methods_name_the_missing_piece(build, message):
 
 
 def test_clock_scheduled_evaluation_as_the_builtin_app_uses_it(tmp_path):
-    # evaluate_every=0 with evaluate_every_time=2: rows at t = 0, 2, 4 (jobs take 1 unit; 3 in flight)
+    # evaluate_every=0 with evaluate_every_time=2: rows at t = 0, 2, 4 (jobs take 1 unit; 3 in flight); the point at
+    # t = 4 scores the model before that time's 3 arrivals (version 9), so the stop, also at 4, scores version 12
     FedBuff(buffer_size=1, fraction_evaluate=0.0).start(
         FakeGrid(3, client), initial_record(), num_rounds=0, max_arrivals=12, clock="virtual", delay_model=FIXED,
         concurrency=3, evaluate_fn=server_evaluate, evaluate_every=0, evaluate_every_time=2.0,
         output_dir=str(tmp_path), run_name="clock")
     rows = (tmp_path / "clock" / "metrics.csv").read_text().splitlines()[1:]
-    assert [float(r.split(",")[0]) for r in rows] == [0.0, 2.0, 4.0]
+    assert [tuple(float(v) for v in r.split(",")[:2]) for r in rows] == [(0.0, 0), (2.0, 3), (4.0, 9), (4.0, 12)]
 
 
 def test_dd_fedrevive_distils_on_the_server_data_it_is_given():

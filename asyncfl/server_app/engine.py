@@ -131,7 +131,7 @@ class AsyncEngine:
         self.bounds = ParticipantBounds(config.update_norm_bound, config.update_norm_action, codec.bound_groups(),
                                         self.dispatcher.slots, strategy, trusted_direction)
         self.callbacks = list(callbacks)
-        self._last_told: tuple[int, int] | None = None
+        self._last_told: tuple | None = None  # (version, round, the tail average's window)
         self._owners_told = 0
         #: Why the run ended ("running" until it does), for summary.json and the closing line (launch).
         self.stop_reason = "not started"
@@ -408,7 +408,7 @@ class AsyncEngine:
             self.checkpoints.record({"kind": "scored", "until": clock})
 
     def _tell_evaluation(self, state: ModelState, row: dict) -> None:
-        told = (state.version, state.round)
+        told = (state.version, state.round, self.scoring.tail.identity(state.version))
         if told == self._last_told:  # the stop's row scores the model the last scheduled row scored
             return
         self._last_told = told

@@ -214,11 +214,14 @@ class Scoring:
             by_round[round_] = by_round[scored]
 
     def final(self, at: float, state: ModelState) -> None:
-        """The last row, unless the last scheduled one already scored this time, round and version."""
+        """The last row, unless the last scheduled one already scored this time, round and model (a point at the
+        stop's own time scores the model before the updates that arrived at that time: the stop scores again)."""
         last = self.stats.evaluations[-1] if self.stats.evaluations else None
         new_round = bool(self.every_rounds) and last is not None and (last["round"], last["server_version"]) != (
             state.round, state.version)
-        if last is None or last["time"] < at or new_round:
+        other_model = last is not None and (last["server_version"] != state.version or (
+            self._last is not None and self._last[0][2:] != self.tail.identity(state.version)))
+        if last is None or last["time"] < at or new_round or other_model:
             self.score(at, state, at_end=True)
         else:  # the model of the last row: its (partial) round still goes out to the ClientApps
             self._send_federated(state.round, self.tail.of(state))

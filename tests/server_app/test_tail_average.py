@@ -5,7 +5,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
-from asyncfl import FedAsync
+from asyncfl import FedAsync, FedBuff
+from asyncfl.callbacks import Callback
 from asyncfl.errors import ConfigError
 from asyncfl.server_app.engine_state import EngineStats
 from asyncfl.server_app.scoring import ModelState, Scoring, TailAverage
@@ -146,3 +147,50 @@ def test_a_window_that_is_not_1_to_100_rounds_is_refused_before_any_message(roun
                          tail_average_rounds=rounds)
     assert "\n" not in str(refused.value) and not grid.pushed
     assert torch is not None
+
+
+def _mean_weight(arrays: ArrayRecord) -> float:
+    return float(arrays.to_torch_state_dict()["fc.weight"].mean())
+
+
+@pytest.mark.parametrize("tail_rounds", [1, 3])
+def test_a_clock_point_at_the_stops_own_time_does_not_keep_the_final_model_from_being_scored(tail_rounds):
+    class Told(Callback):
+        rows: list = []
+
+        def on_evaluation(self, info, metrics):
+            self.rows.append((info.version, metrics["accuracy"], _mean_weight(info.arrays)))
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord({"accuracy": _mean_weight(arrays), "loss": 1.0})
+
+    # Prepare / Execute: fixed delays put the stop (two arrivals at t = 10) on a point of the clock's schedule, which
+    # is scored before those arrivals are taken in
+    told = Told()
+    result = FedAsync(fraction_evaluate=0.0).start(
+        FakeGrid(4, client), initial_record(), num_rounds=5, clock="virtual", delay_model=FIXED, concurrency=2,
+        seed=3, evaluate_fn=evaluate, evaluate_every=0, evaluate_every_time=1.0, update_norm_bound=0.0,
+        tail_average_rounds=tail_rounds, callbacks=[told])
+    # Assert: the stop scores the model after them (the last server version), the one the Result holds and the
+    # callbacks are told last, not the point's model two versions before it
+    final = _mean_weight(result.arrays)
+    assert result.summary["server-versions"] == 20
+    assert result.evaluate_metrics_serverapp[5]["accuracy"] == pytest.approx(final, abs=1e-5)
+    assert told.rows[-1][0] == 20 and told.rows[-1][1:] == pytest.approx((final, final), abs=1e-5)
+    assert told.rows[-2][0] == 18  # the point at t = 10 scored version 18 and was told too
+
+
+def test_a_stop_on_a_round_end_that_made_no_version_scores_the_new_window():
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord({"accuracy": _mean_weight(arrays), "loss": 1.0})
+
+    # Prepare / Execute: rounds of 2 arrivals, a version every 4 (round 5 ends on round 4's version 2); a clock point
+    # at the stop's time scores the window before round 5's end joins it
+    result = FedBuff(buffer_size=4, fraction_train=0.5, fraction_evaluate=0.0).start(
+        FakeGrid(4, client), initial_record(), num_rounds=5, clock="virtual", delay_model=FIXED, seed=3,
+        evaluate_fn=evaluate, evaluate_every=0, evaluate_every_time=0.5, update_norm_bound=0.0, tail_average_rounds=3)
+    # Assert: the last row is the mean the Result holds (the ends of rounds 4 and 5 and the current model, all
+    # version 2), not the one before it (rounds 3 and 4 and the current model)
+    scores = {r: m["accuracy"] for r, m in result.evaluate_metrics_serverapp.items()}
+    assert result.summary["server-versions"] == 2 and max(scores) == 5
+    assert scores[5] == pytest.approx(_mean_weight(result.arrays), abs=1e-5) and scores[5] != pytest.approx(scores[4])
