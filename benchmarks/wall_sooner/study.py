@@ -735,7 +735,7 @@ def main() -> None:
     for folders, make in ((args.overhead_table, overhead_table), (args.movement_table, movement_table),
                           (args.split_table, split_table), (args.fedavg_table, fedavg_table)):
         if folders:  # a table of stored cells per folder, nothing run
-            print(make({folder.name: load(folder / "cells.jsonl") for folder in folders}))
+            print(make({str(folder): load(folder / "cells.jsonl") for folder in folders}))
             return
     DeviceProfile.parse(args.profile)  # a wrong profile fails here, before any run
     if args.puller_cap is not None and not 0.2 <= args.puller_cap <= 60:
