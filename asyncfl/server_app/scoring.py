@@ -63,9 +63,12 @@ class TailAverage:
         self._ends: deque[tuple[int, np.ndarray]] = deque(maxlen=rounds if rounds > 1 else 0)
 
     def identity(self, version: int) -> tuple:
-        """What the mean at server version ``version`` is made of (the window's versions and the current one): two
-        points with the same identity score the same model; () when nothing is averaged."""
-        return (tuple(v for v, _ in self._ends), version) if self._ends else ()
+        """The server versions the mean at ``version`` averages (as :meth:`mean` picks them): two points with the
+        same identity score the same model; () when nothing is averaged."""
+        versions = [v for v, _ in self._ends]
+        if versions and versions[-1] != version:
+            versions = versions[1 - self.rounds:] + [version]
+        return tuple(versions)
 
     def check(self, model: np.ndarray) -> None:
         """Refuse a window (from a checkpoint) whose models do not fit ``model``, the current one, or are not finite."""

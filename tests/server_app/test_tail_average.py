@@ -27,6 +27,18 @@ def test_the_mean_is_over_the_last_round_ends_and_the_current_model():
     assert tail.mean(4, np.zeros(2, dtype=np.float32)).dtype == np.float32
 
 
+def test_a_round_end_on_the_current_version_leaves_the_mean_and_its_identity_as_they_were():
+    # Prepare: a window of 2 holding version 0's end; the current model is version 1
+    tail = TailAverage(2, to_record=lambda model: model)
+    tail.round_ended(0, np.zeros(2, dtype=np.float32))
+    current = np.full(2, 2.0, dtype=np.float32)
+    before = (tail.identity(1), tail.mean(1, current).tolist())
+    # Execute: a round closes on version 1 (no new version)
+    tail.round_ended(1, current)
+    # Assert: the same two models are averaged, so the score cache and the callbacks see the same model
+    assert before == (tail.identity(1), tail.mean(1, current).tolist()) == ((0, 1), [1.0, 1.0])
+
+
 def test_one_round_is_the_current_model_itself_and_keeps_nothing():
     tail = TailAverage(1)
     tail.round_ended(1, np.ones(2, dtype=np.float32))
@@ -189,8 +201,8 @@ def test_a_stop_on_a_round_end_that_made_no_version_scores_the_new_window():
     result = FedBuff(buffer_size=4, fraction_train=0.5, fraction_evaluate=0.0).start(
         FakeGrid(4, client), initial_record(), num_rounds=5, clock="virtual", delay_model=FIXED, seed=3,
         evaluate_fn=evaluate, evaluate_every=0, evaluate_every_time=0.5, update_norm_bound=0.0, tail_average_rounds=3)
-    # Assert: the last row is the mean the Result holds (the ends of rounds 4 and 5 and the current model, all
-    # version 2), not the one before it (rounds 3 and 4 and the current model)
+    # Assert: the last row is the mean the Result holds (the ends of rounds 3, 4 and 5: versions 1, 2, 2), not the
+    # one the point scored before round 5's end joined the window (the ends of rounds 2, 3 and 4: versions 1, 1, 2)
     scores = {r: m["accuracy"] for r, m in result.evaluate_metrics_serverapp.items()}
     assert result.summary["server-versions"] == 2 and max(scores) == 5
     assert scores[5] == pytest.approx(_mean_weight(result.arrays), abs=1e-5) and scores[5] != pytest.approx(scores[4])
