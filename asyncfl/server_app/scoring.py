@@ -65,10 +65,15 @@ class TailAverage:
     def identity(self, version: int) -> tuple:
         """The server versions the mean at ``version`` averages (as :meth:`mean` picks them): two points with the
         same identity score the same model; () when nothing is averaged."""
-        versions = [v for v, _ in self._ends]
-        if versions and versions[-1] != version:
-            versions = versions[1 - self.rounds:] + [version]
-        return tuple(versions)
+        return tuple(v for v, _ in self._averaged(version, None))
+
+    def _averaged(self, version: int, model: np.ndarray | None) -> list[tuple[int, np.ndarray | None]]:
+        """The (version, model) pairs the mean at ``version`` averages: the window, or when the model moved since the
+        last round's end, the window's newest ``rounds - 1`` and ``model`` (a window exists only with rounds > 1)."""
+        ends = list(self._ends)
+        if ends and ends[-1][0] != version:
+            ends = ends[1 - self.rounds:] + [(version, model)]
+        return ends
 
     def check(self, model: np.ndarray) -> None:
         """Refuse a window (from a checkpoint) whose models do not fit ``model``, the current one, or are not finite."""
@@ -85,11 +90,9 @@ class TailAverage:
 
     def mean(self, version: int, model: np.ndarray) -> np.ndarray:
         """The mean of the window's models, ``model`` (server version ``version``, the current one) included."""
-        ends = [end for _, end in self._ends]
+        ends = [end for _, end in self._averaged(version, model)]
         if not ends:
             return model
-        if self._ends[-1][0] != version:  # the model moved since the last round's end
-            ends = ends[1 - self.rounds:] + [model]  # a window exists only with rounds > 1
         total = np.zeros(model.shape, dtype=np.float64)
         for end in ends:
             total += end
@@ -163,7 +166,11 @@ class Scoring:
         last = self.stats.evaluations[-1] if self.stats.evaluations else None
         return (last is not None and (last["server_version"], last["round"]) == (state.version, state.round)
                 and not hasattr(self.evaluate_fn, "select")
-                and (self._last is None or self._last[0][2:] == self.tail.identity(state.version)))
+                and self._same_mean(state))
+
+    def _same_mean(self, state: ModelState) -> bool:
+        """Whether the last score's model averages the versions the mean at ``state`` would (always without one)."""
+        return self._last is None or self._last[0][2:] == self.tail.identity(state.version)
 
     def round_closed(self, round_: int, clock: float, state: Callable[[], ModelState]) -> None:
         """Round ``round_`` closed at ``clock``: its model joins the tail average's window; score it if the round
@@ -222,8 +229,7 @@ class Scoring:
         last = self.stats.evaluations[-1] if self.stats.evaluations else None
         new_round = bool(self.every_rounds) and last is not None and (last["round"], last["server_version"]) != (
             state.round, state.version)
-        other_model = last is not None and (last["server_version"] != state.version or (
-            self._last is not None and self._last[0][2:] != self.tail.identity(state.version)))
+        other_model = last is not None and (last["server_version"] != state.version or not self._same_mean(state))
         if last is None or last["time"] < at or new_round or other_model:
             self.score(at, state, at_end=True)
         else:  # the model of the last row: its (partial) round still goes out to the ClientApps
