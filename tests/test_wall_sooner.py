@@ -180,6 +180,8 @@ def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
         make = {"overhead": study.overhead_table, "split": study.split_table, "movement": study.movement_table,
                 "fedavg": study.fedavg_table}[kind]
         assert stored == make({f: study.load(here / f / "cells.jsonl") for f in folders.split()}), (kind, folders)
+    status = re.findall(r"<!-- status table -->\n(.*?)\n<!-- /table -->", readme, re.S)
+    assert status == [study.status_table(here)]
 
 
 def test_the_least_device_time_keeps_the_fleets_process_starts_within_the_hosts_share():
@@ -333,3 +335,27 @@ def test_the_accuracy_s_move_between_evaluations_by_hand(study):
              {"strategy": "flower-fedavg", "rounds": 4, "timeline": [[4, 15.0, 0.7]]}]  # one point: no move
     # rounds 2-4 only: |0.4 - 0.6| and |0.7 - 0.4| (mean 0.25); |0.9 - 0.5| and |0.6 - 0.9| (mean 0.35)
     assert study.movement_table({"here": cells}).splitlines()[2:] == ["| here | fedasync | 2 | 0.300; 0.250-0.350 |"]
+
+
+def test_the_status_table_pools_each_settings_runs_and_marks_the_issue_s_targets_by_hand(study, tmp_path):
+    import json
+
+    fleet = [1.0] * 8  # 8 equal nodes, 1 s a job: ideal 8 updates/s; 6 workers in simulation: bound 6/s
+    base = {"example": "quickstart-pytorch", "mode": "simulation", "fleet": fleet, "device-seconds": 1.0,
+            "ideal-updates-per-s": 8.0, "runtime-workers": 6}
+    fedavg = [{**base, "strategy": "flower-fedavg", "final": final, "train-seconds": s, "timeline": []}
+              for final, s in ((0.80, 100.0), (0.82, 120.0))]  # target 0.81, FedAvg's mean time 110 s
+    a = [{**base, "strategy": "fedasync", "final": 0.825, "steady-updates-per-s": 7.6, "rejected-updates": 0,
+          "timeline": [[1, 20.0, 0.5], [2, 44.0, 0.81]]},
+         {**base, "strategy": "fedasync", "final": 0.805, "steady-updates-per-s": 7.44, "rejected-updates": 1,
+          "timeline": [[1, 20.0, 0.5], [2, 55.0, 0.9]]}]
+    b = [{**base, "strategy": "fedbuff", "start-options": "dispatch_hold=0.0", "final": 0.79,
+          "steady-updates-per-s": 4.0, "timeline": [[1, 30.0, 0.7]]}]  # never reaches 0.81
+    for folder, cells in (("avg", fedavg), ("one", a[:1]), ("two", a[1:] + b)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    rows = study.status_table(tmp_path, (("app", ("avg",), ("one", "two")),)).splitlines()[2:]
+    # FedBuff first (the study's order); FedAsync pooled over both folders: +1.5 and -0.5 points (within one), 44 and
+    # 55 s of FedAvg's 110 (0.40, 0.50: at most half), 0.95 and 0.93 of the fleet's 8/s, 1.27 and 1.24 of the 6/s bound
+    assert rows == ["| app | fedbuff | dispatch_hold=0.0 | 1 (2) | -2.0; -2.0 | never | 0.50; 0.50 | 0.67 | 0 | ✗, ✗, ✗ |",
+                    "| app | fedasync | – | 2 (2) | +0.5; -0.5 | 0.45; 0.50 | 0.94; 0.93 | 1.25 | 1 | ✓, ✓, ✓ |"]

@@ -698,6 +698,59 @@ def fedavg_table(folders: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+#: issue 59's done-when: at equal client work within a point of Flower's FedAvg's mean final accuracy (mean and worst
+#: run), that accuracy reached in at most half of FedAvg's mean wall time (mean and slowest run), at least 0.9 of the
+#: emulated fleet's ideal update rate (mean)
+WITHIN_POINTS, TIME_SHARE, RATE_SHARE = 1.0, 0.5, 0.9
+#: (app and mode, the folders of Flower's FedAvg's runs, the folders of asyncfl's runs): each one example and setting
+STATUS = (
+    ("quickstart, simulation", (".", "equal-stop", "quickstart-fedavg"), (".", "equal-stop", "quickstart-tail3")),
+    ("advanced, 12 jobs out, simulation", ("advanced",), ("advanced",)),
+    ("advanced, 6 jobs out, simulation", ("advanced-6-out", "advanced-6-out-learned", "advanced-6-out-fedavg"),
+     ("advanced-6-out", "advanced-6-out-learned", "puller-fine-0", "advanced-6-out-no-hold", "advanced-6-out-tail3",
+      "advanced-6-out-tail3-no-hold")),
+    ("quickstart, loopback", ("loopback", "loopback-fedavg"), ("loopback", "loopback-tail3")),
+)
+
+
+def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
+    """Issue 59's targets against every stored run: per app and mode, asyncfl strategy and run options (pooled over
+    the folders of :data:`STATUS`, whatever the puller), the distance to Flower's FedAvg's mean final at equal work,
+    the time to reach it as a share of FedAvg's mean time, the rate as a share of the fleet's ideal (and of the
+    runtime's or host's bound), replies rejected, and which targets hold (:data:`WITHIN_POINTS`, :data:`TIME_SHARE`,
+    :data:`RATE_SHARE`)."""
+    lines = ["| app, mode | strategy | run options | runs (FedAvg's) | − FedAvg, points (mean; worst) "
+             "| share of FedAvg's time (mean; slowest) | share of the ideal rate (mean; lowest) "
+             "| share of the runtime's or host's bound (mean) | replies rejected or lost | accuracy, time, rate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, fedavg_folders, asyncfl_folders in status:
+        fedavg = [r for f in fedavg_folders for r in load(here / f / "cells.jsonl") if r["strategy"] == "flower-fedavg"]
+        target = statistics.mean(r["final"] for r in fedavg)
+        fedavg_s = statistics.mean(r["train-seconds"] for r in fedavg)
+        runs = [r for f in asyncfl_folders for r in load(here / f / "cells.jsonl") if r["strategy"] != "flower-fedavg"]
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for r in runs:
+            groups.setdefault((r["strategy"], r.get("start-options", "")), []).append(r)
+        for (strategy, options), cells in sorted(groups.items(), key=lambda g: (STRATEGIES.index(g[0][0]), g[0][1])):
+            points = [100 * (r["final"] - target) for r in cells]
+            reach = [time_to(r["timeline"], target) for r in cells]
+            shares = [t / fedavg_s for t in reach if t is not None]
+            cohort = _cohort(cells[0]["example"], len(cells[0]["fleet"]))
+            ideals = [_ideal_rates(r, cohort) for r in cells]
+            of_fleet = [r["steady-updates-per-s"] / fleet for r, (fleet, _) in zip(cells, ideals)]
+            of_bound = statistics.mean(r["steady-updates-per-s"] / bound for r, (_, bound) in zip(cells, ideals))
+            slowest = f"{max(shares):.2f}" if len(shares) == len(cells) else "never"
+            time_text = f"{statistics.mean(shares):.2f}; {slowest}" if shares else "never"
+            met = (min(points) >= -WITHIN_POINTS, len(shares) == len(cells) and max(shares) <= TIME_SHARE,
+                   statistics.mean(of_fleet) >= RATE_SHARE)
+            lines.append(
+                f"| {label} | {strategy} | {options or '–'} | {len(cells)} ({len(fedavg)}) "
+                f"| {statistics.mean(points):+.1f}; {min(points):+.1f} | {time_text} "
+                f"| {statistics.mean(of_fleet):.2f}; {min(of_fleet):.2f} | {of_bound:.2f} "
+                f"| {sum(r.get('rejected-updates', 0) for r in cells)} | {', '.join('✓' if m else '✗' for m in met)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", nargs="+", default=["quickstart-pytorch"], choices=list(EXAMPLES))
@@ -731,7 +784,12 @@ def main() -> None:
                         help="only print a train job's time split by the stamps of its ClientApp, per folder of cells")
     parser.add_argument("--fedavg-table", nargs="+", type=Path, metavar="FOLDER",
                         help="only print each folder's asyncfl runs against Flower's FedAvg's runs of all of them")
+    parser.add_argument("--status-table", action="store_true",
+                        help="only print issue 59's targets against every stored run (the folders of STATUS)")
     args = parser.parse_args()
+    if args.status_table:
+        print(status_table())
+        return
     for folders, make in ((args.overhead_table, overhead_table), (args.movement_table, movement_table),
                           (args.split_table, split_table), (args.fedavg_table, fedavg_table)):
         if folders:  # a table of stored cells per folder, nothing run
