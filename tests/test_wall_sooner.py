@@ -182,6 +182,9 @@ def test_the_readme_tables_are_the_ones_the_stored_runs_give(study):
         assert stored == make({f: study.load(here / f / "cells.jsonl") for f in folders.split()}), (kind, folders)
     status = re.findall(r"<!-- status table -->\n(.*?)\n<!-- /table -->", readme, re.S)
     assert status == [study.status_table(here)]
+    listed = {f for _, fedavg, asyncfl in study.STATUS for f in fedavg + asyncfl}
+    stored = {str(cells.parent.relative_to(here)) for cells in here.rglob("cells.jsonl")}
+    assert stored == listed  # the status table reads every stored run
 
 
 def test_the_least_device_time_keeps_the_fleets_process_starts_within_the_hosts_share():

@@ -718,7 +718,7 @@ def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
     """Issue 59's targets against every stored run: per app and mode, asyncfl strategy and run options (pooled over
     the folders of :data:`STATUS`, whatever the puller), the distance to Flower's FedAvg's mean final at equal work,
     the time to reach it as a share of FedAvg's mean time, the rate as a share of the fleet's ideal (and of the
-    runtime's or host's bound), replies rejected, and which targets hold (:data:`WITHIN_POINTS`, :data:`TIME_SHARE`,
+    runtime's or host's bound), replies rejected or lost, and which targets hold (:data:`WITHIN_POINTS`, :data:`TIME_SHARE`,
     :data:`RATE_SHARE`)."""
     lines = ["| app, mode | strategy | run options | runs (FedAvg's) | − FedAvg, points (mean; worst) "
              "| share of FedAvg's time (mean; slowest) | share of the ideal rate (mean; lowest) "
