@@ -511,6 +511,14 @@ def _ideal_rates(cell: dict, cohort: int) -> tuple[float, float]:
     return fleet, bound
 
 
+def _rate_shares(cells: list[dict], cohort: int) -> tuple[list[float], list[float]]:
+    """Each cell's updates per second after the first round as a share of the fleet's ideal and of the bound of the
+    runtime it ran in (a loopback cell's: its own host CPU's, where lower)."""
+    ideals = [_ideal_rates(r, cohort) for r in cells]
+    return ([r["steady-updates-per-s"] / fleet for r, (fleet, _) in zip(cells, ideals)],
+            [r["steady-updates-per-s"] / bound for r, (_, bound) in zip(cells, ideals)])
+
+
 def host_cpu_per_update(cell: dict, cohort: int) -> float | None:
     """The host's CPU seconds per client update over the span ``cell``'s steady rate is measured on (its first
     round's evaluation to its equal-work one), None for cells that did not record the host's CPU then."""
@@ -553,9 +561,8 @@ def table(rows: list[dict]) -> str:
                     reach_text = share = "never"
                 rate = statistics.mean(r["steady-updates-per-s"] for r in cells)
                 cohort = _cohort(example, len(cells[0]["fleet"]))
-                ideals = [_ideal_rates(r, cohort) for r in cells]  # a loopback cell's bound is its own host CPU's
-                of_fleet = statistics.mean(r["steady-updates-per-s"] / fleet for r, (fleet, _) in zip(cells, ideals))
-                of_bound = statistics.mean(r["steady-updates-per-s"] / bound for r, (_, bound) in zip(cells, ideals))
+                fleet_shares, bound_shares = _rate_shares(cells, cohort)
+                of_fleet, of_bound = statistics.mean(fleet_shares), statistics.mean(bound_shares)
                 cpu = [c for c in (host_cpu_per_update(r, cohort) for r in cells) if c]
                 cpu_text = f"{statistics.mean(cpu):.1f}" if cpu else "–"
                 rejected = sum(r.get("rejected-updates", 0) for r in cells)
@@ -737,9 +744,8 @@ def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
             reach = [time_to(r["timeline"], target) for r in cells]
             shares = [t / fedavg_s for t in reach if t is not None]
             cohort = _cohort(cells[0]["example"], len(cells[0]["fleet"]))
-            ideals = [_ideal_rates(r, cohort) for r in cells]
-            of_fleet = [r["steady-updates-per-s"] / fleet for r, (fleet, _) in zip(cells, ideals)]
-            of_bound = statistics.mean(r["steady-updates-per-s"] / bound for r, (_, bound) in zip(cells, ideals))
+            of_fleet, bound_shares = _rate_shares(cells, cohort)
+            of_bound = statistics.mean(bound_shares)
             slowest = f"{max(shares):.2f}" if len(shares) == len(cells) else "never"
             time_text = f"{statistics.mean(shares):.2f}; {slowest}" if shares else "never"
             met = (min(points) >= -WITHIN_POINTS, len(shares) == len(cells) and max(shares) <= TIME_SHARE,
