@@ -7,8 +7,9 @@ all of them. An asyncfl strategy in it keeps Flower's contract: ``configure_trai
 ``fraction_train`` of the nodes, as Flower's ``FedAvg`` does, without writing into the caller's
 config record, and ``aggregate_train`` hands the round's replies, in order, to the method's
 ``on_arrival`` with staleness 0 (all trained from the round's model) and returns the model it
-made, with the replies' train metrics aggregated as Flower's. For asynchronous training, call
-``start`` (with callbacks for what the loop did around it).
+made (a synchronous method's at the round's end, ``on_round_end``), with the replies' train
+metrics aggregated as Flower's. For asynchronous training, call ``start`` (with callbacks for
+what the loop did around it).
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ class SynchronousRounds:
     def aggregate(self, server_round: int, replies: Iterable["Message"]) -> tuple["ArrayRecord | None",
                                                                                 "MetricRecord | None"]:
         """The round's replies through the strategy's ``on_arrival``, staleness 0; Flower's return shape."""
+        from flwr.app import MetricRecord, RecordDict
+
         from asyncfl.server_app.client_metrics import aggregate_replies
-        from asyncfl.server_app.codec import RejectedReply, read_train_reply
+        from asyncfl.server_app.codec import RejectedReply, read_train_reply, reported_count, reported_loss
 
         strategy = self.strategy
         if self.model is None:
@@ -70,25 +73,32 @@ class SynchronousRounds:
             # on Flower's logger, as the loop's own lines: a custom loop never configures asyncfl's
             flwr_log(logging.INFO, "%s in a custom loop runs synchronously: each round's replies go through its "
                      "update rule with staleness 0; call start() for asynchronous training", type(strategy).__name__)
-        keys = strategy.flower.keys
+        keys, weight_key = strategy.flower.keys, strategy.flower.weighted_by_key
         current, accepted = self.model, []
         for index, reply in enumerate(replies):
+            # a reply is a participant's data: its model and its count are checked as the engine checks them
+            # (a count that is no whole number from 0 to 2**53 rejects the reply), its loss read or NaN
             try:
                 weights = read_train_reply(reply, self.codec, keys)
+                metrics = protocol.reply_metrics(reply.content)
+                examples = reported_count(metrics, weight_key) if metrics is not None and weight_key in metrics else 1
+                if isinstance(examples, RejectedReply):
+                    raise examples
             except RejectedReply as exc:
                 flwr_log(logging.WARNING, "round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
                 continue
-            metrics = protocol.reply_metrics(reply.content)
-            examples = int(metrics.get(strategy.flower.weighted_by_key, 1)) if metrics is not None else 1
-            loss = float(metrics.get("train_loss", metrics.get("train-loss", np.nan))) if metrics is not None \
-                else float("nan")
             arrival = Arrival(int(reply.metadata.src_node_id), server_round - 1, 0, weights, self.model, examples,
-                              loss, float(server_round))
+                              reported_loss(metrics), float(server_round))
             new = strategy.on_arrival(arrival, current)
             current = new if new is not None else current
-            accepted.append(reply.content)
+            # the train metrics are aggregated weighted by the count as checked
+            accepted.append(reply.content if metrics is None or weight_key not in metrics
+                            else RecordDict({"metrics": MetricRecord({**metrics, weight_key: examples})}))
         if not accepted:
             return None, None
+        if strategy.synchronous:  # a synchronous method (FedAvg, ...) makes its round's model once the round is in
+            new = strategy.on_round_end(current)
+            current = new if new is not None else current
         metrics = aggregate_replies(accepted, strategy.flower.weighted_by_key, strategy.flower.train_metrics_aggr_fn,
                                     "train")
         return self.codec.to_record(current), metrics

@@ -5,7 +5,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
-from asyncfl.strategies import FedAsync, FedBuff
+from asyncfl.strategies import FedAsync, FedAvg, FedBuff
 from tests.fake_grid import FakeGrid, trained_reply
 
 
@@ -50,3 +50,36 @@ def test_a_malformed_reply_in_a_custom_loop_is_rejected_and_the_round_goes_on():
     result = FlowerStrategy.start(strategy, FakeGrid(4, some_broken), initial, num_rounds=1)
     # FedAsync with alpha 1 takes each (finite) reply: the model is the last good client's, w = 1
     assert np.allclose(result.arrays["w"].numpy(), 1.0)
+
+
+@pytest.mark.parametrize("count", [float("nan"), float("inf"), -5, 2.5, 2.0**60, [10, 10]])
+def test_a_hostile_count_in_a_custom_loop_rejects_its_reply_and_the_round_goes_on(count):
+    def odd_nodes_lie(node, message):
+        reply = _plus_one(node, message)
+        if node % 2:
+            reply.content.metric_records["metrics"]["num-examples"] = count
+            reply.content.metric_records["metrics"]["train-loss"] = [1.0, 2.0]  # a loss no number: read as NaN
+        return reply
+
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(4, odd_nodes_lie), initial, num_rounds=2)
+    # the honest half's +1 a round, weighted by their own counts; their loss, aggregated by their counts
+    assert np.allclose(result.arrays["w"].numpy(), 2.0)
+    assert result.train_metrics_clientapp[2]["train-loss"] == pytest.approx(0.25)
+
+
+def test_a_whole_count_in_a_custom_loop_weighs_as_checked_and_a_loss_no_number_is_no_rejection():
+    def odd_node_counts_more(node, message):
+        reply = _plus_one(node, message)
+        reply.content.metric_records["metrics"]["num-examples"] = 30.0 if node % 2 else 10  # an integral float
+        if node % 2:
+            reply.content.array_records["arrays"]["w"] = Array(np.full(3, 5.0, dtype=np.float32))
+            reply.content.metric_records["metrics"]["train-loss"] = [1.0]
+        return reply
+
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(2, odd_node_counts_more), initial, num_rounds=1)
+    # FedAvg's weighted mean of the round's models: (30 x 5 + 10 x 1) / 40 = 4
+    assert np.allclose(result.arrays["w"].numpy(), 4.0)
