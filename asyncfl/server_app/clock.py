@@ -66,6 +66,9 @@ class Clock(Protocol):
     jobs_queue: bool
     #: Seconds the SuperLink was unreachable since a moment (``time.monotonic()``): not part of a job's timeout.
     outage_seconds_since: Callable[[float], float]
+    #: Clock time one second of server compute costs (``server-time-scale``; 0 on the wall clock, where it is
+    #: already on the clock).
+    server_time_scale: float
 
     def now(self, last_event: float) -> float:
         """The current time, given the time of the last accepted event."""
@@ -73,9 +76,6 @@ class Clock(Protocol):
     def new_job(self, client: int) -> tuple[float, dict]:
         """What a new job to ``client`` is stamped with: its duration (its finish = dispatch time + this; 0: known
         on arrival) and the extra keys of its request."""
-
-    def server_time(self, seconds: float) -> float:
-        """Clock time that ``seconds`` of server compute cost."""
 
     def pick(self, in_flight: dict[str, "Job"], inbox: dict[str, "Message"], online: set[int], last_event: float,
              timeout: float) -> "tuple[Job, Message | None] | None":
@@ -119,9 +119,6 @@ class VirtualClock:
     def new_job(self, client: int) -> tuple[float, dict]:
         return self.delays.job_duration(client), {}
 
-    def server_time(self, seconds: float) -> float:
-        return seconds * self.server_time_scale
-
     def pick(self, in_flight, inbox, online, last_event, timeout):
         head = min(in_flight.values(), key=lambda j: (j.finish, j.seq))
         if head.message_id in inbox:
@@ -156,6 +153,7 @@ class WallClock:
 
     nodes_come_and_go = True
     jobs_queue = True  # Flower's simulation runs many nodes' jobs on a few workers
+    server_time_scale = 0.0  # server compute is already on the clock
 
     def __init__(self, delays, emulate_delay_scale: float = 0.0) -> None:
         self.delays = delays  # drawn from only to emulate slow clients (emulate-delay-scale)
@@ -180,9 +178,6 @@ class WallClock:
         if self.emulate_delay_scale <= 0:
             return 0.0, {}
         return 0.0, {protocol.EMULATE_SECONDS: self.delays.job_duration(client) * self.emulate_delay_scale}
-
-    def server_time(self, seconds: float) -> float:
-        return 0.0  # already on the clock
 
     def pick(self, in_flight, inbox, online, last_event, timeout):
         for message_id, job in in_flight.items():

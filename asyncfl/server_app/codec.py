@@ -72,6 +72,9 @@ class ModelCodec:
         self.sizes = [int(np.prod(s)) for s in shapes]
         self.offsets = np.cumsum([0] + self.sizes)
         self.size = int(self.offsets[-1])
+        #: Where BatchNorm ``running_var`` entries lie in the flat layout (:meth:`clamp_variances`); empty without.
+        self.variance_segments = [(self.offsets[i], self.offsets[i + 1]) for i, name in enumerate(names)
+                                  if name.endswith("running_var")]
 
     @classmethod
     def from_state(cls, state: "OrderedDict[str, np.ndarray]") -> "ModelCodec":
@@ -129,8 +132,7 @@ class ModelCodec:
         ``flat`` itself is never modified (a strategy may keep it); a copy is made
         only when something is clamped.
         """
-        segments = [(self.offsets[i], self.offsets[i + 1]) for i, name in enumerate(self.names)
-                    if name.endswith("running_var")]
+        segments = self.variance_segments
         negative = sum(int((flat[a:b] < 0).sum()) for a, b in segments)
         if not negative:
             return flat, 0

@@ -290,11 +290,12 @@ class AsyncEngine:
         del state.in_flight[job.message_id]
         if self._puller is not None:
             self._puller.forget(job.message_id)
-        if self.dispatcher.resend_after_outage(job, reply):  # the SuperLink lost it, not the client: sent again
+        if self.grid.outages and self.dispatcher.resend_after_outage(job, reply):  # lost by the SuperLink: sent again
             return
         self.slots.free(job.client)
+        base = job.sent_model if job.sent_model is not None else self.versions.models[job.version]
         try:
-            self.take_in(job, reply, job.sent_model if job.sent_model is not None else self.versions.model(job.version))
+            self.take_in(job, reply, base)
         finally:
             self.versions.release(job.version)
         if self.strategy.synchronous and not self.dispatcher.round_open():
@@ -308,30 +309,23 @@ class AsyncEngine:
         """Steps 3-5 for ``job``'s reply (``base``: the model it was sent), live or replayed from the wall clock's
         journal (:func:`~asyncfl.server_app.journal.replay`), which records it first: read, bound, count, accept.
         ``refused``: the reply's rejection, decided before it is read (one the journal cannot hold)."""
+        state = self.state
         if self._journaling and not self.replaying:
-            refused = journal.record_event(self.checkpoints, job, reply, self.state, self.keys.arrays,
+            refused = journal.record_event(self.checkpoints, job, reply, state, self.keys.arrays,
                                            len(self.codec.names) + 1)
+        # 3. read it: an Arrival, or the rejection saying why it gives nothing
         outcome = refused or read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                         self.config.timeout)
-        if isinstance(outcome, Arrival):
-            outcome = self.bounds.apply(outcome, job.sent_model is None)  # step 3b: the participant's bounds
+        if isinstance(outcome, Arrival):  # 3b. the participant's bounds
+            outcome = self.bounds.apply(outcome, job.sent_model is None)
             if self.slots.held_back:  # the shares moved: a held-back client whose share fell may get jobs again
                 self.slots.update(list(self.slots.held_back))
-        arrival = self._count(job, reply, outcome)
-        if arrival is not None:
-            if (self.config.overlap_server_compute and not self.strategy.synchronous and not self.replaying
-                    and not self._last_arrival()):
-                # the freed slot gets the pre-update model: server compute hidden, +1 staleness
-                self.dispatcher.top_up(self.state.rounds_closed)
-            self.accept(arrival)
-
-    def _count(self, job: Job, reply: Message | None, outcome: Arrival | RejectedReply) -> Arrival | None:
-        """Step 4: count the outcome (a rejection by reason; an arrival's transport and train metrics)."""
-        state = self.state
+        # 4. count it: a rejection by reason, in the failure streak unless an outage lost it; an arrival's
+        # transport, compute time and train metrics
         pulled_wall = state.pulled_at.pop(job.message_id, None)
-        if isinstance(outcome, RejectedReply):  # counted by reason, in the failure streak unless an outage lost it
+        if isinstance(outcome, RejectedReply):
             state.count_failure(job, outcome)
-            return None
+            return
         state.failures_in_a_row = 0
         state.failing_clients.clear()
         content = reply.content
@@ -348,13 +342,18 @@ class AsyncEngine:
         if self.train_metrics is not None and metrics is not None:  # weighted by the count as checked and capped
             self.train_metrics.add(RecordDict({"metrics": MetricRecord({**metrics,
                                                                         self.keys.weight: outcome.num_examples})}))
-        return outcome
+        # 5. the strategy takes it in
+        if (self.config.overlap_server_compute and not self.strategy.synchronous and not self.replaying
+                and not self._last_arrival()):
+            # the freed slot gets the pre-update model: server compute hidden, +1 staleness
+            self.dispatcher.top_up(state.rounds_closed)
+        self.accept(outcome)
 
     def accept(self, arrival: Arrival) -> None:
         """Step 5: the strategy takes ``arrival`` in; the model it returns, if any, becomes the next version."""
         compute_started = time.perf_counter()
         new_model = self.strategy.on_arrival(arrival, self.versions.current)
-        self.state.now += self.clock.server_time(time.perf_counter() - compute_started)
+        self.state.now += (time.perf_counter() - compute_started) * self.clock.server_time_scale
         self.stats.count_arrival(arrival.client_index, arrival.staleness, time.monotonic())
         if new_model is not None:
             self._advance(new_model)
@@ -373,8 +372,9 @@ class AsyncEngine:
         if not np.isfinite(new_model).all():  # the run stops: a NaN model would only be scored and sent out
             by = f"{type(self.strategy).__name__}.aggregate_train" if self.strategy.aggregation_hook else "strategy"
             raise FloatingPointError(f"{by} produced a non-finite model after arrival {self.stats.arrivals}")
-        new_model, clamped = self.codec.clamp_variances(new_model)
-        self.stats.clamped_variances += clamped
+        if self.codec.variance_segments:
+            new_model, clamped = self.codec.clamp_variances(new_model)
+            self.stats.clamped_variances += clamped
         version = self.versions.advance(new_model)
         if self.callbacks:
             info = VersionInfo(version, self._model_state().round, self.stats.arrivals, self.state.now,

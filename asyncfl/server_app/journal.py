@@ -159,7 +159,7 @@ def _base_of(version: int, sent_model: np.ndarray | None, made: dict[int, np.nda
     if sent_model is not None:
         return sent_model
     base = made.get(version)
-    return versions.model(version) if base is None else base
+    return versions.models[version] if base is None else base
 
 
 def _take_in_again(engine: AsyncEngine, header: dict, arrays: list[np.ndarray], made: dict[int, np.ndarray],

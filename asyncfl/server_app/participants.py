@@ -233,13 +233,18 @@ class UpdateNormBound:
             movement = weight * norm
             known = len(self.latest[g]) >= self.min_history
             reference = self.reference(arrival.base, g)
-            if reference <= 0 and not known:  # an all-zero model and no history yet: nothing to judge by
-                self._remember(g, client, movement)
+            unjudged = reference <= 0 and not known  # an all-zero model and no history yet: nothing to judge by
+            # the client's latest movement, the newest of the window (its oldest client leaves beyond ``window``),
+            # at most the run's ceiling: honest updates held tighter must not drag the median down
+            latest = self.latest[g]
+            latest.pop(client, None)
+            latest[client] = movement if unjudged else min(movement, self.multiple * reference)
+            if len(latest) > self.window:
+                del latest[next(iter(latest))]
+            if unjudged:
                 continue
             multiple = trained_multiple if g == 0 else self.multiple  # group 0: the trained entries
             ceiling = multiple * reference  # a zero median (updates that no longer move) bounds at zero
-            # the window keeps the run's ceiling: honest updates held tighter must not drag the median down
-            self._remember(g, client, min(movement, self.multiple * reference))
             if reference > 0:
                 self.largest_ratio = max(self.largest_ratio, movement / reference)
             bound = ceiling / rate**2  # r x the updates, each at 1/r^2: 1/r of the movement per unit of time
@@ -267,14 +272,6 @@ class UpdateNormBound:
             entries = slice(None) if mask is None else mask
             weights[entries] = arrival.base[entries] + np.float32(scale) * delta[entries]
         return replace(arrival, weights=weights)
-
-    def _remember(self, group: int, client: int, norm: float) -> None:
-        """``client``'s latest norm in ``group``, the newest entry; the oldest client leaves beyond ``window``."""
-        latest = self.latest[group]
-        latest.pop(client, None)
-        latest[client] = norm
-        if len(latest) > self.window:
-            del latest[next(iter(latest))]
 
     def summary(self) -> dict:
         """The bound's figures for ``summary.json``."""

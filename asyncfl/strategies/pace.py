@@ -196,7 +196,23 @@ class ResponseMeter:
         as no response at all.
         """
         client, version = arrival.client_index, arrival.base_version
-        base, delta = self._copy_in(arrival, entries)
+        # the arrival's start model and delta on the measured entries, written into a forgotten job's arrays if any
+        known = self._chosen
+        chosen = (known[2] if known is not None and known[0] == arrival.base.size and known[1] is entries
+                  else self._chosen_entries(arrival.base.size, entries))
+        size = arrival.base.size if chosen is None else chosen.size
+        spare, self._spare = self._spare, None
+        if spare is not None and spare[0].size == size:
+            base, delta = spare
+        else:
+            base, delta = np.empty(size, np.float32), np.empty(size, np.float32)
+        if chosen is None:
+            np.copyto(base, arrival.base)
+            np.subtract(arrival.weights, arrival.base, out=delta)
+        else:
+            np.take(arrival.base, chosen, out=base)
+            np.take(arrival.weights, chosen, out=delta)
+            delta -= base
         previous = self._jobs.pop(client, None)
         if previous is not None and previous[0] != version:
             # the previous job's arrays are freed by this one: the differences are written over them
@@ -214,27 +230,6 @@ class ResponseMeter:
             previous = self._jobs.pop(next(iter(self._jobs)))  # forget the least recently seen client
         self._spare = None if previous is None else (previous[1], previous[2])
         self._jobs[client] = (version, base, delta)
-
-    def _copy_in(self, arrival: Arrival, entries: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """The arrival's start model and delta on the measured entries, written into spare arrays when there are."""
-        known = self._chosen
-        chosen = (known[2] if known is not None and known[0] == arrival.base.size and known[1] is entries
-                  else self._chosen_entries(arrival.base.size, entries))
-        size = arrival.base.size if chosen is None else chosen.size
-        spare = self._spare
-        if spare is not None and spare[0].size == size:
-            base, delta = spare
-        else:
-            base, delta = np.empty(size, np.float32), np.empty(size, np.float32)
-        self._spare = None
-        if chosen is None:
-            np.copyto(base, arrival.base)
-            np.subtract(arrival.weights, arrival.base, out=delta)
-        else:
-            np.take(arrival.base, chosen, out=base)
-            np.take(arrival.weights, chosen, out=delta)
-            delta -= base
-        return base, delta
 
     def _chosen_entries(self, size: int, entries: np.ndarray | None) -> np.ndarray | None:
         """Indices of the measured entries (``None``: all of them): the trained ones, at most

@@ -34,7 +34,7 @@ def test_virtual_clock_loses_the_head_job_after_the_timeout_and_stamps_drawn_dur
     picked, reply = clock.pick(in_flight, {}, set(), 0.0, timeout=5)
     assert picked.message_id == "a" and reply is None
     assert clock.new_job(2) == (3.5, {})
-    assert clock.now(7.25) == 7.25 and clock.server_time(0.5) == 1.0
+    assert clock.now(7.25) == 7.25
 
 
 def test_wall_clock_loses_jobs_on_nodes_that_left_before_accepting_replies():
@@ -49,7 +49,7 @@ def test_wall_clock_loses_jobs_on_nodes_that_left_before_accepting_replies():
 def test_wall_clock_costs_no_server_time_and_asks_emulated_durations_only_when_scaled():
     assert WallClock(FixedDelays()).new_job(1) == (0.0, {})
     assert WallClock(FixedDelays(), emulate_delay_scale=0.5).new_job(1) == (0.0, {protocol.EMULATE_SECONDS: 1.25})
-    assert WallClock(FixedDelays()).server_time(3.0) == 0.0
+    assert WallClock(FixedDelays()).server_time_scale == 0.0
 
 
 def test_hold_window_adds_the_measured_start_wait_on_the_wall_clock_only():
