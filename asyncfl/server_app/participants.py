@@ -110,13 +110,16 @@ class UpdateNormBound:
         minority of faulty nodes cannot make half of it.
     rate_window : int
         How many recent accepted updates a client's rate is counted over.
+    by_rate : bool
+        Whether a client's bound shrinks with its share of the recent updates (:meth:`rate_ratio`); False where
+        the server, not the node, decides how often a node trains (a Flower app's own synchronous loop).
     """
 
     state_attributes = ("latest", "recent_clients", "first_norms", "clipped", "rejected", "largest_ratio",
                         "rate_limited")
 
     def __init__(self, multiple: float, action: str = RunOptions.update_norm_action, groups=(None,), window: int = 16,
-                 rate_window: int = 256) -> None:
+                 rate_window: int = 256, by_rate: bool = True) -> None:
         if action not in UPDATE_NORM_ACTIONS:
             raise ConfigError(f"update-norm action {action!r} is not valid; choose one of: "
                               f"{', '.join(UPDATE_NORM_ACTIONS)}")
@@ -124,6 +127,7 @@ class UpdateNormBound:
         self.action = action
         self.groups = list(groups)
         self.window = window
+        self.by_rate = by_rate
         self.min_history = MIN_HISTORY  # the engine lowers it for a federation of fewer clients (set_clients)
         self.latest: list[dict[int, float]] = [{} for _ in self.groups]  # client -> latest bounded norm, oldest first
         self.first_norms: list[float | None] = [None for _ in self.groups]  # each group's norm in the first base
@@ -225,7 +229,7 @@ class UpdateNormBound:
         ``delta``: ``arrival.delta`` when the caller has it."""
         delta, client = arrival.delta if delta is None else delta, arrival.client_index
         trained_multiple = self.multiple if multiple is None else min(float(multiple), self.multiple)
-        rate = self.rate_ratio(client)
+        rate = self.rate_ratio(client) if self.by_rate else 1.0
         weight = max(float(weight), 1.0 / self.multiple**2)  # a light update still has a finite norm bound
         scales = []
         for g, mask in enumerate(self.groups):
@@ -377,15 +381,17 @@ class ParticipantBounds:
         asynchronous (a synchronous round gives every node one job anyway: no hold-back).
     direction : TrustedDirection, optional
         The server's descent on its trusted data (``trusted_train_fn``), applied before the norm bound.
+    by_rate : bool
+        Whether a client's norm bound shrinks with its share of the recent updates (:class:`UpdateNormBound`).
     """
 
     def __init__(self, multiple: float, action: str, groups, slots, strategy,
-                 direction: TrustedDirection | None = None) -> None:
+                 direction: TrustedDirection | None = None, by_rate: bool = True) -> None:
         self.multiple = multiple
         self.direction = direction
         self.strategy = strategy
         asynchronous = not strategy.synchronous
-        self.norm = UpdateNormBound(multiple, action, groups) if multiple else None
+        self.norm = UpdateNormBound(multiple, action, groups, by_rate=by_rate) if multiple else None
         self.count: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (start)
         self.slots = slots
         if self.norm is not None and asynchronous:

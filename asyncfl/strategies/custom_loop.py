@@ -39,6 +39,8 @@ class SynchronousRounds:
         self.codec = None
         self.model: np.ndarray | None = None
         self.started = False
+        self.nodes = 0  # the most nodes a round was sampled from
+        self.bounds = None  # the per-participant bounds, built at the first round's replies
         self._rng = random.Random(0)
 
     def sample(self, nodes: list[int], fraction: float, minimum: int) -> list[int]:
@@ -48,11 +50,37 @@ class SynchronousRounds:
         size = min(len(nodes), max(minimum, int(len(nodes) * fraction)))
         return sorted(self._rng.sample(sorted(nodes), size))
 
-    def remember(self, arrays: "ArrayRecord") -> None:
-        """The model this round's requests carry (what every reply of the round trained from)."""
+    def remember(self, arrays: "ArrayRecord", nodes: int) -> None:
+        """The model this round's requests carry (what every reply of the round trained from), sampled from
+        ``nodes`` nodes."""
         from asyncfl.server_app.launch import codec_and_model
 
         self.codec, self.model = codec_and_model(arrays)
+        self.nodes = max(self.nodes, nodes)
+
+    def _participant_bounds(self):
+        """The per-participant bounds ``start()`` applies by default (:class:`~asyncfl.options.RunOptions`'
+        ``update_norm_bound`` and ``update_norm_action``): each reply's count capped at the ceiling and its update's
+        movement bounded, per node. None under the DP wrapper, whose fixed clip bounds every update (the adaptive
+        bound's median of other nodes' norms would escape the noise), as in ``start()``."""
+        from types import SimpleNamespace
+
+        from asyncfl.options import RunOptions
+        from asyncfl.server_app.participants import ParticipantBounds
+        from asyncfl.strategies.privacy import DifferentialPrivacyServerSideFixedClipping
+
+        options = RunOptions()
+        if isinstance(self.strategy, DifferentialPrivacyServerSideFixedClipping) or not options.update_norm_bound:
+            return None
+        # the loop, not the node, decides how often a node trains: no dispatch to hold one back, no bound by its rate
+        bounds = ParticipantBounds(options.update_norm_bound, options.update_norm_action, self.codec.bound_groups(),
+                                   SimpleNamespace(held_back_checks=0), self.strategy, by_rate=False)
+        bounds.start([0] * self.nodes)  # no sizes reported: the first counts pass until 3 nodes are known
+        return bounds
+
+    def _held(self) -> tuple[int, int]:
+        """How many updates the bounds clipped and counts they capped so far."""
+        return (self.bounds.norm.clipped, self.bounds.count.capped) if self.bounds is not None else (0, 0)
 
     def aggregate(self, server_round: int, replies: Iterable["Message"]) -> tuple["ArrayRecord | None",
                                                                                 "MetricRecord | None"]:
@@ -70,30 +98,40 @@ class SynchronousRounds:
         if not self.started:
             strategy.on_start(num_clients=len(replies), concurrency=max(1, len(replies)))
             self.started = True
+            self.bounds = self._participant_bounds()
             # on Flower's logger, as the loop's own lines: a custom loop never configures asyncfl's
             flwr_log(logging.INFO, "%s in a custom loop runs synchronously: each round's replies go through its "
                      "update rule with staleness 0; call start() for asynchronous training", type(strategy).__name__)
         keys, weight_key = strategy.flower.keys, strategy.flower.weighted_by_key
         current, accepted = self.model, []
+        held_before = self._held()
         for index, reply in enumerate(replies):
             # a reply is a participant's data: its model and its count are checked as the engine checks them
-            # (a count that is no whole number from 0 to 2**53 rejects the reply), its loss read or NaN
+            # (a count that is no whole number from 0 to 2**53 rejects the reply), its loss read or NaN, its
+            # update bounded as start() bounds it
             try:
                 weights = read_train_reply(reply, self.codec, keys)
                 metrics = protocol.reply_metrics(reply.content)
                 examples = reported_count(metrics, weight_key) if metrics is not None and weight_key in metrics else 1
                 if isinstance(examples, RejectedReply):
                     raise examples
+                arrival = Arrival(int(reply.metadata.src_node_id), server_round - 1, 0, weights, self.model,
+                                  examples, reported_loss(metrics), float(server_round))
+                arrival = self.bounds.apply(arrival) if self.bounds is not None else arrival
+                if isinstance(arrival, RejectedReply):
+                    raise arrival
             except RejectedReply as exc:
                 flwr_log(logging.WARNING, "round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
                 continue
-            arrival = Arrival(int(reply.metadata.src_node_id), server_round - 1, 0, weights, self.model, examples,
-                              reported_loss(metrics), float(server_round))
             new = strategy.on_arrival(arrival, current)
             current = new if new is not None else current
-            # the train metrics are aggregated weighted by the count as checked
+            # the train metrics are aggregated weighted by the count as checked and capped
             accepted.append(reply.content if metrics is None or weight_key not in metrics
-                            else RecordDict({"metrics": MetricRecord({**metrics, weight_key: examples})}))
+                            else RecordDict({"metrics": MetricRecord({**metrics, weight_key: arrival.num_examples})}))
+        clipped, capped = (after - before for after, before in zip(self._held(), held_before))
+        if clipped or capped:
+            flwr_log(logging.WARNING, "round %d: the per-participant bounds clipped %d updates and capped %d example "
+                     "counts (docs/security.md)", server_round, clipped, capped)
         if not accepted:
             return None, None
         if strategy.synchronous:  # a synchronous method (FedAvg, ...) makes its round's model once the round is in
@@ -121,8 +159,8 @@ def configure_train_messages(strategy: "Strategy", rounds: SynchronousRounds, se
     ``config`` plus ``server-round``; the round's model is remembered for :meth:`SynchronousRounds.aggregate`."""
     from flwr.common import MessageType
 
-    rounds.remember(arrays)
     every = list(grid.get_node_ids())
+    rounds.remember(arrays, len(every))
     nodes = rounds.sample(every, strategy.flower.fraction_train, strategy.flower.min_train_nodes)
     flwr_log(logging.INFO, "configure_train: sampled %d nodes (out of %d)", len(nodes), len(every))
     return _messages(strategy, arrays, config, server_round, nodes, MessageType.TRAIN)

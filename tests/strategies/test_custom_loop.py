@@ -83,3 +83,33 @@ def test_a_whole_count_in_a_custom_loop_weighs_as_checked_and_a_loss_no_number_i
     result = FlowerStrategy.start(strategy, FakeGrid(2, odd_node_counts_more), initial, num_rounds=1)
     # FedAvg's weighted mean of the round's models: (30 x 5 + 10 x 1) / 40 = 4
     assert np.allclose(result.arrays["w"].numpy(), 4.0)
+
+
+def _honest_and_one_liar(delta, count):
+    """Nodes send +1 with 10 examples; the odd node of two (the first to reply) ``delta`` with ``count``."""
+    def client(node, message):
+        w = message.content.array_records["arrays"]["w"].numpy()
+        if node == 101:
+            return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(delta))}), num_examples=count)
+        return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(1.0))}), num_examples=10)
+    return client
+
+
+def test_a_boosted_update_in_a_custom_loop_is_bounded_as_start_bounds_it():
+    # Prepare: 4 nodes, FedAvg (equal counts: the round's mean update); the first to reply sends 100 x the honest +1
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    initial = ArrayRecord({"w": Array(np.full(3, 10.0, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(4, _honest_and_one_liar(100.0, 10)), initial, num_rounds=3)
+    # Assert: its movement is held to 3 x the reference: in warm-up 0.1 x the model's norm (10 sqrt 3), then the
+    # median node's (sqrt 3): +3 an entry, so each round moves (3 + 1 + 1 + 1) / 4 = 1.5, not (100 + 3) / 4
+    assert np.allclose(result.arrays["w"].numpy(), 10.0 + 3 * 1.5, atol=1e-4)
+
+
+def test_a_forged_count_in_a_custom_loop_is_capped_once_three_nodes_are_known():
+    # Prepare: the first to reply sends an honest-sized update the other way (-1) with 10^9 examples
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    initial = ArrayRecord({"w": Array(np.full(3, 10.0, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(4, _honest_and_one_liar(-1.0, 10**9)), initial, num_rounds=3)
+    # Assert: round 1, before 3 nodes' counts are known (no sizes reported), its count passes and it moves the model
+    # by ~-1; from round 2 it is capped at 3 x the median count (30) against the honest 3 x 10: the rounds move 0
+    assert np.allclose(result.arrays["w"].numpy(), 9.0, atol=1e-4)
