@@ -67,10 +67,9 @@ class SynchronousRounds:
 
         from asyncfl.options import RunOptions
         from asyncfl.server_app.participants import ParticipantBounds
-        from asyncfl.strategies.privacy import DifferentialPrivacyServerSideFixedClipping
 
         options = RunOptions()
-        if isinstance(self.strategy, DifferentialPrivacyServerSideFixedClipping) or not options.update_norm_bound:
+        if not getattr(self.strategy, "participant_bounds", True) or not options.update_norm_bound:
             return None
         # the loop, not the node, decides how often a node trains: no dispatch to hold one back, no bound by its rate
         bounds = ParticipantBounds(options.update_norm_bound, options.update_norm_action, self.codec.bound_groups(),

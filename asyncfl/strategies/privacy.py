@@ -214,6 +214,9 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
 
     config_class = DifferentialPrivacyConfig
     state_attributes = ("ledger", "_pending", "_last_epsilon")
+    #: The adaptive per-participant bounds are off under this wrapper (``start`` and an app's own loop): the fixed
+    #: clip bounds every update, and a threshold taken from other clients' norms would escape the noise.
+    participant_bounds = False
 
     def __init__(self, strategy: Strategy, noise_multiplier: float = 1.0, clipping_norm: float = 1.0,
                  num_sampled_clients: int | None = None, *, target_delta: float = 1e-5,
@@ -267,7 +270,15 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
                 "callbacks=)")
 
     def configure_train(self, server_round, arrays, config, grid):
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        messages = self.strategy.configure_train(server_round, arrays, config, grid)
+        self._remember_in_own_loop(arrays, grid)
+        return messages
+
+    def _remember_in_own_loop(self, arrays, grid) -> None:
+        """In a Flower app's own loop the wrapped strategy sampled the round; this wrapper aggregates it (clipped,
+        noised), from the model the round sent."""
+        if not self._in_start:
+            self._custom_loop.remember(arrays, len(list(grid.get_node_ids())))
 
     def on_start(self, num_clients: int, concurrency: int = 1) -> None:
         super().on_start(num_clients, concurrency)
@@ -351,7 +362,11 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
 
     def _report(self) -> None:
         epsilon = self.ledger.epsilon()
-        if math.floor(epsilon) > math.floor(self._last_epsilon) or self.ledger.releases == 1:
+        if math.isinf(epsilon):  # noise_multiplier 0, which Flower's wrappers accept too
+            if self.ledger.releases == 1:
+                log.warning("privacy spent: epsilon is infinite: noise_multiplier=0 adds no noise, so no release is "
+                            "private")
+        elif math.floor(epsilon) > math.floor(self._last_epsilon) or self.ledger.releases == 1:
             log.info("privacy spent: epsilon=%.4f at delta=%g after %d releases (the most any owner spent)",
                      epsilon, self.config.target_delta, self.ledger.releases)
         self._last_epsilon = epsilon
@@ -462,6 +477,7 @@ class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFi
         from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self._remember_in_own_loop(arrays, grid)
         for message in messages:
             for record in message.content.config_records.values():
                 record[KEY_CLIPPING_NORM] = float(self.config.clipping_norm)

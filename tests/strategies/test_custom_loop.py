@@ -113,3 +113,16 @@ def test_a_forged_count_in_a_custom_loop_is_capped_once_three_nodes_are_known():
     # Assert: round 1, before 3 nodes' counts are known (no sizes reported), its count passes and it moves the model
     # by ~-1; from round 2 it is capped at 3 x the median count (30) against the honest 3 x 10: the rounds move 0
     assert np.allclose(result.arrays["w"].numpy(), 9.0, atol=1e-4)
+
+
+def test_under_the_dp_wrapper_a_custom_loop_leaves_the_bounds_to_its_fixed_clip():
+    from asyncfl import DifferentialPrivacyServerSideFixedClipping
+
+    # FedBuff B = 4 at a fixed step 1, no noise, a clip far above every update: the round's mean update
+    strategy = DifferentialPrivacyServerSideFixedClipping(FedBuff(buffer_size=4, server_lr=1.0, fraction_train=1.0,
+                                                                  fraction_evaluate=0.0), 0.0, 1000.0,
+                                                          insecure_noise_seed=1)
+    initial = ArrayRecord({"w": Array(np.full(3, 10.0, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(4, _honest_and_one_liar(100.0, 10)), initial, num_rounds=1)
+    # the adaptive bound is off (it would make the step (3 + 1 + 1 + 1) / 4): (100 + 1 + 1 + 1) / 4
+    assert np.allclose(result.arrays["w"].numpy(), 10.0 + 25.75, atol=1e-4)

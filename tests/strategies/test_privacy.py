@@ -69,8 +69,8 @@ def _learner(node, message):
     return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(0.2) * (np.float32(1.0) - w))}))
 
 
-def _run(insecure_noise_seed=None, **options):
-    dp = DP(FedBuff(buffer_size=4, server_lr=1.0), noise_multiplier=1.0, clipping_norm=0.5,
+def _run(insecure_noise_seed=None, noise_multiplier=1.0, **options):
+    dp = DP(FedBuff(buffer_size=4, server_lr=1.0), noise_multiplier=noise_multiplier, clipping_norm=0.5,
             insecure_noise_seed=insecure_noise_seed)
     grid = FakeGrid(8, _learner)
     result = dp.start(grid, ArrayRecord({"w": Array(np.zeros(64, np.float32))}), num_rounds=0,
@@ -92,6 +92,13 @@ def test_a_private_run_learns_reports_epsilon_and_where_its_noise_comes_from():
     assert summary["dp-ledger-key"] == "partition-id"  # the engine names each client's owner (bind_owners)
     w = result.arrays["w"].numpy()
     assert np.linalg.norm(w - 1.0) < 0.6 * np.linalg.norm(np.ones(64))  # it moved toward the target despite noise
+
+
+def test_without_noise_a_run_reaches_its_stop_and_says_epsilon_is_infinite(caplog):
+    with caplog.at_level(logging.WARNING, logger="asyncfl.privacy"):
+        result = _run(noise_multiplier=0.0)  # Flower's wrappers take 0 too
+    assert result.summary["dp-releases"] == 20 and math.isinf(result.summary["dp-epsilon"])
+    assert "no release is private" in caplog.text
 
 
 def test_the_same_seeds_give_other_noise_unless_the_insecure_seed_is_asked_for(caplog):
