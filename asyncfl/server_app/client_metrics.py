@@ -138,6 +138,22 @@ def capped_weights(replies: list[RecordDict], weight_key: str, multiple: float) 
                 record[weight_key] = int(ceiling)
 
 
+def read_evaluate_reply(reply: Message, weight_key: str) -> RecordDict | str:
+    """A federated-evaluation reply's metrics as they are aggregated (its ``weight_key`` count checked as a train
+    reply's, :func:`~asyncfl.server_app.codec.reported_count`), or the reason it gives none."""
+    if reply.has_error():
+        return "error-reply"
+    if not reply.content.metric_records:
+        return "no-metrics"
+    metrics = protocol.reply_metrics(reply.content)
+    count = reported_count(metrics, weight_key) if weight_key in metrics else None
+    if isinstance(count, RejectedReply):
+        return count.reason
+    if count is not None:
+        metrics = MetricRecord({**metrics, weight_key: count})
+    return RecordDict({"metrics": metrics})
+
+
 @dataclass
 class _Point:
     """One evaluation point: its messages out, the replies in."""
@@ -215,7 +231,15 @@ class FederatedEvaluation:
             return
         self._last_poll = time.monotonic()
         for reply in self.grid.pull_messages(list(self._round_of)):
-            self._take(reply)
+            round_ = self._round_of.pop(reply.metadata.reply_to_message_id, None)
+            if round_ is None:
+                continue
+            self._points[round_].pending.discard(reply.metadata.reply_to_message_id)
+            content = read_evaluate_reply(reply, self.options.weighted_by_key)
+            if isinstance(content, str):
+                self._count(content)
+            else:
+                self._points[round_].replies.append(content)
         self._close_finished()
 
     def finish(self) -> None:
@@ -255,26 +279,6 @@ class FederatedEvaluation:
     def outstanding(self) -> int:
         """Evaluate requests still waiting for a reply."""
         return len(self._round_of)
-
-    def _take(self, reply: Message) -> None:
-        round_ = self._round_of.pop(reply.metadata.reply_to_message_id, None)
-        if round_ is None:
-            return
-        self._points[round_].pending.discard(reply.metadata.reply_to_message_id)
-        if reply.has_error():
-            self._count("error-reply")
-        elif not reply.content.metric_records:
-            self._count("no-metrics")
-        else:
-            metrics = protocol.reply_metrics(reply.content)
-            weight_key = self.options.weighted_by_key
-            count = reported_count(metrics, weight_key) if weight_key in metrics else None
-            if isinstance(count, RejectedReply):
-                self._count(count.reason)
-                return
-            if count is not None:
-                metrics = MetricRecord({**metrics, weight_key: count})
-            self._points[round_].replies.append(RecordDict({"metrics": metrics}))
 
     def _close_finished(self, force: bool = False) -> None:
         now = time.monotonic()

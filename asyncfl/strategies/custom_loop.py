@@ -141,6 +141,23 @@ class SynchronousRounds:
         return self.codec.to_record(current), metrics
 
 
+def checked_evaluate_contents(server_round: int, replies: Iterable["Message"], weight_key: str) -> list:
+    """A custom loop's federated-evaluation replies as ``start()`` takes them in: an error, no metrics or a count
+    that is no whole number from 0 to 2**53 leaves a reply out (one warning line), and the counts are capped at
+    3 x the round's median, so that no node's claimed count makes a metric its own."""
+    from asyncfl.server_app.client_metrics import EVALUATE_WEIGHT_MULTIPLE, capped_weights, read_evaluate_reply
+
+    contents = []
+    for index, reply in enumerate(replies):
+        content = read_evaluate_reply(reply, weight_key)
+        if isinstance(content, str):
+            flwr_log(logging.WARNING, "round %d: evaluate reply %d rejected (%s)", server_round, index, content)
+        else:
+            contents.append(content)
+    capped_weights(contents, weight_key, EVALUATE_WEIGHT_MULTIPLE)
+    return contents
+
+
 def _messages(strategy: "Strategy", arrays: "ArrayRecord", config: "ConfigRecord", server_round: int,
               nodes: list[int], message_type: str) -> list["Message"]:
     from flwr.app import ConfigRecord, Message, RecordDict

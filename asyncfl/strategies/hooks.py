@@ -147,10 +147,16 @@ class FlowerHooks:
 
         Default: ``evaluate_metrics_aggr_fn`` over the replies (Flower's weighted average by
         ``weighted_by_key``). Called when every reply of the point is in or lost; each reply's
-        content holds its metric record under ``"metrics"``.
+        content holds its metric record under ``"metrics"``. Called by a Flower app's own loop, the
+        replies are first checked as :meth:`start` checks them (:mod:`asyncfl.strategies.custom_loop`).
         """
         from asyncfl.server_app.client_metrics import aggregate_replies
 
         flower = self.flower
-        return aggregate_replies([reply.content for reply in replies], flower.weighted_by_key,
-                                 flower.evaluate_metrics_aggr_fn, "evaluate")
+        if self._in_start:  # checked by the engine's federated evaluation
+            contents = [reply.content for reply in replies]
+        else:
+            from asyncfl.strategies.custom_loop import checked_evaluate_contents
+
+            contents = checked_evaluate_contents(server_round, replies, flower.weighted_by_key)
+        return aggregate_replies(contents, flower.weighted_by_key, flower.evaluate_metrics_aggr_fn, "evaluate")

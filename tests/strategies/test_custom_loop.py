@@ -126,3 +126,20 @@ def test_under_the_dp_wrapper_a_custom_loop_leaves_the_bounds_to_its_fixed_clip(
     result = FlowerStrategy.start(strategy, FakeGrid(4, _honest_and_one_liar(100.0, 10)), initial, num_rounds=1)
     # the adaptive bound is off (it would make the step (3 + 1 + 1 + 1) / 4): (100 + 1 + 1 + 1) / 4
     assert np.allclose(result.arrays["w"].numpy(), 10.0 + 25.75, atol=1e-4)
+
+
+def test_a_custom_loops_federated_evaluation_checks_and_caps_each_count():
+    from flwr.app import Message, RecordDict
+
+    def client(node, message):
+        if message.metadata.message_type != "evaluate":
+            return _plus_one(node, message)
+        count, accuracy = {101: (10**6, 0.9), 102: (float("nan"), 0.0)}.get(node, (10, 0.5))
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": count, "accuracy": accuracy})}),
+                       reply_to=message)
+
+    strategy = FedBuff(fraction_train=1.0, fraction_evaluate=1.0)
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    result = FlowerStrategy.start(strategy, FakeGrid(4, client), initial, num_rounds=1)
+    # the NaN count leaves its reply out; 10^6 is capped at 3 x the median of (10^6, 10, 10): (30 x 0.9 + 20 x 0.5) / 50
+    assert result.evaluate_metrics_clientapp[1]["accuracy"] == pytest.approx(0.74)
