@@ -391,7 +391,8 @@ class ParticipantBounds:
         self.direction = direction
         self.strategy = strategy
         asynchronous = not strategy.synchronous
-        self.norm = UpdateNormBound(multiple, action, groups, by_rate=by_rate) if multiple else None
+        # a synchronous round gives each node it samples one job: the server, not the node, sets how often it trains
+        self.norm = UpdateNormBound(multiple, action, groups, by_rate=by_rate and asynchronous) if multiple else None
         self.count: ExampleCountCeiling | None = None  # built once the nodes' sizes are known (start)
         self.slots = slots
         if self.norm is not None and asynchronous:

@@ -274,3 +274,22 @@ def test_a_float_counter_outside_every_named_group_is_bounded_too():
                                               **{"bn.num_batches_tracked": np.zeros((), np.float32)}))
     groups = codec.bound_groups()
     assert [g.tolist() for g in groups] == [[True, True, False], [False, False, True]]
+
+
+@pytest.mark.parametrize("synchronous", [False, True], ids=["asynchronous", "synchronous"])
+def test_a_clients_bound_shrinks_with_its_share_only_where_it_sets_its_own_rate(synchronous):
+    from types import SimpleNamespace
+
+    from asyncfl import FedAvg
+    from asyncfl.server_app.participants import ParticipantBounds
+
+    # Prepare: 4 clients; 0, 1 and 2 send an update of one norm, then client 0 three more
+    strategy = FedAvg() if synchronous else FedBuff(buffer_size=2, server_lr=1.0)
+    bounds = ParticipantBounds(3.0, "clip", [None], SimpleNamespace(held_back_checks=0), strategy)
+    bounds.start([0, 0, 0, 0])
+    for client in (0, 1, 2, 0, 0):
+        bounds.apply(arrival([1.0, 1.0], base=[10.0, 10.0], client=client))
+    last = bounds.apply(arrival([1.0, 1.0], base=[10.0, 10.0], client=0))
+    # Assert: asynchronous, client 0 sent 3 x the median client's updates: its bound is 3 / 3^2 of the median
+    # movement, so it is scaled to a third; synchronous, the server drew it that often: its update passes
+    assert last.delta.tolist() == pytest.approx([1.0, 1.0] if synchronous else [1 / 3, 1 / 3], rel=1e-5)
