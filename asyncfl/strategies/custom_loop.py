@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
@@ -40,23 +41,42 @@ class SynchronousRounds:
         self.model: np.ndarray | None = None
         self.started = False
         self.nodes = 0  # the most nodes a round was sampled from
+        self.cohort = 0  # how many nodes the first round sampled: the method's K (its automatic buffer and pace)
         self.bounds = None  # the per-participant bounds, built at the first round's replies
         self._rng = random.Random(0)
 
-    def sample(self, nodes: list[int], fraction: float, minimum: int) -> list[int]:
-        """Flower's ``FedAvg`` sample: ``max(minimum, int(fraction * nodes))`` of ``nodes`` (none at fraction 0)."""
+    def sample(self, grid, fraction: float, minimum: int) -> tuple[list[int], int]:
+        """Flower's ``FedAvg`` sample: ``max(minimum, int(fraction * nodes))`` of the connected nodes (none at fraction
+        0), once ``min_available_nodes`` and that many are connected (as Flower waits for them); drawn from a seeded
+        generator. Returns the sample and how many nodes were connected."""
+        nodes = list(grid.get_node_ids())
         if fraction == 0.0:
-            return []
-        size = min(len(nodes), max(minimum, int(len(nodes) * fraction)))
-        return sorted(self._rng.sample(sorted(nodes), size))
+            return [], len(nodes)
+        size = max(minimum, int(len(nodes) * fraction))
+        wanted = max(self.strategy.flower.min_available_nodes, size)
+        while len(nodes) < wanted:
+            flwr_log(logging.INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).", len(nodes),
+                     wanted)
+            time.sleep(1.0)
+            nodes = list(grid.get_node_ids())
+        return sorted(self._rng.sample(sorted(nodes), size)), len(nodes)
 
-    def remember(self, arrays: "ArrayRecord", nodes: int) -> None:
-        """The model this round's requests carry (what every reply of the round trained from), sampled from
-        ``nodes`` nodes."""
+    def remember(self, arrays: "ArrayRecord", nodes: int, cohort: int) -> None:
+        """The model this round's requests carry (what every reply of the round trained from), sent to ``cohort`` of
+        ``nodes`` nodes; its layout is the run's (the bounds and the method's state are per entry)."""
+        from asyncfl.errors import ConfigError
         from asyncfl.server_app.launch import codec_and_model
 
-        self.codec, self.model = codec_and_model(arrays)
+        codec, self.model = codec_and_model(arrays)
+        layout = (codec.names, codec.shapes, [str(d) for d in codec.dtypes])
+        if self.codec is not None and layout != (self.codec.names, self.codec.shapes,
+                                                 [str(d) for d in self.codec.dtypes]):
+            raise ConfigError(f"{type(self.strategy).__name__} in an app's own loop: the model's layout changed "
+                              f"between rounds ({len(self.codec.names)} arrays, now {len(codec.names)}, or their "
+                              "names, shapes or dtypes); one run keeps one layout: start a new strategy for a new model")
+        self.codec = codec
         self.nodes = max(self.nodes, nodes)
+        self.cohort = self.cohort or cohort
 
     def _participant_bounds(self):
         """The per-participant bounds ``start()`` applies by default (:class:`~asyncfl.options.RunOptions`'
@@ -95,14 +115,14 @@ class SynchronousRounds:
                                "remembers the model the round's nodes train from)")
         replies = list(replies)
         if not self.started:
-            strategy.on_start(num_clients=len(replies), concurrency=max(1, len(replies)))
+            strategy.on_start(num_clients=max(1, self.nodes), concurrency=max(1, self.cohort or len(replies)))
             self.started = True
             self.bounds = self._participant_bounds()
             # on Flower's logger, as the loop's own lines: a custom loop never configures asyncfl's
             flwr_log(logging.INFO, "%s in a custom loop runs synchronously: each round's replies go through its "
                      "update rule with staleness 0; call start() for asynchronous training", type(strategy).__name__)
         keys, weight_key = strategy.flower.keys, strategy.flower.weighted_by_key
-        current, accepted = self.model, []
+        current, accepted, taken = self.model, [], 0
         held_before = self._held()
         for index, reply in enumerate(replies):
             # a reply is a participant's data: its model and its count are checked as the engine checks them
@@ -122,23 +142,33 @@ class SynchronousRounds:
             except RejectedReply as exc:
                 flwr_log(logging.WARNING, "round %d: reply %d rejected (%s): %s", server_round, index, exc.reason, exc)
                 continue
-            new = strategy.on_arrival(arrival, current)
-            current = new if new is not None else current
-            # the train metrics are aggregated weighted by the count as checked and capped
-            accepted.append(reply.content if metrics is None or weight_key not in metrics
-                            else RecordDict({"metrics": MetricRecord({**metrics, weight_key: arrival.num_examples})}))
+            taken += 1
+            current = self._stepped(strategy.on_arrival(arrival, current), current, server_round)
+            # the train metrics are aggregated weighted by the count as checked and capped (absent: 1)
+            if metrics is not None:
+                accepted.append(RecordDict({"metrics": MetricRecord({**metrics, weight_key: arrival.num_examples})}))
         clipped, capped = (after - before for after, before in zip(self._held(), held_before))
         if clipped or capped:
             flwr_log(logging.WARNING, "round %d: the per-participant bounds clipped %d updates and capped %d example "
                      "counts (docs/security.md)", server_round, clipped, capped)
-        if not accepted:
+        if not taken:
             return None, None
         if strategy.synchronous:  # a synchronous method (FedAvg, ...) makes its round's model once the round is in
-            new = strategy.on_round_end(current)
-            current = new if new is not None else current
+            current = self._stepped(strategy.on_round_end(current), current, server_round)
         metrics = aggregate_replies(accepted, strategy.flower.weighted_by_key, strategy.flower.train_metrics_aggr_fn,
                                     "train")
         return self.codec.to_record(current), metrics
+
+    def _stepped(self, new: np.ndarray | None, current: np.ndarray, server_round: int) -> np.ndarray:
+        """The model after a step of the method (``current`` when it made none), as ``start()`` takes it: refused
+        when not finite (the method's step broke, not a reply: the replies were checked), BatchNorm variances
+        clamped to >= 0 (:meth:`~asyncfl.server_app.codec.ModelCodec.clamp_variances`)."""
+        if new is None:
+            return current
+        if not np.isfinite(new).all():
+            raise FloatingPointError(f"{type(self.strategy).__name__} produced a non-finite model in round "
+                                     f"{server_round} of the app's own loop")
+        return self.codec.clamp_variances(new)[0] if self.codec.variance_segments else new
 
 
 def checked_evaluate_contents(server_round: int, replies: Iterable["Message"], weight_key: str) -> list:
@@ -175,10 +205,9 @@ def configure_train_messages(strategy: "Strategy", rounds: SynchronousRounds, se
     ``config`` plus ``server-round``; the round's model is remembered for :meth:`SynchronousRounds.aggregate`."""
     from flwr.common import MessageType
 
-    every = list(grid.get_node_ids())
-    rounds.remember(arrays, len(every))
-    nodes = rounds.sample(every, strategy.flower.fraction_train, strategy.flower.min_train_nodes)
-    flwr_log(logging.INFO, "configure_train: sampled %d nodes (out of %d)", len(nodes), len(every))
+    nodes, connected = rounds.sample(grid, strategy.flower.fraction_train, strategy.flower.min_train_nodes)
+    rounds.remember(arrays, connected, len(nodes))
+    flwr_log(logging.INFO, "configure_train: sampled %d nodes (out of %d)", len(nodes), connected)
     return _messages(strategy, arrays, config, server_round, nodes, MessageType.TRAIN)
 
 
@@ -187,6 +216,5 @@ def evaluate_messages(strategy: "Strategy", rounds: SynchronousRounds, server_ro
     """A custom loop's evaluation requests: Flower's sample of ``fraction_evaluate`` of the nodes (none at 0)."""
     from flwr.common import MessageType
 
-    nodes = rounds.sample(list(grid.get_node_ids()), strategy.flower.fraction_evaluate,
-                          strategy.flower.min_evaluate_nodes)
+    nodes, _ = rounds.sample(grid, strategy.flower.fraction_evaluate, strategy.flower.min_evaluate_nodes)
     return _messages(strategy, arrays, config, server_round, nodes, MessageType.EVALUATE)

@@ -270,15 +270,15 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
                 "callbacks=)")
 
     def configure_train(self, server_round, arrays, config, grid):
-        messages = self.strategy.configure_train(server_round, arrays, config, grid)
-        self._remember_in_own_loop(arrays, grid)
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self._remember_in_own_loop(arrays, grid, len(messages))
         return messages
 
-    def _remember_in_own_loop(self, arrays, grid) -> None:
-        """In a Flower app's own loop the wrapped strategy sampled the round; this wrapper aggregates it (clipped,
-        noised), from the model the round sent."""
+    def _remember_in_own_loop(self, arrays, grid, cohort: int) -> None:
+        """In a Flower app's own loop the wrapped strategy sampled the round (``cohort`` nodes); this wrapper
+        aggregates it (clipped, noised), from the model the round sent."""
         if not self._in_start:
-            self._custom_loop.remember(arrays, len(list(grid.get_node_ids())))
+            self._custom_loop.remember(arrays, len(list(grid.get_node_ids())), cohort)
 
     def on_start(self, num_clients: int, concurrency: int = 1) -> None:
         super().on_start(num_clients, concurrency)
@@ -477,7 +477,7 @@ class DifferentialPrivacyClientSideFixedClipping(DifferentialPrivacyServerSideFi
         from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
-        self._remember_in_own_loop(arrays, grid)
+        self._remember_in_own_loop(arrays, grid, len(messages))
         for message in messages:
             for record in message.content.config_records.values():
                 record[KEY_CLIPPING_NORM] = float(self.config.clipping_norm)

@@ -143,3 +143,62 @@ def test_a_custom_loops_federated_evaluation_checks_and_caps_each_count():
     result = FlowerStrategy.start(strategy, FakeGrid(4, client), initial, num_rounds=1)
     # the NaN count leaves its reply out; 10^6 is capped at 3 x the median of (10^6, 10, 10): (30 x 0.9 + 20 x 0.5) / 50
     assert result.evaluate_metrics_clientapp[1]["accuracy"] == pytest.approx(0.74)
+
+
+def test_a_custom_loop_waits_for_min_available_nodes_and_takes_k_from_the_sample(monkeypatch):
+    # Prepare: 1 node connected at first, 8 after the loop waited once; FedBuff's automatic buffer follows K
+    grid = FakeGrid(8, _plus_one)
+    connected = iter([[101]] + [list(range(101, 109))] * 100)
+    monkeypatch.setattr(grid, "get_node_ids", lambda: next(connected))
+    monkeypatch.setattr("asyncfl.strategies.custom_loop.time.sleep", lambda seconds: None)
+    strategy = FedBuff(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=8)
+    FlowerStrategy.start(strategy, grid, ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))}), num_rounds=1)
+    # Assert: as Flower's FedAvg, the sample's size is max(min_train_nodes, int(0.5 x 1)) = 2, taken once 8 nodes
+    # are connected (2 of 1 node could not be drawn); K is that sample's size
+    assert len([m for m in grid.pushed if m.metadata.message_type == "train"]) == 2
+    assert strategy.concurrency == 2
+
+
+def test_a_custom_loop_refuses_a_model_whose_layout_changed_between_rounds():
+    from asyncfl.errors import ConfigError
+
+    strategy = FedAsync(fraction_train=1.0, fraction_evaluate=0.0)
+    grid = FakeGrid(2, _plus_one)
+    strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))}), ConfigRecord({}), grid)
+    with pytest.raises(ConfigError, match="layout changed between rounds"):
+        strategy.configure_train(2, ArrayRecord({"w": Array(np.zeros(4, dtype=np.float32))}), ConfigRecord({}), grid)
+
+
+def test_a_custom_loop_refuses_a_non_finite_step_and_clamps_batchnorm_variances():
+    def variance_down(node, message):
+        arrays = message.content.array_records["arrays"]
+        w, var = arrays["w"].numpy(), arrays["bn.running_var"].numpy()
+        return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(1.0)),
+                                                   "bn.running_var": Array(var - np.float32(0.3))}))
+
+    initial = ArrayRecord({"w": Array(np.full(3, 10.0, dtype=np.float32)),
+                           "bn.running_var": Array(np.full(2, 0.1, dtype=np.float32))})
+    result = FlowerStrategy.start(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), FakeGrid(4, variance_down),
+                                  initial, num_rounds=2)
+    assert (result.arrays["bn.running_var"].numpy() >= 0).all()  # 0.1 - 0.3 < 0: clamped, as start() clamps
+    def plus_ten(node, message):
+        w = message.content.array_records["arrays"]["w"].numpy()
+        return trained_reply(message, ArrayRecord({"w": Array(w + np.float32(10.0))}))
+
+    with pytest.raises(FloatingPointError, match="non-finite model in round 1"):  # 1e38 x the mean update 10
+        FlowerStrategy.start(FedAvg(server_lr=1e38, fraction_train=1.0, fraction_evaluate=0.0),
+                             FakeGrid(4, plus_ten), ArrayRecord({"w": Array(np.full(3, 10.0, np.float32))}),
+                             num_rounds=1)
+
+
+def test_a_reply_without_its_count_weighs_one_and_keeps_the_rounds_train_metrics():
+    def node_one_omits_its_count(node, message):
+        reply = _plus_one(node, message)
+        if node == 101:
+            del reply.content.metric_records["metrics"]["num-examples"]
+        return reply
+
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    result = FlowerStrategy.start(strategy, FakeGrid(2, node_one_omits_its_count),
+                                  ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))}), num_rounds=1)
+    assert result.train_metrics_clientapp[1]["train-loss"] == pytest.approx(0.25)
