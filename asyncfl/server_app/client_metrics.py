@@ -23,8 +23,10 @@ the seed and the client order, so a seeded simulation gives the same metrics eve
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -60,12 +62,44 @@ def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: Met
             log.warning("%s metrics not aggregated: %d of %d replies lack %r (weighted_by_key)", what, missing,
                         len(replies), weight_key)
             return None
+        replies, left_out = aggregatable(replies, weight_key)
+        if left_out:
+            log.warning("%s metrics: %d reply(ies) left out of the mean: a value not a finite number (or a list of "
+                        "them) of the shape most replies send", what, left_out)
+        if not replies:
+            return None
         aggregate = aggregate_metricrecords
     try:
         return aggregate(replies, weight_key)
     except Exception as exc:  # noqa: BLE001 - the metrics come from participants: a report lost, never the run
         log.warning("%s metrics not aggregated: %s: %s", what, type(exc).__name__, str(exc)[:300])
         return None
+
+
+def aggregatable(replies: list[RecordDict], weight_key: str) -> tuple[list[RecordDict], int]:
+    """The replies Flower's weighted mean can take, and how many were left out: those with a value that is not a
+    finite number (or a list of them) of the shape most replies send its key in. One participant's NaN, inf, int
+    beyond float's range or list of another length would otherwise make the mean NaN or fail, and the round's
+    metrics of every participant would be lost; leaving out only the value would bias the mean of its key (Flower's
+    mean weighs each value by the reply's share of every reply's count)."""
+    shaped = []  # per reply, each key's shape: -1 a finite number, n a list of n of them, None anything else
+    for reply in replies:
+        shapes = {}
+        for key, value in next(iter(reply.metric_records.values())).items():
+            items = value if isinstance(value, list) else [value]
+            finite = all(isinstance(v, float) and math.isfinite(v) or type(v) is int and abs(v) <= 2**1023
+                         for v in items)
+            shapes[key] = (len(value) if isinstance(value, list) else -1) if finite else None
+        shaped.append(shapes)
+    counts: dict[str, Counter] = {}
+    for shapes in shaped:
+        for key, shape in shapes.items():
+            if key != weight_key and shape is not None:
+                counts.setdefault(key, Counter())[shape] += 1
+    common = {key: c.most_common(1)[0][0] for key, c in counts.items()}
+    kept = [reply for reply, shapes in zip(replies, shaped)
+            if all(key == weight_key or (key in common and shape == common[key]) for key, shape in shapes.items())]
+    return kept, len(replies) - len(kept)
 
 
 def rounds_state(by_round: dict[int, MetricRecord]) -> list:

@@ -182,3 +182,21 @@ def test_one_nodes_evaluation_reply_cannot_set_the_federated_metric():
     accuracies = [m["accuracy"] for m in result.evaluate_metrics_clientapp.values()]
     assert accuracies and all(a < 0.6 for a in accuracies)  # 101 weighs 3 x the median count (30 of 90 + 30)
     assert result.summary["evaluate-rejected-by-reason"]["bad-num-examples"] >= len(accuracies)  # 102: each time
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, [1.0, 2.0], 2**1100], ids=["nan", "inf", "list", "huge-int"])
+def test_one_nodes_malformed_metric_value_leaves_the_other_nodes_round_metrics(bad):
+    """Node 101's train-loss is ``bad`` and its accuracy a list of another length; the others report 0.5, [0.5, 0.5]."""
+    def client(node: int, message: Message) -> Message:
+        record = message.content.array_records["arrays"]
+        values = {LOSS: bad, "accuracy": [1.0]} if node == 101 else {"accuracy": [0.5, 0.5]}
+        return Message(RecordDict({"arrays": _arrays(record["w"].numpy(), record["steps"].numpy() + 1),
+                                   "metrics": _metrics(**values)}), reply_to=message)
+
+    initial = _initial()
+    result = FedAvg(fraction_evaluate=0.0).start(
+        FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=3,
+        train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5)
+    rounds = result.train_metrics_clientapp
+    assert sorted(rounds) == [1, 2, 3]  # no round's metrics lost
+    assert all(m[LOSS] == pytest.approx(0.5) and m["accuracy"] == pytest.approx([0.5, 0.5]) for m in rounds.values())
