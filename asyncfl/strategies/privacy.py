@@ -301,7 +301,7 @@ class DifferentialPrivacyServerSideFixedClipping(Strategy):
                         "summary.json and the checkpoints): whoever has the seed regenerates and subtracts it, so "
                         "this run is NOT private", self.noise.seed)
         if self.flower.fraction_evaluate > 0:
-            log.warning("federated evaluation on %g of the nodes under differential privacy: its replies (loss, "
+            log.warning("federated evaluation on fraction_evaluate=%g of the nodes under differential privacy: its replies (loss, "
                         "accuracy, example counts) are computed from client data and NOT covered by the accounting",
                         self.flower.fraction_evaluate)
         elif self._asked_fraction_evaluate is None and self.strategy.flower.fraction_evaluate > 0:
