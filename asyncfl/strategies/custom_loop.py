@@ -67,6 +67,11 @@ class SynchronousRounds:
         from asyncfl.errors import ConfigError
         from asyncfl.server_app.launch import codec_and_model
 
+        if self.codec is None and getattr(self.strategy, "true_proportions", None) is not None:
+            raise ConfigError(f"{type(self.strategy).__name__} in an app's own loop: its label histograms "
+                              "(true_proportions / label_proportions) take partition ids, which such a loop does not "
+                              "learn (its client indices are Flower's node ids); call start(), which identifies the "
+                              "nodes, or leave them out")
         codec, self.model = codec_and_model(arrays)
         layout = (codec.names, codec.shapes, [str(d) for d in codec.dtypes])
         if self.codec is not None and layout != (self.codec.names, self.codec.shapes,

@@ -506,3 +506,14 @@ def test_fedrevive_on_a_gpu_makes_the_cpu_updates_up_to_float_order_and_resumes_
         straight = revive.on_arrival(_arrival(i, weights, straight, 20), straight)
         resumed_model = resumed.on_arrival(_arrival(i, weights, resumed_model, 20), resumed_model)
     np.testing.assert_allclose(resumed_model, straight, rtol=0, atol=1e-5)
+
+
+def test_label_histograms_by_partition_id_are_refused_in_an_apps_own_loop():
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    from tests.fake_grid import FakeGrid
+
+    revive = FedRevive(_mlp, 3, SHAPE, true_proportions=lambda client, n: np.ones(3))
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    with pytest.raises(ConfigError, match="take partition ids"):
+        revive.configure_train(1, initial, ConfigRecord({}), FakeGrid(2, lambda node, message: None))
