@@ -49,20 +49,21 @@ log = logging.getLogger("asyncfl.metrics")
 
 def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: MetricsAggregation | None,
                       what: str) -> MetricRecord | None:
-    """``aggregate(replies, weight_key)``; ``None`` (with a warning) when a reply lacks the weight or it fails.
+    """``aggregate(replies, weight_key)``; ``None`` (with a warning) when it fails or no reply is left.
 
-    Flower's default aggregation divides by the summed weights: replies without ``weight_key``
-    (or all weights 0) cannot be averaged, so they are reported rather than crashing the run.
+    With Flower's default aggregation (``aggregate`` None), a weighted mean over the replies' counts,
+    a reply that cannot be averaged is left out with a warning: one without ``weight_key``, or one
+    :func:`aggregatable` leaves out; all weights 0 fail (reported, never the run's end). An
+    ``aggregate`` of the app's own gets the replies as they are.
     """
     if not replies:
         return None
     if aggregate is None:
-        missing = sum(weight_key not in next(iter(r.metric_records.values()), {}) for r in replies)
-        if missing:
-            log.warning("%s metrics not aggregated: %d of %d replies lack %r (weighted_by_key)", what, missing,
-                        len(replies), weight_key)
-            return None
-        replies, left_out = aggregatable(replies, weight_key)
+        counted = [r for r in replies if weight_key in next(iter(r.metric_records.values()), {})]
+        if len(counted) < len(replies):
+            log.warning("%s metrics: %d of %d replies left out of the mean: they lack %r (weighted_by_key)", what,
+                        len(replies) - len(counted), len(replies), weight_key)
+        replies, left_out = aggregatable(counted, weight_key)
         if left_out:
             log.warning("%s metrics: %d reply(ies) left out of the mean: a value not a finite number (or a list of "
                         "them) of the shape most replies send", what, left_out)
@@ -173,8 +174,8 @@ def capped_weights(replies: list[RecordDict], weight_key: str, multiple: float) 
 
 
 def read_evaluate_reply(reply: Message, weight_key: str) -> RecordDict | str:
-    """A federated-evaluation reply's metrics as they are aggregated (its ``weight_key`` count checked as a train
-    reply's, :func:`~asyncfl.server_app.codec.reported_count`), or the reason it gives none."""
+    """A federated-evaluation reply's metrics as they are aggregated (its ``weight_key`` count, when it has one, a whole
+    number from 0 to 2**53: :func:`~asyncfl.server_app.codec.reported_count`), or the reason it gives none."""
     if reply.has_error():
         return "error-reply"
     if not reply.content.metric_records:

@@ -111,8 +111,9 @@ class UpdateNormBound:
     rate_window : int
         How many recent accepted updates a client's rate is counted over.
     by_rate : bool
-        Whether a client's bound shrinks with its share of the recent updates (:meth:`rate_ratio`); False where
-        the server, not the node, decides how often a node trains (a Flower app's own synchronous loop).
+        Whether a client's bound shrinks with its share of the recent updates (:meth:`rate_ratio`, the warm-up's
+        ``1/k²`` included); False where the server, not the node, decides how often a node trains (a synchronous
+        strategy's rounds, a Flower app's own loop).
     """
 
     state_attributes = ("latest", "recent_clients", "first_norms", "clipped", "rejected", "largest_ratio",
@@ -382,7 +383,8 @@ class ParticipantBounds:
     direction : TrustedDirection, optional
         The server's descent on its trusted data (``trusted_train_fn``), applied before the norm bound.
     by_rate : bool
-        Whether a client's norm bound shrinks with its share of the recent updates (:class:`UpdateNormBound`).
+        Whether a client's norm bound shrinks with its share of the recent updates (:class:`UpdateNormBound`);
+        asynchronous strategies only: off for a synchronous one whatever is passed.
     """
 
     def __init__(self, multiple: float, action: str, groups, slots, strategy,

@@ -78,7 +78,7 @@ class SynchronousRounds:
                                                  [str(d) for d in self.codec.dtypes]):
             raise ConfigError(f"{type(self.strategy).__name__} in an app's own loop: the model's layout changed "
                               f"between rounds ({len(self.codec.names)} arrays, now {len(codec.names)}, or their "
-                              "names, shapes or dtypes); one run keeps one layout: start a new strategy for a new model")
+                              "names, shapes or dtypes); one run keeps one layout: a new model needs a new strategy")
         self.codec = codec
         self.nodes = max(self.nodes, nodes)
         self.cohort = self.cohort or cohort

@@ -68,8 +68,10 @@ class FlowerHooks:
         sent with).
 
         Called by a Flower app's own loop instead (outside :meth:`start`), it returns what Flower's
-        ``FedAvg`` would: requests to ``fraction_train`` of the nodes, each with a copy of ``config``
-        plus ``server-round`` (:mod:`asyncfl.strategies.custom_loop`).
+        ``FedAvg`` would: requests to ``fraction_train`` of the nodes (once ``min_available_nodes`` are
+        connected), each with a copy of ``config`` plus ``server-round``, and remembers ``arrays`` as
+        the round's model for :meth:`aggregate_train` (an override must call it); a model layout other
+        than the first round's raises ``ConfigError`` (:mod:`asyncfl.strategies.custom_loop`).
         """
         from flwr.common import MessageType
 
@@ -93,10 +95,12 @@ class FlowerHooks:
         returned goes through the engine's checks (:mod:`asyncfl.strategies.train_hook`). Methods that make a model from each update alone
         refuse an override at :meth:`start`.
 
-        Called by a Flower app's own loop instead of :meth:`start`, the round's replies go through
-        the method's :meth:`on_arrival` in order, each with staleness 0 (they all trained from the
-        model :meth:`configure_train` sent), and the model the method made comes back with the
-        replies' train metrics aggregated as Flower's (:mod:`asyncfl.strategies.custom_loop`).
+        Called by a Flower app's own loop instead of :meth:`start`, the round's replies are checked and
+        bounded per node as :meth:`start` does, then go through the method's :meth:`on_arrival` in
+        order, each with staleness 0 (they all trained from the model :meth:`configure_train` sent),
+        and the model the method made comes back (``FloatingPointError`` if a step made it non-finite;
+        ``(None, None)`` when no reply was taken) with the replies' train metrics aggregated as
+        Flower's (:mod:`asyncfl.strategies.custom_loop`).
         """
         if self._in_start:
             if self.aggregation_hook is None:
@@ -124,7 +128,8 @@ class FlowerHooks:
         Called at each federated evaluation point (``fraction_evaluate > 0``) with the model in
         effect then and the same ``evaluate_config`` record every time. Each sampled node gets the
         config of the returned message addressed to it (the sample itself is the engine's, seeded);
-        ``server-round`` and ``model-version`` are added.
+        ``server-round`` and ``model-version`` are added. Called by a Flower app's own loop, it returns Flower's
+        sample of ``fraction_evaluate`` of the nodes (:mod:`asyncfl.strategies.custom_loop`).
         """
         from flwr.common import MessageType
 
@@ -148,7 +153,10 @@ class FlowerHooks:
         Default: ``evaluate_metrics_aggr_fn`` over the replies (Flower's weighted average by
         ``weighted_by_key``). Called when every reply of the point is in or lost; each reply's
         content holds its metric record under ``"metrics"``. Called by a Flower app's own loop, the
-        replies are first checked as :meth:`start` checks them (:mod:`asyncfl.strategies.custom_loop`).
+        replies are first checked as :meth:`start` checks them, their counts capped at 3 x the round's
+        median where 3 or more report one (:mod:`asyncfl.strategies.custom_loop`). With the default
+        aggregation a reply without the count, or with a value that is not a finite number of the
+        shape most replies send, is left out of the mean (:func:`~asyncfl.server_app.client_metrics.aggregate_replies`).
         """
         from asyncfl.server_app.client_metrics import aggregate_replies
 

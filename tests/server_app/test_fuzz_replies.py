@@ -200,3 +200,20 @@ def test_one_nodes_malformed_metric_value_leaves_the_other_nodes_round_metrics(b
     rounds = result.train_metrics_clientapp
     assert sorted(rounds) == [1, 2, 3]  # no round's metrics lost
     assert all(m[LOSS] == pytest.approx(0.5) and m["accuracy"] == pytest.approx([0.5, 0.5]) for m in rounds.values())
+
+
+def test_a_reply_without_its_count_leaves_the_other_nodes_evaluation_metrics():
+    def client(node: int, message: Message) -> Message:
+        if message.metadata.message_type == "evaluate":
+            values = {"accuracy": 0.9} if node == 101 else {"num-examples": 10, "accuracy": 0.5}
+            return Message(RecordDict({"metrics": MetricRecord(values)}), reply_to=message)
+        record = message.content.array_records["arrays"]
+        return Message(RecordDict({"arrays": _arrays(record["w"].numpy(), record["steps"].numpy() + 1),
+                                   "metrics": _metrics()}), reply_to=message)
+
+    initial = _initial()
+    result = FedBuff(fraction_evaluate=1.0).start(
+        FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=2,
+        train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5)
+    assert result.evaluate_metrics_clientapp and all(m["accuracy"] == pytest.approx(0.5)
+                                                     for m in result.evaluate_metrics_clientapp.values())
