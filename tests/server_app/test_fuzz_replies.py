@@ -163,22 +163,29 @@ def test_mutated_replies_never_end_a_run_and_each_is_counted_by_its_reason(make)
     assert result.arrays["steps"].numpy().dtype == np.int64 and abs(int(result.arrays["steps"].numpy()[0])) < 2**24
 
 
-def test_one_nodes_evaluation_reply_cannot_set_the_federated_metric():
-    """A node claiming 2**62 evaluation examples (or NaN) with accuracy 0.999, where honest nodes report 0.5."""
+def _evaluating(metrics_of):
+    """A node that trains honestly and answers an evaluation with the metrics ``metrics_of(node)``."""
     def client(node: int, message: Message) -> Message:
         if message.metadata.message_type == "evaluate":
-            count = {101: 2**62, 102: float("nan")}.get(node, 10)
-            accuracy = 0.999 if node in (101, 102) else 0.5
-            return Message(RecordDict({"metrics": MetricRecord({"num-examples": count, "accuracy": accuracy})}),
-                           reply_to=message)
+            return Message(RecordDict({"metrics": MetricRecord(metrics_of(node))}), reply_to=message)
         record = message.content.array_records["arrays"]
         return Message(RecordDict({"arrays": _arrays(record["w"].numpy(), record["steps"].numpy() + 1),
                                    "metrics": _metrics()}), reply_to=message)
+    return client
 
+
+def _federated_evaluation_run(client):
     initial = _initial()
-    result = FedBuff(fraction_evaluate=1.0).start(
+    return FedBuff(fraction_evaluate=1.0).start(
         FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=2,
         train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5)
+
+
+def test_one_nodes_evaluation_reply_cannot_set_the_federated_metric():
+    """A node claiming 2**62 evaluation examples (or NaN) with accuracy 0.999, where honest nodes report 0.5."""
+    result = _federated_evaluation_run(_evaluating(lambda node: {
+        "num-examples": {101: 2**62, 102: float("nan")}.get(node, 10),
+        "accuracy": 0.999 if node in (101, 102) else 0.5}))
     accuracies = [m["accuracy"] for m in result.evaluate_metrics_clientapp.values()]
     assert accuracies and all(a < 0.6 for a in accuracies)  # 101 weighs 3 x the median count (30 of 90 + 30)
     assert result.summary["evaluate-rejected-by-reason"]["bad-num-examples"] >= len(accuracies)  # 102: each time
@@ -203,17 +210,7 @@ def test_one_nodes_malformed_metric_value_leaves_the_other_nodes_round_metrics(b
 
 
 def test_a_reply_without_its_count_leaves_the_other_nodes_evaluation_metrics():
-    def client(node: int, message: Message) -> Message:
-        if message.metadata.message_type == "evaluate":
-            values = {"accuracy": 0.9} if node == 101 else {"num-examples": 10, "accuracy": 0.5}
-            return Message(RecordDict({"metrics": MetricRecord(values)}), reply_to=message)
-        record = message.content.array_records["arrays"]
-        return Message(RecordDict({"arrays": _arrays(record["w"].numpy(), record["steps"].numpy() + 1),
-                                   "metrics": _metrics()}), reply_to=message)
-
-    initial = _initial()
-    result = FedBuff(fraction_evaluate=1.0).start(
-        FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=2,
-        train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5)
+    result = _federated_evaluation_run(_evaluating(
+        lambda node: {"accuracy": 0.9} if node == 101 else {"num-examples": 10, "accuracy": 0.5}))
     assert result.evaluate_metrics_clientapp and all(m["accuracy"] == pytest.approx(0.5)
                                                      for m in result.evaluate_metrics_clientapp.values())
