@@ -166,8 +166,9 @@ class SynchronousRounds:
 
     def _stepped(self, new: np.ndarray | None, current: np.ndarray, server_round: int) -> np.ndarray:
         """The model after a step of the method (``current`` when it made none), as ``start()`` takes it: refused
-        when not finite (the method's step broke, not a reply: the replies were checked), BatchNorm variances
-        clamped to >= 0 (:meth:`~asyncfl.server_app.codec.ModelCodec.clamp_variances`)."""
+        when not finite (a broken step, or a reply the warm-up could not bound on an all-zero first model:
+        ``docs/security.md``), BatchNorm variances clamped to >= 0
+        (:meth:`~asyncfl.server_app.codec.ModelCodec.clamp_variances`)."""
         if new is None:
             return current
         if not np.isfinite(new).all():
@@ -179,7 +180,8 @@ class SynchronousRounds:
 def checked_evaluate_contents(server_round: int, replies: Iterable["Message"], weight_key: str) -> list:
     """A custom loop's federated-evaluation replies as ``start()`` takes them in: an error, no metrics or a count
     that is no whole number from 0 to 2**53 leaves a reply out (one warning line), and the counts are capped at
-    3 x the round's median, so that no node's claimed count makes a metric its own."""
+    3 x the round's median where 3 or more replies report one, so that no node's claimed count makes a metric its
+    own."""
     from asyncfl.server_app.client_metrics import EVALUATE_WEIGHT_MULTIPLE, capped_weights, read_evaluate_reply
 
     contents = []
