@@ -718,6 +718,7 @@ STATUS = (
      ("advanced-6-out", "advanced-6-out-learned", "puller-fine-0", "advanced-6-out-no-hold", "advanced-6-out-refill-first",
       "advanced-6-out-tail3", "advanced-6-out-tail3-no-hold")),
     ("quickstart, loopback", ("loopback", "loopback-fedavg"), ("loopback", "loopback-tail3")),
+    ("advanced, 6 jobs out, loopback", ("advanced-loopback-fedavg",), ("advanced-loopback-tail3",)),
 )
 
 
