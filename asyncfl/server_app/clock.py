@@ -34,6 +34,38 @@ RECENT_DURATIONS = 32
 CAP_AFTER_REPLIES = 8
 #: Wall clock: how many of the latest replies' training processes count the processes that train.
 PROCESS_WINDOW = 128
+#: Wall clock: the most entries one client holds in a window of reported timings or processes, as a multiple of an
+#: even share (the window's length / the clients in it), so that a fast node fills its share, not the window.
+SHARE_MULTIPLE = 3
+
+
+class ClientWindow:
+    """The latest ``length`` values replies reported, each client holding at most ``SHARE_MULTIPLE`` x an even
+    share of them: what a node reports about its own jobs is one participant's word among the others'."""
+
+    def __init__(self, length: int) -> None:
+        self.entries: deque[tuple[int, object]] = deque(maxlen=length)
+        self.counts: dict[int, int] = {}
+
+    def add(self, client: int, value, clients: int) -> bool:
+        """Keep ``client``'s ``value`` unless the client already holds its most of the window, shared among
+        ``clients`` (those replying lately); whether it was kept."""
+        if self.counts.get(client, 0) >= SHARE_MULTIPLE * self.entries.maxlen / max(1, clients):
+            return False
+        if len(self.entries) == self.entries.maxlen:
+            oldest = self.entries[0][0]
+            self.counts[oldest] -= 1
+            if not self.counts[oldest]:
+                del self.counts[oldest]
+        self.entries.append((client, value))
+        self.counts[client] = self.counts.get(client, 0) + 1
+        return True
+
+    def values(self) -> list:
+        return [value for _, value in self.entries]
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 if TYPE_CHECKING:
     from flwr.app import Message
@@ -160,11 +192,11 @@ class WallClock:
         self.emulate_delay_scale = emulate_delay_scale
         self.started = time.monotonic()
         self.recent_durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
+        # the latest RECENT_DURATIONS distinct clients that replied, oldest first: one entry each, however fast
+        self.recent_repliers: dict[int, None] = {}
         # replies that report train-seconds: (compute, round trip - compute, jobs out) of the latest ones
-        self.recent_compute: deque[float] = deque(maxlen=RECENT_DURATIONS)
-        self.recent_start_waits: deque[float] = deque(maxlen=RECENT_DURATIONS)
-        self.recent_in_flight: deque[int] = deque(maxlen=RECENT_DURATIONS)
-        self.recent_processes: deque[str] = deque(maxlen=PROCESS_WINDOW)  # which process trained each reply
+        self.reported = ClientWindow(RECENT_DURATIONS)
+        self.recent_processes = ClientWindow(PROCESS_WINDOW)  # which process trained each reply
         self._cap: tuple[tuple, int] | None = None  # ((concurrency, workers), cap): asked at every dispatch
         # Flower's simulation runtime: its ClientApp actors, counted (cap-in-flight for a ClientApp that reports
         # no train-seconds); None elsewhere
@@ -189,6 +221,10 @@ class WallClock:
             job = in_flight[message_id]
             job.finish = self.now(last_event)
             self.recent_durations.append(job.finish - job.start)
+            self.recent_repliers.pop(job.client, None)
+            self.recent_repliers[job.client] = None
+            if len(self.recent_repliers) > RECENT_DURATIONS:
+                del self.recent_repliers[next(iter(self.recent_repliers))]
             del inbox[message_id]
             return job, reply
         now_wall = time.monotonic()  # one reading for every job out (thousands, at every pick)
@@ -204,32 +240,44 @@ class WallClock:
         typical = float(np.median(self.recent_durations))  # a job is due a usual duration after it started
         due = sorted(job.start + typical for job in in_flight.values())[pending - 1]
         # without train-seconds the round trip is all the engine knows of a job: a hold of ``hold`` x that
-        if not self.recent_compute:
+        if not self.reported:
             return due, hold * typical
-        return due, hold * float(np.median(self.recent_compute)) + float(np.median(self.recent_start_waits))
+        compute, waits, _ = zip(*self.reported.values())
+        return due, hold * float(np.median(compute)) + float(np.median(waits))
 
     def observe_train_seconds(self, job, seconds, in_flight, process=None):
         round_trip = job.finish - job.start
         if not 0.0 <= seconds <= round_trip:  # not a measurement of this job (a clock step, a made-up value)
             return
-        self.recent_compute.append(seconds)
-        self.recent_start_waits.append(round_trip - seconds)
-        self.recent_in_flight.append(in_flight)
+        clients = max(len(self.recent_repliers), 1)
+        kept = self.reported.add(job.client, (seconds, round_trip - seconds, in_flight), clients)
         if process is not None:
-            self.recent_processes.append(process)
-        self._cap = None
+            kept = self.recent_processes.add(job.client, process, clients) or kept
+        if kept:
+            self._cap = None
 
     def parallelism(self) -> float | None:
         """Jobs the workers run at once, by Little's law over the latest replies that report train-seconds:
         jobs in flight x (train + the shortest wait to start) / round trip. The shortest wait is transport and
-        start-up, which every job pays; anything above it is a queue for a worker. ``None``: too few replies."""
-        if len(self.recent_compute) < CAP_AFTER_REPLIES:
+        start-up, which every job pays; anything above it is a queue for a worker: it is the second client's
+        shortest where two or more clients reported (one node's claim of no wait does not set it).
+        ``None``: too few replies, or reported by fewer than half of the latest distinct clients that replied
+        (one node's timings are not the fleet's)."""
+        if len(self.reported) < CAP_AFTER_REPLIES or not self._reported_by_most():
             return None
-        compute, waits = float(np.mean(self.recent_compute)), self.recent_start_waits
-        round_trip = compute + float(np.mean(waits))
+        compute, waits, in_flight = zip(*self.reported.values())
+        shortest: dict[int, float] = {}
+        for (client, _), wait in zip(self.reported.entries, waits):
+            shortest[client] = min(wait, shortest.get(client, wait))
+        shortest_wait = sorted(shortest.values())[min(1, len(shortest) - 1)]
+        round_trip = float(np.mean(compute)) + float(np.mean(waits))
         if round_trip <= 0:
             return None
-        return float(np.mean(self.recent_in_flight)) * (compute + min(waits)) / round_trip
+        return float(np.mean(in_flight)) * (float(np.mean(compute)) + shortest_wait) / round_trip
+
+    def _reported_by_most(self) -> bool:
+        """The reported timings come from at least half of the clients that replied lately."""
+        return 2 * sum(client in self.reported.counts for client in self.recent_repliers) >= len(self.recent_repliers)
 
     def in_flight_cap(self, concurrency):
         workers = self.simulation_workers() if self.simulation_workers is not None else None
@@ -241,7 +289,7 @@ class WallClock:
         # Only where replies show fewer training processes than jobs in flight do jobs queue for a worker (Flower's
         # simulation runs many nodes on a few Ray actors). A deployment's node trains one job at a time, and a wait
         # there is transport or a SuperNode's idle poll: waiting for the next job would idle the node.
-        processes = len(set(self.recent_processes))
+        processes = len(set(self.recent_processes.values())) if self._reported_by_most() else 0
         if not processes:  # a stock ClientApp reports no process: in Flower's simulation its actors are counted
             return concurrency if workers is None else max(1, min(concurrency, workers + 1))
         running = self.parallelism()

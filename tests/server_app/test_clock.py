@@ -5,7 +5,7 @@ import time
 import pytest
 
 from asyncfl import protocol
-from asyncfl.server_app.clock import VirtualClock, WallClock
+from asyncfl.server_app.clock import CAP_AFTER_REPLIES, ClientWindow, VirtualClock, WallClock
 from asyncfl.server_app.engine import Job
 
 
@@ -65,7 +65,7 @@ def test_hold_window_adds_the_measured_start_wait_on_the_wall_clock_only():
         wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, finish, 0, 0.0), seconds, 3)
     assert wall.next_version(out, 1, 0.1)[1] == pytest.approx(0.1 * 1.0 + 5.0)
     wall.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 2.0, 0, 0.0), 3.0, 3)  # longer than its round trip: ignored
-    assert len(wall.recent_compute) == 3
+    assert len(wall.reported) == 3
     virtual = VirtualClock(FixedDelays())
     virtual.observe_train_seconds(Job("m", 101, 1, 0, 0.0, 6.0, 0, 0.0), 1.0, 3)
     drawn = {"a": Job("a", 101, 1, 0, 0.0, 6.0, 0, 0.0), "b": Job("b", 102, 2, 0, 1.0, 3.0, 1, 0.0)}
@@ -123,3 +123,41 @@ def test_in_flight_cap_grows_back_when_nothing_queues():
     assert wall.parallelism() == pytest.approx(4.0) and wall.in_flight_cap(10) == 5
     _observe(wall, [(1.0, 0.2, 5)] * 32)  # the window holds the latest 32 replies
     assert wall.in_flight_cap(10) == 6
+
+
+def _report(clock, client, train, wait, in_flight=10, process=None):
+    clock.observe_train_seconds(Job("m", 100 + client, client, 0, 0.0, train + wait, 0, 0.0), train, in_flight,
+                                process)
+
+
+def test_a_client_holds_at_most_three_even_shares_of_a_window():
+    window = ClientWindow(8)
+    kept = [window.add(0, i, clients=4) for i in range(10)]  # an even share of 8 among 4 clients is 2: at most 6
+    assert kept == [True] * 6 + [False] * 4 and window.counts == {0: 6}
+    assert window.add(1, "x", clients=4) and len(window) == 7
+
+
+def test_one_nodes_claim_of_no_wait_does_not_set_the_shortest_wait():
+    # four clients trained 1 s and waited 1 s, 10 jobs out: 10 x (1 + 1) / 2 = 10 at once. A fifth says it trained
+    # its whole round trip of 2 s (no wait): the shortest wait is the second client's, 1 s, so
+    # 10 x (10/9 + 1) / (10/9 + 8/9) = 95/9, where the fifth's 0 s made it 10 x (10/9) / 2 = 50/9
+    wall = WallClock(FixedDelays())
+    for client in range(4):
+        _report(wall, client, 1.0, 1.0)
+        _report(wall, client, 1.0, 1.0)
+    assert wall.parallelism() == pytest.approx(10.0)
+    _report(wall, 4, 2.0, 0.0)
+    assert wall.parallelism() == pytest.approx(95 / 9)
+
+
+def test_timings_one_node_of_many_reports_do_not_cap_the_fleet():
+    # eight clients replied lately, a stock ClientApp on seven of them (no train-seconds, no process): the eighth's
+    # reports of no compute from one named process used to cap the jobs out at 2 for all; now they are too few
+    wall = WallClock(FixedDelays())
+    wall.recent_repliers = dict.fromkeys(range(8))
+    for _ in range(CAP_AFTER_REPLIES):
+        _report(wall, 0, 0.0, 1.0, in_flight=4, process="host:0")
+    assert wall.parallelism() is None and wall.in_flight_cap(8) == 8
+    for client in range(1, 4):  # half the clients report: measured (4 out, no queue: 4 at once; 4 processes, 4 + 1)
+        _report(wall, client, 1.0, 1.0, in_flight=4, process=f"host:{client}")
+    assert wall.parallelism() == pytest.approx(4.0) and wall.in_flight_cap(8) == 5

@@ -12,6 +12,7 @@ from asyncfl import protocol
 from asyncfl.config import ConfigError, EngineConfig
 from asyncfl.errors import ClientAppsFailing
 from asyncfl.options import RunOptions
+from asyncfl.server_app.clock import CAP_AFTER_REPLIES
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.server_app.engine import AsyncEngine
 from asyncfl.server_app.puller import ThreadedPuller
@@ -773,6 +774,43 @@ def test_wall_clock_caps_jobs_in_flight_at_the_workers_parallelism_and_keeps_the
         assert max(late) <= 5 and 2 <= engine.stats.in_flight_cap_min <= 5
     else:
         assert min(late) >= 7 and engine.stats.capped_checks == 0
+
+
+class OneTimedNode(FakeGrid):
+    """Eight nodes: seven stock ClientApps that reply after 0.1 s and report no timings, and node 101, which says
+    it trained 0 s in one named process and comes back after 0.005 s or 0.3 s in turn (queue-like waits)."""
+
+    def __init__(self):
+        super().__init__(8, self._reply, release=self._done)
+        self.back_at, self.replies_of_101 = {}, 0
+
+    def _reply(self, node, message):
+        reply = plus_one(node, message)
+        delay = 0.1
+        if node == 101:
+            self.replies_of_101 += 1
+            delay = 0.005 if self.replies_of_101 % 2 else 0.3
+            reply.content.metric_records["metrics"][protocol.TRAIN_SECONDS] = 0.0
+            reply.content.config_records[protocol.WORKER_RECORD] = ConfigRecord({protocol.PROCESS: "host:1"})
+        self.back_at[message.metadata.message_id] = time.monotonic() + delay
+        return reply
+
+    def _done(self, waiting):
+        now = time.monotonic()
+        return [w for w in waiting if self.back_at.get(w, 0.0) <= now]
+
+
+def test_one_nodes_timings_do_not_cap_the_jobs_of_a_fleet_that_reports_none():
+    # the wall clock's cap on jobs in flight measures the workers from the replies' train-seconds; one node of eight
+    # reporting them (no compute, waits of 0.005 s and 0.3 s: Little's law says 0.3 jobs at once) kept 2 jobs out of
+    # 8 and left 6 nodes idle; its word alone is no measurement now
+    grid = OneTimedNode()
+    engine = make_engine(grid, FedBuff(), clock="wall", concurrency=8, max_arrivals=96, timeout=30.0,
+                         cap_in_flight=True)
+    engine._puller = ThreadedPuller(grid, min_interval=0.002, max_interval=0.005)
+    engine.run()
+    assert engine.stats.arrivals == 96 and grid.replies_of_101 >= CAP_AFTER_REPLIES  # enough to be measured
+    assert engine.stats.capped_checks == 0
 
 
 def test_every_run_end_says_why_in_summary_json(tmp_path):
