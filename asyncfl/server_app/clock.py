@@ -35,8 +35,10 @@ CAP_AFTER_REPLIES = 8
 #: Wall clock: how many of the latest replies' training processes count the processes that train.
 PROCESS_WINDOW = 128
 #: Wall clock: the most entries one client holds in a window of reported timings or processes, as a multiple of an
-#: even share (the window's length / the clients in it), so that a fast node fills its share, not the window.
+#: even share (the window's length / the clients replying lately), so that a fast node fills its share, not the window.
 SHARE_MULTIPLE = 3
+#: Wall clock: the characters of a reported process name kept (a name is a node's word, not a place to store data).
+PROCESS_NAME_CHARS = 200
 
 
 class ClientWindow:
@@ -50,7 +52,7 @@ class ClientWindow:
     def add(self, client: int, value, clients: int) -> bool:
         """Keep ``client``'s ``value`` unless the client already holds its most of the window, shared among
         ``clients`` (those replying lately); whether it was kept."""
-        if self.counts.get(client, 0) >= SHARE_MULTIPLE * self.entries.maxlen / max(1, clients):
+        if self.counts.get(client, 0) * max(1, clients) >= SHARE_MULTIPLE * self.entries.maxlen:
             return False
         if len(self.entries) == self.entries.maxlen:
             oldest = self.entries[0][0]
@@ -194,6 +196,7 @@ class WallClock:
         self.recent_durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
         # the latest RECENT_DURATIONS distinct clients that replied, oldest first: one entry each, however fast
         self.recent_repliers: dict[int, None] = {}
+        self.online = 0  # nodes online at the latest pick: before many have replied, the clients to share among
         # replies that report train-seconds: (compute, round trip - compute, jobs out) of the latest ones
         self.reported = ClientWindow(RECENT_DURATIONS)
         self.recent_processes = ClientWindow(PROCESS_WINDOW)  # which process trained each reply
@@ -212,6 +215,7 @@ class WallClock:
         return 0.0, {protocol.EMULATE_SECONDS: self.delays.job_duration(client) * self.emulate_delay_scale}
 
     def pick(self, in_flight, inbox, online, last_event, timeout):
+        self.online = len(online)
         for message_id, job in in_flight.items():
             if job.node_id not in online and message_id not in inbox:
                 # the node left (crashed or stopped): its job will not come back
@@ -221,7 +225,10 @@ class WallClock:
             job = in_flight[message_id]
             job.finish = self.now(last_event)
             self.recent_durations.append(job.finish - job.start)
-            self.recent_repliers.pop(job.client, None)
+            if job.client in self.recent_repliers:
+                del self.recent_repliers[job.client]
+            else:  # who replies lately changed: the quorum and the shares may have
+                self._cap = None
             self.recent_repliers[job.client] = None
             if len(self.recent_repliers) > RECENT_DURATIONS:
                 del self.recent_repliers[next(iter(self.recent_repliers))]
@@ -240,7 +247,7 @@ class WallClock:
         typical = float(np.median(self.recent_durations))  # a job is due a usual duration after it started
         due = sorted(job.start + typical for job in in_flight.values())[pending - 1]
         # without train-seconds the round trip is all the engine knows of a job: a hold of ``hold`` x that
-        if not self.reported:
+        if not self.reported or not self._reported_by_most():
             return due, hold * typical
         compute, waits, _ = zip(*self.reported.values())
         return due, hold * float(np.median(compute)) + float(np.median(waits))
@@ -249,10 +256,10 @@ class WallClock:
         round_trip = job.finish - job.start
         if not 0.0 <= seconds <= round_trip:  # not a measurement of this job (a clock step, a made-up value)
             return
-        clients = max(len(self.recent_repliers), 1)
+        clients = self._clients()
         kept = self.reported.add(job.client, (seconds, round_trip - seconds, in_flight), clients)
         if process is not None:
-            kept = self.recent_processes.add(job.client, process, clients) or kept
+            kept = self.recent_processes.add(job.client, process[:PROCESS_NAME_CHARS], clients) or kept
         if kept:
             self._cap = None
 
@@ -275,9 +282,14 @@ class WallClock:
             return None
         return float(np.mean(in_flight)) * (float(np.mean(compute)) + shortest_wait) / round_trip
 
+    def _clients(self) -> int:
+        """The clients replying lately: the latest distinct ones that replied, or, before that many have, the nodes
+        online (up to ``RECENT_DURATIONS``): the first node to reply is not the whole fleet."""
+        return max(len(self.recent_repliers), min(RECENT_DURATIONS, self.online), 1)
+
     def _reported_by_most(self) -> bool:
-        """The reported timings come from at least half of the clients that replied lately."""
-        return 2 * sum(client in self.reported.counts for client in self.recent_repliers) >= len(self.recent_repliers)
+        """The reported timings come from at least half of the clients replying lately (:meth:`_clients`)."""
+        return 2 * len(self.reported.counts) >= self._clients()
 
     def in_flight_cap(self, concurrency):
         workers = self.simulation_workers() if self.simulation_workers is not None else None

@@ -86,6 +86,11 @@ class Job:
     push_began: float = 0.0  # time.monotonic() when the push that sent it began (it was out from then on)
 
 
+#: A reply's Ray node name as counted (``arrivals-by-ray-node``): its first characters, and at most this many names
+#: (later ones counted as ``other``), since any node may send any name.
+WORKER_NAME_CHARS, WORKER_NAMES = 200, 1024
+
+
 @dataclass
 class EngineStats:
     """Counters the summary is built from."""
@@ -139,7 +144,10 @@ class EngineStats:
             tally[3] += 1
         if train_seconds is not None:
             self.client_train_seconds.append(train_seconds)
-        if worker_node is not None:
+        if worker_node is not None:  # a node's word: a short name, and a bounded table
+            worker_node = worker_node[:WORKER_NAME_CHARS]
+            if worker_node not in self.by_worker and len(self.by_worker) >= WORKER_NAMES:
+                worker_node = "other"
             self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1
 
     def count_in_flight_cap(self, cap: int) -> None:

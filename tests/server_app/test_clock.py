@@ -2,11 +2,13 @@
 
 import time
 
+import numpy as np
 import pytest
 
 from asyncfl import protocol
 from asyncfl.server_app.clock import CAP_AFTER_REPLIES, ClientWindow, VirtualClock, WallClock
 from asyncfl.server_app.engine import Job
+from asyncfl.server_app.engine_state import WORKER_NAME_CHARS, WORKER_NAMES, EngineStats
 
 
 class FixedDelays:
@@ -161,3 +163,30 @@ def test_timings_one_node_of_many_reports_do_not_cap_the_fleet():
     for client in range(1, 4):  # half the clients report: measured (4 out, no queue: 4 at once; 4 processes, 4 + 1)
         _report(wall, client, 1.0, 1.0, in_flight=4, process=f"host:{client}")
     assert wall.parallelism() == pytest.approx(4.0) and wall.in_flight_cap(8) == 5
+
+
+def test_a_hold_window_reads_reported_timings_only_from_most_of_the_fleet():
+    # 8 nodes online, one reports 1 s of compute in a 10 s round trip: the window is 0.1 x the round trip, as if
+    # no node reported; once 4 of 8 report, 0.1 x the median compute + the median wait
+    wall = WallClock(FixedDelays())
+    wall.online = 8
+    wall.recent_durations.extend([10.0] * 4)
+    out = {"a": Job("a", 101, 1, 0, 0.0, 0.0, 0, 0.0)}
+    _report(wall, 0, 1.0, 9.0)
+    assert wall.next_version(out, 1, 0.1)[1] == pytest.approx(1.0)
+    for client in (1, 2, 3):
+        _report(wall, client, 1.0, 9.0)
+    assert wall.next_version(out, 1, 0.1)[1] == pytest.approx(0.1 + 9.0)
+
+
+def test_process_names_and_ray_node_names_are_kept_short_and_few():
+    from flwr.app import Array, ArrayRecord, RecordDict
+
+    wall = WallClock(FixedDelays())
+    _report(wall, 0, 1.0, 1.0, process="p" * 10_000)
+    assert len(wall.recent_processes.values()[0]) == 200
+    stats, content = EngineStats(), RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(1, np.float32))})})
+    for i in range(1100):
+        stats.count_reply(Job("m", 101, 0, 0, 0.0, 1.0, 0, 0.0), content, "arrays", None, None, f"{i}" + "n" * 500)
+    assert len(stats.by_worker) == WORKER_NAMES + 1 and stats.by_worker["other"] == 1100 - WORKER_NAMES
+    assert max(map(len, stats.by_worker)) == WORKER_NAME_CHARS

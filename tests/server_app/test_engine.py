@@ -777,19 +777,20 @@ def test_wall_clock_caps_jobs_in_flight_at_the_workers_parallelism_and_keeps_the
 
 
 class OneTimedNode(FakeGrid):
-    """Eight nodes: seven stock ClientApps that reply after 0.1 s and report no timings, and node 101, which says
-    it trained 0 s in one named process and comes back after 0.005 s or 0.3 s in turn (queue-like waits)."""
+    """Eight nodes: seven stock ClientApps that reply after ``honest_s`` and report no timings, and node 101, which
+    says it trained 0 s in one named process and comes back after 0.005 s or 0.3 s in turn (queue-like waits);
+    ``burst``: it reports only in its first 8 replies, 0.05 s apart, all in before any other node's."""
 
-    def __init__(self):
+    def __init__(self, burst=False):
         super().__init__(8, self._reply, release=self._done)
-        self.back_at, self.replies_of_101 = {}, 0
+        self.back_at, self.replies_of_101, self.burst = {}, 0, burst
 
     def _reply(self, node, message):
         reply = plus_one(node, message)
-        delay = 0.1
-        if node == 101:
+        delay = 1.0 if self.burst else 0.1
+        if node == 101 and (not self.burst or self.replies_of_101 < CAP_AFTER_REPLIES):
             self.replies_of_101 += 1
-            delay = 0.005 if self.replies_of_101 % 2 else 0.3
+            delay = 0.05 if self.burst else 0.005 if self.replies_of_101 % 2 else 0.3
             reply.content.metric_records["metrics"][protocol.TRAIN_SECONDS] = 0.0
             reply.content.config_records[protocol.WORKER_RECORD] = ConfigRecord({protocol.PROCESS: "host:1"})
         self.back_at[message.metadata.message_id] = time.monotonic() + delay
@@ -800,16 +801,18 @@ class OneTimedNode(FakeGrid):
         return [w for w in waiting if self.back_at.get(w, 0.0) <= now]
 
 
-def test_one_nodes_timings_do_not_cap_the_jobs_of_a_fleet_that_reports_none():
+@pytest.mark.parametrize("burst", [False, True])
+def test_one_nodes_timings_do_not_cap_the_jobs_of_a_fleet_that_reports_none(burst):
     # the wall clock's cap on jobs in flight measures the workers from the replies' train-seconds; one node of eight
     # reporting them (no compute, waits of 0.005 s and 0.3 s: Little's law says 0.3 jobs at once) kept 2 jobs out of
-    # 8 and left 6 nodes idle; its word alone is no measurement now
-    grid = OneTimedNode()
-    engine = make_engine(grid, FedBuff(), clock="wall", concurrency=8, max_arrivals=96, timeout=30.0,
-                         cap_in_flight=True)
+    # 8 and left 6 nodes idle; its word alone is no measurement now, also when its reports all come first (the first
+    # node to reply is one of the 8 online, and a cap measured then is dropped once others reply)
+    grid = OneTimedNode(burst)
+    engine = make_engine(grid, FedBuff(), clock="wall", concurrency=8, max_arrivals=48 if burst else 96,
+                         timeout=30.0, cap_in_flight=True)
     engine._puller = ThreadedPuller(grid, min_interval=0.002, max_interval=0.005)
     engine.run()
-    assert engine.stats.arrivals == 96 and grid.replies_of_101 >= CAP_AFTER_REPLIES  # enough to be measured
+    assert engine.stats.arrivals == (48 if burst else 96) and grid.replies_of_101 >= CAP_AFTER_REPLIES  # measurable
     assert engine.stats.capped_checks == 0
 
 
