@@ -197,6 +197,7 @@ class WallClock:
         # the latest RECENT_DURATIONS distinct clients that replied, oldest first: one entry each, however fast
         self.recent_repliers: dict[int, None] = {}
         self.online = 0  # nodes online at the latest pick: before many have replied, the clients to share among
+        self.replies_seen = 0
         # replies that report train-seconds: (compute, round trip - compute, jobs out) of the latest ones
         self.reported = ClientWindow(RECENT_DURATIONS)
         self.recent_processes = ClientWindow(PROCESS_WINDOW)  # which process trained each reply
@@ -215,7 +216,8 @@ class WallClock:
         return 0.0, {protocol.EMULATE_SECONDS: self.delays.job_duration(client) * self.emulate_delay_scale}
 
     def pick(self, in_flight, inbox, online, last_event, timeout):
-        self.online = len(online)
+        if len(online) != self.online:  # the clients to share among may have changed
+            self.online, self._cap = len(online), None
         for message_id, job in in_flight.items():
             if job.node_id not in online and message_id not in inbox:
                 # the node left (crashed or stopped): its job will not come back
@@ -225,13 +227,7 @@ class WallClock:
             job = in_flight[message_id]
             job.finish = self.now(last_event)
             self.recent_durations.append(job.finish - job.start)
-            if job.client in self.recent_repliers:
-                del self.recent_repliers[job.client]
-            else:  # who replies lately changed: the quorum and the shares may have
-                self._cap = None
-            self.recent_repliers[job.client] = None
-            if len(self.recent_repliers) > RECENT_DURATIONS:
-                del self.recent_repliers[next(iter(self.recent_repliers))]
+            self._replied(job.client)
             del inbox[message_id]
             return job, reply
         now_wall = time.monotonic()  # one reading for every job out (thousands, at every pick)
@@ -256,9 +252,10 @@ class WallClock:
         round_trip = job.finish - job.start
         if not 0.0 <= seconds <= round_trip:  # not a measurement of this job (a clock step, a made-up value)
             return
+        self._replied(job.client)  # (already, for a reply this clock picked)
         clients = self._clients()
         kept = self.reported.add(job.client, (seconds, round_trip - seconds, in_flight), clients)
-        if process is not None:
+        if isinstance(process, str):  # a node's word: a name, kept short
             kept = self.recent_processes.add(job.client, process[:PROCESS_NAME_CHARS], clients) or kept
         if kept:
             self._cap = None
@@ -266,30 +263,40 @@ class WallClock:
     def parallelism(self) -> float | None:
         """Jobs the workers run at once, by Little's law over the latest replies that report train-seconds:
         jobs in flight x (train + the shortest wait to start) / round trip. The shortest wait is transport and
-        start-up, which every job pays; anything above it is a queue for a worker: it is the second client's
-        shortest where two or more clients reported (one node's claim of no wait does not set it).
+        start-up, which every job pays; anything above it is a queue for a worker.
         ``None``: too few replies, or reported by fewer than half of the latest distinct clients that replied
         (one node's timings are not the fleet's)."""
         if len(self.reported) < CAP_AFTER_REPLIES or not self._reported_by_most():
             return None
         compute, waits, in_flight = zip(*self.reported.values())
-        shortest: dict[int, float] = {}
-        for (client, _), wait in zip(self.reported.entries, waits):
-            shortest[client] = min(wait, shortest.get(client, wait))
-        shortest_wait = sorted(shortest.values())[min(1, len(shortest) - 1)]
         round_trip = float(np.mean(compute)) + float(np.mean(waits))
         if round_trip <= 0:
             return None
-        return float(np.mean(in_flight)) * (float(np.mean(compute)) + shortest_wait) / round_trip
+        return float(np.mean(in_flight)) * (float(np.mean(compute)) + min(waits)) / round_trip
+
+    def _replied(self, client: int) -> None:
+        """``client`` replied: the newest of the latest ``RECENT_DURATIONS`` distinct clients that replied."""
+        if client in self.recent_repliers:
+            del self.recent_repliers[client]
+        else:  # who replies lately changed: the quorum and the shares may have
+            self._cap = None
+        self.recent_repliers[client] = None
+        if len(self.recent_repliers) > RECENT_DURATIONS:
+            del self.recent_repliers[next(iter(self.recent_repliers))]
+        self.replies_seen += 1
 
     def _clients(self) -> int:
-        """The clients replying lately: the latest distinct ones that replied, or, before that many have, the nodes
-        online (up to ``RECENT_DURATIONS``): the first node to reply is not the whole fleet."""
-        return max(len(self.recent_repliers), min(RECENT_DURATIONS, self.online), 1)
+        """The clients replying lately: the latest distinct ones that replied, and, until ``RECENT_DURATIONS``
+        replies came, at least the nodes online (up to that many): the first node to reply is not the fleet, and
+        nodes online that get no job do not count once replies tell who works."""
+        early = min(RECENT_DURATIONS, self.online) if self.replies_seen < RECENT_DURATIONS else 0
+        return max(len(self.recent_repliers), early, 1)
 
     def _reported_by_most(self) -> bool:
-        """The reported timings come from at least half of the clients replying lately (:meth:`_clients`)."""
-        return 2 * len(self.reported.counts) >= self._clients()
+        """At least half of the clients replying lately (:meth:`_clients`) are in the timings window: a node that
+        reported and then left, or stopped replying, no longer counts."""
+        reporters = sum(client in self.reported.counts for client in self.recent_repliers)
+        return 2 * reporters >= self._clients()
 
     def in_flight_cap(self, concurrency):
         workers = self.simulation_workers() if self.simulation_workers is not None else None
@@ -305,7 +312,8 @@ class WallClock:
         if not processes:  # a stock ClientApp reports no process: in Flower's simulation its actors are counted
             return concurrency if workers is None else max(1, min(concurrency, workers + 1))
         running = self.parallelism()
-        if running is None or processes >= concurrency:
+        # as many processes as names in the window: a process per job (a deployment's ClientApps), no queue
+        if running is None or processes >= concurrency or processes == len(self.recent_processes):
             return concurrency
         # one job more than the workers run, so a worker that frees finds the next job there; below the workers no
         # job queues, so the estimate, and with it the cap, grows back by one per window of replies

@@ -332,13 +332,11 @@ class AsyncEngine:
         metrics = protocol.reply_metrics(content)
         worker = content.config_records.get(protocol.WORKER_RECORD) or {}
         train_seconds = protocol.train_seconds(metrics)
-        self.stats.count_reply(job, content, self.keys.arrays, train_seconds, pulled_wall,
-                               str(worker[protocol.RAY_NODE]) if protocol.RAY_NODE in worker else None)
+        self.stats.count_reply(job, content, self.keys.arrays, train_seconds, pulled_wall, worker.get(protocol.RAY_NODE))
         # the wall clock learns how long jobs queue (dispatch-hold, cap-in-flight); its estimates are not in a
         # checkpoint, so a resumed run starts them afresh rather than from replayed jobs in flight it does not have
         if train_seconds is not None and not self.replaying:
-            self.clock.observe_train_seconds(job, train_seconds, len(state.in_flight) + 1,
-                                             str(worker[protocol.PROCESS]) if protocol.PROCESS in worker else None)
+            self.clock.observe_train_seconds(job, train_seconds, len(state.in_flight) + 1, worker.get(protocol.PROCESS))
         if self.train_metrics is not None and metrics is not None:  # weighted by the count as checked and capped
             self.train_metrics.add(RecordDict({"metrics": MetricRecord({**metrics,
                                                                         self.keys.weight: outcome.num_examples})}))

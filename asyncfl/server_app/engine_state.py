@@ -144,8 +144,8 @@ class EngineStats:
             tally[3] += 1
         if train_seconds is not None:
             self.client_train_seconds.append(train_seconds)
-        if worker_node is not None:  # a node's word: a short name, and a bounded table
-            worker_node = worker_node[:WORKER_NAME_CHARS]
+        if isinstance(worker_node, (str, int)) and not isinstance(worker_node, bool):  # a node's word: a short name,
+            worker_node = str(worker_node)[:WORKER_NAME_CHARS]  # and a bounded table
             if worker_node not in self.by_worker and len(self.by_worker) >= WORKER_NAMES:
                 worker_node = "other"
             self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1

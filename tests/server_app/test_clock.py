@@ -139,17 +139,38 @@ def test_a_client_holds_at_most_three_even_shares_of_a_window():
     assert window.add(1, "x", clients=4) and len(window) == 7
 
 
-def test_one_nodes_claim_of_no_wait_does_not_set_the_shortest_wait():
-    # four clients trained 1 s and waited 1 s, 10 jobs out: 10 x (1 + 1) / 2 = 10 at once. A fifth says it trained
-    # its whole round trip of 2 s (no wait): the shortest wait is the second client's, 1 s, so
-    # 10 x (10/9 + 1) / (10/9 + 8/9) = 95/9, where the fifth's 0 s made it 10 x (10/9) / 2 = 50/9
+def test_reports_of_clients_that_no_longer_reply_do_not_make_a_quorum():
+    # 16 clients report once and leave; 32 stock clients reply after them: the reports stay in the window, but
+    # their clients are no longer among the latest 32 that replied, so they measure nothing
     wall = WallClock(FixedDelays())
-    for client in range(4):
-        _report(wall, client, 1.0, 1.0)
-        _report(wall, client, 1.0, 1.0)
-    assert wall.parallelism() == pytest.approx(10.0)
-    _report(wall, 4, 2.0, 0.0)
-    assert wall.parallelism() == pytest.approx(95 / 9)
+    wall.online = 48
+    for client in range(16):
+        _report(wall, client, 0.0, 1.0, in_flight=4, process="host:0")
+    assert wall.parallelism() is not None  # 16 of the 32 (the nodes online, early) replying lately report
+    for client in range(16, 48):
+        wall._replied(client)
+    assert wall.parallelism() is None and wall.in_flight_cap(8) == 8
+
+
+def test_a_process_per_job_is_no_queue_however_many_jobs_are_out():
+    # a deployment's ClientApps: every reply names another process; with 200 jobs out the window of 128 names
+    # holds 128 distinct ones, which is every job its own process, not 128 workers for 200 jobs (the waits, 1 s or
+    # 5 s, a SuperNode's idle poll, say 200 x 2 / 4 = 100 at once: the cap was 129)
+    wall = WallClock(FixedDelays())
+    for i in range(200):
+        _report(wall, i % 100, 1.0, 1.0 + 4 * (i % 2), in_flight=200, process=f"host:{i}")
+    assert wall.parallelism() is not None and wall.in_flight_cap(200) == 200
+
+
+def test_a_cap_measured_before_the_nodes_came_online_is_dropped_when_they_do():
+    wall = WallClock(FixedDelays())
+    jobs = {f"m{i}": Job(f"m{i}", 101, 0, 0, 0.0, 0.0, i, 0.0) for i in range(8)}
+    for i in range(8):  # one node online, its 8 replies report no compute from one process: 2 jobs out
+        wall.pick(jobs, {f"m{i}": "reply"}, {101}, 0.0, timeout=60)
+        _report(wall, 0, 0.0, 1.0 + 9 * (i % 2), in_flight=4, process="host:0")
+    assert wall.in_flight_cap(8) == 2
+    wall.pick({}, {}, set(range(101, 109)), 0.0, timeout=60)  # 8 nodes online now: one of 8 reports
+    assert wall.in_flight_cap(8) == 8
 
 
 def test_timings_one_node_of_many_reports_do_not_cap_the_fleet():
