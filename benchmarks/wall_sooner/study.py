@@ -580,8 +580,8 @@ def overhead_table(folders: dict[str, list[dict]]) -> str:
     share of the ideal move with which nodes a run drew; a job's device time over its round trip does not."""
     lines = ["| cells | strategy | runs | updates a run | final at equal work (mean) | updates/s after the first round "
              "(mean) | share of the ideal | device time / round trip (mean; runs) | round trip − device time, s "
-             "| last miss to find, s | pulls per update |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| last miss to find, s | pulls per update | in-flight cap where it acted (mean; runs it acted in) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for folder, rows in folders.items():
         for strategy in STRATEGIES[1:]:
             cells = [r for r in rows if r["strategy"] == strategy and "job-round-trip-s-mean" in r]
@@ -589,6 +589,7 @@ def overhead_table(folders: dict[str, list[dict]]) -> str:
                 continue
             shares = [r["client-train-s-mean"] / r["job-round-trip-s-mean"] for r in cells]
             gaps = [r["reply-miss-gap-s-mean"] for r in cells if "reply-miss-gap-s-mean" in r]
+            caps = [r["in-flight-cap-mean"] for r in cells if r.get("in-flight-cap-mean") is not None]
             lines.append(
                 f"| {folder} | {strategy} | {len(cells)} | {'/'.join(sorted({str(r['arrivals']) for r in cells}))} "
                 f"| {statistics.mean(r['final'] for r in cells):.3f} "
@@ -597,7 +598,8 @@ def overhead_table(folders: dict[str, list[dict]]) -> str:
                 f"| {statistics.mean(shares):.3f}; {min(shares):.3f}-{max(shares):.3f} "
                 f"| {statistics.mean(r['job-round-trip-s-mean'] - r['client-train-s-mean'] for r in cells):.2f} "
                 f"| {f'{statistics.mean(gaps):.2f}' if gaps else '–'} "
-                f"| {statistics.mean(r['reply-pulls'] / r['arrivals'] for r in cells):.1f} |")
+                f"| {statistics.mean(r['reply-pulls'] / r['arrivals'] for r in cells):.1f} "
+                f"| {f'{statistics.mean(caps):.2f}' if caps else '–'}; {len(caps)} of {len(cells)} |")
     return "\n".join(lines)
 
 
