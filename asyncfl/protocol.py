@@ -65,6 +65,8 @@ def reply_metrics(content):
 WORKER_RECORD = "asyncfl-worker"
 RAY_NODE = "ray-node"
 PROCESS = "process"
+#: The characters of a worker record's name read (a node's word, not a place to store data).
+WORKER_NAME_CHARS = 200
 
 # ------------------------------------------------------------------ gossip events (relay <-> peer ClientApps)
 #: A peer's accuracy on its local test split after the event.

@@ -37,8 +37,6 @@ PROCESS_WINDOW = 128
 #: Wall clock: the most entries one client holds in a window of reported timings or processes, as a multiple of an
 #: even share (the window's length / the clients replying lately), so that a fast node fills its share, not the window.
 SHARE_MULTIPLE = 3
-#: Wall clock: the characters of a reported process name kept (a name is a node's word, not a place to store data).
-PROCESS_NAME_CHARS = 200
 
 
 class ClientWindow:
@@ -256,7 +254,7 @@ class WallClock:
         clients = self._clients()
         kept = self.reported.add(job.client, (seconds, round_trip - seconds, in_flight), clients)
         if isinstance(process, str):  # a node's word: a name, kept short
-            kept = self.recent_processes.add(job.client, process[:PROCESS_NAME_CHARS], clients) or kept
+            kept = self.recent_processes.add(job.client, process[:protocol.WORKER_NAME_CHARS], clients) or kept
         if kept:
             self._cap = None
 

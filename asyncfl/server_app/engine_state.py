@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from asyncfl import protocol
 from asyncfl.errors import ClientAppsFailing
 from asyncfl.server_app.codec import ModelCodec
 from asyncfl.state import capture, restore
@@ -86,9 +87,8 @@ class Job:
     push_began: float = 0.0  # time.monotonic() when the push that sent it began (it was out from then on)
 
 
-#: A reply's Ray node name as counted (``arrivals-by-ray-node``): its first characters, and at most this many names
-#: (later ones counted as ``other``), since any node may send any name.
-WORKER_NAME_CHARS, WORKER_NAMES = 200, 1024
+#: Ray node names counted (``arrivals-by-ray-node``; later ones as ``other``), since any node may send any name.
+WORKER_NAMES = 1024
 
 
 @dataclass
@@ -145,7 +145,7 @@ class EngineStats:
         if train_seconds is not None:
             self.client_train_seconds.append(train_seconds)
         if isinstance(worker_node, (str, int)) and not isinstance(worker_node, bool):  # a node's word: a short name,
-            worker_node = str(worker_node)[:WORKER_NAME_CHARS]  # and a bounded table
+            worker_node = str(worker_node)[:protocol.WORKER_NAME_CHARS]  # and a bounded table
             if worker_node not in self.by_worker and len(self.by_worker) >= WORKER_NAMES:
                 worker_node = "other"
             self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Error, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.app.message import make_message
 from flwr.common import MessageType, serde
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
@@ -43,7 +43,7 @@ def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, stat
                  arrays_key: str, most_arrays: int) -> RejectedReply | None:
     """Log the reply of ``job`` about to be taken in, as the reply path reads it: the model record (``arrays_key``:
     each array's bytes as they came, at most ``most_arrays`` of them, which is one more than the model has, so a
-    reply with more is refused on replay as live), the metrics it reads and the worker record (serialized), or
+    reply with more is refused on replay as live), the metrics it reads and the worker record's names (serialized), or
     the last line of its error, or that none came (``job.lost_reason``), with the job's fields and its round trip
     (nothing else a node sends: the journal's size is that of the updates). Returns the reply's rejection when it
     cannot be written (values no serialization holds, e.g. an int beyond 64 bits): a resumed run could not take it
@@ -86,8 +86,10 @@ def _parts(content: RecordDict, arrays_key: str, most_arrays: int) -> tuple[list
     if metrics is not None:
         kept["metrics"] = metrics  # the record reply_metrics picks, under the name it picks first
     worker = content.config_records.get(protocol.WORKER_RECORD)
-    if worker is not None:
-        kept[protocol.WORKER_RECORD] = worker
+    if worker is not None:  # the names the path reads, as it reads them: not whatever else a node put there
+        kept[protocol.WORKER_RECORD] = ConfigRecord({
+            key: str(worker[key])[:protocol.WORKER_NAME_CHARS] for key in (protocol.PROCESS, protocol.RAY_NODE)
+            if isinstance(worker.get(key), (str, int)) and not isinstance(worker.get(key), bool)})
     return layout, payload, serde.recorddict_to_proto(kept).SerializeToString()
 
 

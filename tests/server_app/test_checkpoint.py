@@ -855,3 +855,23 @@ def test_a_checkpoint_whose_taken_settings_are_not_whole_numbers_is_refused_in_o
     with pytest.raises(CheckpointError, match=f"the checkpoint's {name} is .*, not a whole number") as error:
         checkpoint.saved_settings({"settings": settings})
     assert "\n" not in str(error.value)
+
+
+def test_a_journal_keeps_of_a_worker_record_only_the_names_the_reply_path_reads():
+    """A node may put anything in its ``asyncfl-worker`` record: the journal keeps the process and Ray node names as
+    the live path reads them (200 characters, a str or an int), not a megabyte of something else."""
+    from flwr.common import serde
+    from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
+
+    from asyncfl import protocol
+    from asyncfl.server_app.journal import _parts
+
+    worker = ConfigRecord({protocol.PROCESS: "p" * 1000, protocol.RAY_NODE: 7, "junk": b"x" * 1_000_000,
+                           "flag": True})
+    content = RecordDict({"arrays": ArrayRecord(), protocol.WORKER_RECORD: worker})
+    _, _, small = _parts(content, "arrays", 3)
+    proto = RecordDictProto()
+    proto.ParseFromString(small)
+    kept = serde.recorddict_from_proto(proto).config_records[protocol.WORKER_RECORD]
+    assert dict(kept) == {protocol.PROCESS: "p" * protocol.WORKER_NAME_CHARS, protocol.RAY_NODE: "7"}
+    assert len(small) < 1000

@@ -8,7 +8,7 @@ import pytest
 from asyncfl import protocol
 from asyncfl.server_app.clock import CAP_AFTER_REPLIES, ClientWindow, VirtualClock, WallClock
 from asyncfl.server_app.engine import Job
-from asyncfl.server_app.engine_state import WORKER_NAME_CHARS, WORKER_NAMES, EngineStats
+from asyncfl.server_app.engine_state import WORKER_NAMES, EngineStats
 
 
 class FixedDelays:
@@ -210,4 +210,4 @@ def test_process_names_and_ray_node_names_are_kept_short_and_few():
     for i in range(1100):
         stats.count_reply(Job("m", 101, 0, 0, 0.0, 1.0, 0, 0.0), content, "arrays", None, None, f"{i}" + "n" * 500)
     assert len(stats.by_worker) == WORKER_NAMES + 1 and stats.by_worker["other"] == 1100 - WORKER_NAMES
-    assert max(map(len, stats.by_worker)) == WORKER_NAME_CHARS
+    assert max(map(len, stats.by_worker)) == protocol.WORKER_NAME_CHARS
