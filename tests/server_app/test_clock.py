@@ -205,7 +205,9 @@ def test_process_names_and_ray_node_names_are_kept_short_and_few():
 
     wall = WallClock(FixedDelays())
     _report(wall, 0, 1.0, 1.0, process="p" * 10_000)
-    assert len(wall.recent_processes.values()[0]) == 200
+    for not_a_name in (b"x" * 10_000, 7, ["a"], True):  # not read as a name (nor turned into one)
+        _report(wall, 0, 1.0, 1.0, process=not_a_name)
+    assert wall.recent_processes.values() == ["p" * protocol.WORKER_NAME_CHARS] and len(wall.reported) == 5
     stats, content = EngineStats(), RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(1, np.float32))})})
     for i in range(1100):
         stats.count_reply(Job("m", 101, 0, 0, 0.0, 1.0, 0, 0.0), content, "arrays", None, None, f"{i}" + "n" * 500)
