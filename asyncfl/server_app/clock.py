@@ -34,6 +34,9 @@ RECENT_DURATIONS = 32
 CAP_AFTER_REPLIES = 8
 #: Wall clock: how many of the latest replies' training processes count the processes that train.
 PROCESS_WINDOW = 128
+#: Wall clock: replies after which the nodes online no longer count as the clients replying lately, however few of
+#: them replied (nodes online that get no job: no data, or held back).
+EARLY_REPLIES = 4 * RECENT_DURATIONS
 #: Wall clock: the most entries one client holds in a window of reported timings or processes, as a multiple of an
 #: even share (the window's length / the clients replying lately), so that a fast node fills its share, not the window.
 SHARE_MULTIPLE = 3
@@ -192,9 +195,11 @@ class WallClock:
         self.emulate_delay_scale = emulate_delay_scale
         self.started = time.monotonic()
         self.recent_durations: deque[float] = deque(maxlen=RECENT_DURATIONS)
-        # the latest RECENT_DURATIONS distinct clients that replied, oldest first: one entry each, however fast
-        self.recent_repliers: dict[int, None] = {}
+        # the latest RECENT_DURATIONS distinct clients that replied, oldest first, one entry each however fast:
+        # client -> (its node, whether its latest reply reported timings)
+        self.recent_repliers: dict[int, tuple[int, bool]] = {}
         self.online = 0  # nodes online at the latest pick: before many have replied, the clients to share among
+        self.online_nodes: set[int] | None = None  # those nodes (None: not told yet)
         self.replies_seen = 0
         # replies that report train-seconds: (compute, round trip - compute, jobs out) of the latest ones
         self.reported = ClientWindow(RECENT_DURATIONS)
@@ -216,6 +221,7 @@ class WallClock:
     def pick(self, in_flight, inbox, online, last_event, timeout):
         if len(online) != self.online:  # the clients to share among may have changed
             self.online, self._cap = len(online), None
+        self.online_nodes = online
         for message_id, job in in_flight.items():
             if job.node_id not in online and message_id not in inbox:
                 # the node left (crashed or stopped): its job will not come back
@@ -225,7 +231,7 @@ class WallClock:
             job = in_flight[message_id]
             job.finish = self.now(last_event)
             self.recent_durations.append(job.finish - job.start)
-            self._replied(job.client)
+            self._replied(job.client, job.node_id, reported=False)
             del inbox[message_id]
             return job, reply
         now_wall = time.monotonic()  # one reading for every job out (thousands, at every pick)
@@ -250,7 +256,7 @@ class WallClock:
         round_trip = job.finish - job.start
         if not 0.0 <= seconds <= round_trip:  # not a measurement of this job (a clock step, a made-up value)
             return
-        self._replied(job.client)  # (already, for a reply this clock picked)
+        self._replied(job.client, job.node_id, reported=True)
         clients = self._clients()
         kept = self.reported.add(job.client, (seconds, round_trip - seconds, in_flight), clients)
         if isinstance(process, str):  # a node's word: a name, kept short
@@ -272,28 +278,35 @@ class WallClock:
             return None
         return float(np.mean(in_flight)) * (float(np.mean(compute)) + min(waits)) / round_trip
 
-    def _replied(self, client: int) -> None:
-        """``client`` replied: the newest of the latest ``RECENT_DURATIONS`` distinct clients that replied."""
-        if client in self.recent_repliers:
-            del self.recent_repliers[client]
-        else:  # who replies lately changed: the quorum and the shares may have
+    def _replied(self, client: int, node: int, reported: bool) -> None:
+        """``client`` (on ``node``) replied: the newest of the latest ``RECENT_DURATIONS`` distinct clients that
+        replied, its latest reply with timings reported or not (a reply this clock picked is marked reported
+        when its timings are taken in: counted once)."""
+        before = self.recent_repliers.pop(client, None)
+        if before is None or before[1] != reported:  # who replies, or who reports, changed: the quorum may have
             self._cap = None
-        self.recent_repliers[client] = None
+        self.recent_repliers[client] = (node, reported)
+        if before is not None and before == (node, False) and reported:
+            return  # the timings of the reply just picked: the same reply
         if len(self.recent_repliers) > RECENT_DURATIONS:
             del self.recent_repliers[next(iter(self.recent_repliers))]
         self.replies_seen += 1
 
     def _clients(self) -> int:
-        """The clients replying lately: the latest distinct ones that replied, and, until ``RECENT_DURATIONS``
-        replies came, at least the nodes online (up to that many): the first node to reply is not the fleet, and
-        nodes online that get no job do not count once replies tell who works."""
-        early = min(RECENT_DURATIONS, self.online) if self.replies_seen < RECENT_DURATIONS else 0
-        return max(len(self.recent_repliers), early, 1)
+        """The clients replying lately: the latest distinct ones that replied, and, until half of the nodes online
+        (up to ``RECENT_DURATIONS``) have replied or ``EARLY_REPLIES`` replies came, at least those nodes: the
+        first nodes to reply are not the fleet, and nodes online that never get a job stop counting."""
+        fleet = min(RECENT_DURATIONS, self.online)
+        early = 2 * len(self.recent_repliers) < fleet and self.replies_seen < EARLY_REPLIES
+        return max(len(self.recent_repliers), fleet if early else 0, 1)
 
     def _reported_by_most(self) -> bool:
-        """At least half of the clients replying lately (:meth:`_clients`) are in the timings window: a node that
-        reported and then left, or stopped replying, no longer counts."""
-        reporters = sum(client in self.reported.counts for client in self.recent_repliers)
+        """At least half of the clients replying lately (:meth:`_clients`) have timings in the window, reported in
+        their latest reply, from a node still online: a node whose later replies report nothing, or that left, no
+        longer counts."""
+        online = self.online_nodes
+        reporters = sum(reported and client in self.reported.counts and (online is None or node in online)
+                        for client, (node, reported) in self.recent_repliers.items())
         return 2 * reporters >= self._clients()
 
     def in_flight_cap(self, concurrency):

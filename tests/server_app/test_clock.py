@@ -148,7 +148,7 @@ def test_reports_of_clients_that_no_longer_reply_do_not_make_a_quorum():
         _report(wall, client, 0.0, 1.0, in_flight=4, process="host:0")
     assert wall.parallelism() is not None  # 16 of the 32 (the nodes online, early) replying lately report
     for client in range(16, 48):
-        wall._replied(client)
+        wall._replied(client, 100 + client, reported=False)
     assert wall.parallelism() is None and wall.in_flight_cap(8) == 8
 
 
@@ -164,12 +164,12 @@ def test_a_process_per_job_is_no_queue_however_many_jobs_are_out():
 
 def test_a_cap_measured_before_the_nodes_came_online_is_dropped_when_they_do():
     wall = WallClock(FixedDelays())
-    jobs = {f"m{i}": Job(f"m{i}", 101, 0, 0, 0.0, 0.0, i, 0.0) for i in range(8)}
+    jobs = {f"m{i}": Job(f"m{i}", 100, 0, 0, 0.0, 0.0, i, 0.0) for i in range(8)}
     for i in range(8):  # one node online, its 8 replies report no compute from one process: 2 jobs out
-        wall.pick(jobs, {f"m{i}": "reply"}, {101}, 0.0, timeout=60)
+        wall.pick(jobs, {f"m{i}": "reply"}, {100}, 0.0, timeout=60)
         _report(wall, 0, 0.0, 1.0 + 9 * (i % 2), in_flight=4, process="host:0")
     assert wall.in_flight_cap(8) == 2
-    wall.pick({}, {}, set(range(101, 109)), 0.0, timeout=60)  # 8 nodes online now: one of 8 reports
+    wall.pick({}, {}, set(range(100, 108)), 0.0, timeout=60)  # 8 nodes online now: one of 8 reports
     assert wall.in_flight_cap(8) == 8
 
 
@@ -177,7 +177,7 @@ def test_timings_one_node_of_many_reports_do_not_cap_the_fleet():
     # eight clients replied lately, a stock ClientApp on seven of them (no train-seconds, no process): the eighth's
     # reports of no compute from one named process used to cap the jobs out at 2 for all; now they are too few
     wall = WallClock(FixedDelays())
-    wall.recent_repliers = dict.fromkeys(range(8))
+    wall.recent_repliers = {client: (100 + client, False) for client in range(8)}
     for _ in range(CAP_AFTER_REPLIES):
         _report(wall, 0, 0.0, 1.0, in_flight=4, process="host:0")
     assert wall.parallelism() is None and wall.in_flight_cap(8) == 8
@@ -213,3 +213,38 @@ def test_process_names_and_ray_node_names_are_kept_short_and_few():
         stats.count_reply(Job("m", 101, 0, 0, 0.0, 1.0, 0, 0.0), content, "arrays", None, None, f"{i}" + "n" * 500)
     assert len(stats.by_worker) == WORKER_NAMES + 1 and stats.by_worker["other"] == 1100 - WORKER_NAMES
     assert max(map(len, stats.by_worker)) == protocol.WORKER_NAME_CHARS
+
+
+def _reply(wall, client, online, train=None, wait=1.0):
+    """A reply of ``client`` (node ``100 + client``) picked from the inbox, then its timings, if it reports any."""
+    job = Job("m", 100 + client, client, 0, 0.0, 0.0, 0, 0.0)
+    wall.pick({"m": job}, {"m": "reply"}, online, 0.0, timeout=60)
+    if train is not None:
+        wall.observe_train_seconds(Job("m", 100 + client, client, 0, 0.0, train + wait, 0, 0.0), train, 4, "host:0")
+
+
+def test_a_reporting_reply_counts_once_toward_the_early_replies():
+    # one node of 8 online replies 40 times, reporting each time: 40 replies, still one client of 8
+    wall = WallClock(FixedDelays())
+    online = set(range(100, 108))
+    for _ in range(40):
+        _reply(wall, 0, online, train=0.0, wait=1.0)
+    assert wall.replies_seen == 40 and wall.parallelism() is None and wall.in_flight_cap(8) == 8
+
+
+def test_reporters_that_left_or_stopped_reporting_no_longer_make_a_quorum():
+    # 4 of 8 report (a queue: 4 x (0 + 0.1) / 1.05 = 0.4 at once -> 2 out); then they leave, or stay and report
+    # nothing: the 4 stock nodes replying after them are all that replies lately, and none of them reports
+    for leave in (True, False):
+        wall = WallClock(FixedDelays())
+        online = set(range(100, 108))
+        for i in range(4):
+            for client in range(4):
+                _reply(wall, client, online, train=0.0, wait=0.1 if i == 0 else 2.0)
+            for client in range(4, 8):
+                _reply(wall, client, online)
+        assert wall.in_flight_cap(8) == 2
+        stock = set(range(104, 108)) if leave else online
+        for client in range(4, 8) if leave else range(8):
+            _reply(wall, client, stock)
+        assert wall.parallelism() is None and wall.in_flight_cap(8) == 8, leave

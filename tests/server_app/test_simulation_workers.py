@@ -91,7 +91,7 @@ def test_replies_that_report_their_process_are_measured_as_before_not_counted():
     clock = WallClock(delays=None)
     clock.simulation_workers = lambda: 1
     for i in range(8):  # 1 s of compute each, waits of 0.2 s and 4 s, 6 in flight, trained by two processes
-        clock.observe_train_seconds(SimpleNamespace(client=i, start=0.0, finish=1.2 if i % 2 else 5.0), 1.0, 6,
+        clock.observe_train_seconds(SimpleNamespace(client=i, node_id=100 + i, start=0.0, finish=1.2 if i % 2 else 5.0), 1.0, 6,
                                     process=f"p{i % 2}")
     # measured, not counted: 6 x (1 + 0.2) / 3.1 = 2.3 running -> 3, one more queued
     assert clock.in_flight_cap(6) == 4
