@@ -32,7 +32,7 @@ from asyncfl.server_app.simulation_workers import flower_simulation_workers
 RECENT_DURATIONS = 32
 #: Wall clock: replies reporting train-seconds needed before the jobs in flight are capped at the measured parallelism.
 CAP_AFTER_REPLIES = 8
-#: Wall clock: how many of the latest replies' training processes count the processes that train.
+#: Wall clock: how many of the latest process names kept (:class:`ClientWindow`) count the processes that train.
 PROCESS_WINDOW = 128
 #: Wall clock: replies after which the nodes online no longer count as the clients replying lately, however few of
 #: them replied (nodes online that get no job: no data, or held back).
@@ -69,6 +69,7 @@ class ClientWindow:
 
     def __len__(self) -> int:
         return len(self.entries)
+
 
 if TYPE_CHECKING:
     from flwr.app import Message
@@ -268,8 +269,8 @@ class WallClock:
         """Jobs the workers run at once, by Little's law over the latest replies that report train-seconds:
         jobs in flight x (train + the shortest wait to start) / round trip. The shortest wait is transport and
         start-up, which every job pays; anything above it is a queue for a worker.
-        ``None``: too few replies, or reported by fewer than half of the latest distinct clients that replied
-        (one node's timings are not the fleet's)."""
+        ``None``: too few reports, or reported by fewer than half of the clients replying lately
+        (:meth:`_reported_by_most`: one node's timings are not the fleet's)."""
         if len(self.reported) < CAP_AFTER_REPLIES or not self._reported_by_most():
             return None
         compute, waits, in_flight = zip(*self.reported.values())
