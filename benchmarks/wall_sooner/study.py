@@ -714,7 +714,8 @@ WITHIN_POINTS, TIME_SHARE, RATE_SHARE = 1.0, 0.5, 0.9
 #: (app and mode, the folders of Flower's FedAvg's runs, the folders of asyncfl's runs): each one example and setting
 STATUS = (
     ("quickstart, simulation", (".", "equal-stop", "quickstart-fedavg", "quickstart-fedavg-2"),
-     (".", "equal-stop", "fedbuff-no-hold", "quickstart-tail3", "quickstart-tail3-no-hold", "clientwindow-check")),
+     (".", "equal-stop", "fedbuff-no-hold", "quickstart-tail3", "quickstart-tail3-no-hold", "clientwindow-check",
+      "clientwindow-check-before")),
     ("advanced, 12 jobs out, simulation", ("advanced",), ("advanced",)),
     ("advanced, 6 jobs out, simulation", ("advanced-6-out", "advanced-6-out-learned", "advanced-6-out-fedavg"),
      ("advanced-6-out", "advanced-6-out-learned", "puller-fine-0", "advanced-6-out-no-hold", "advanced-6-out-refill-first",
