@@ -68,6 +68,13 @@ PROCESS = "process"
 #: The characters of a worker record's name read (a node's word, not a place to store data).
 WORKER_NAME_CHARS = 200
 
+
+def worker_name(value) -> str | None:
+    """A worker record's name as read: a str or an int, its first ``WORKER_NAME_CHARS`` characters, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return str(value)[:WORKER_NAME_CHARS]
+
 # ------------------------------------------------------------------ gossip events (relay <-> peer ClientApps)
 #: A peer's accuracy on its local test split after the event.
 LOCAL_ACCURACY = "local-acc"

@@ -144,9 +144,8 @@ class EngineStats:
             tally[3] += 1
         if train_seconds is not None:
             self.client_train_seconds.append(train_seconds)
-        if isinstance(worker_node, (str, int)) and not isinstance(worker_node, bool):  # a node's word: a short name,
-            worker_node = str(worker_node)[:protocol.WORKER_NAME_CHARS]  # and a bounded table
-            if worker_node not in self.by_worker and len(self.by_worker) >= WORKER_NAMES:
+        if worker_node is not None and (worker_node := protocol.worker_name(worker_node)) is not None:
+            if worker_node not in self.by_worker and len(self.by_worker) >= WORKER_NAMES:  # a bounded table
                 worker_node = "other"
             self.by_worker[worker_node] = self.by_worker.get(worker_node, 0) + 1
 

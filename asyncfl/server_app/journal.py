@@ -87,9 +87,8 @@ def _parts(content: RecordDict, arrays_key: str, most_arrays: int) -> tuple[list
         kept["metrics"] = metrics  # the record reply_metrics picks, under the name it picks first
     worker = content.config_records.get(protocol.WORKER_RECORD)
     if worker is not None:  # the names the path reads, as it reads them: not whatever else a node put there
-        kept[protocol.WORKER_RECORD] = ConfigRecord({
-            key: str(worker[key])[:protocol.WORKER_NAME_CHARS] for key in (protocol.PROCESS, protocol.RAY_NODE)
-            if isinstance(worker.get(key), (str, int)) and not isinstance(worker.get(key), bool)})
+        names = {key: protocol.worker_name(worker.get(key)) for key in (protocol.PROCESS, protocol.RAY_NODE)}
+        kept[protocol.WORKER_RECORD] = ConfigRecord({key: name for key, name in names.items() if name is not None})
     return layout, payload, serde.recorddict_to_proto(kept).SerializeToString()
 
 
