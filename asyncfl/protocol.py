@@ -13,6 +13,7 @@ runtime both load it.
 from __future__ import annotations
 
 import numpy as np
+from flwr.app import MetricRecord
 
 # ----------------------------------------------------------- train / evaluate requests (server -> client)
 #: The server version a job's model is (Flower has no such key; staleness is counted from it).
@@ -55,10 +56,34 @@ def train_seconds(metrics) -> float | None:
     return float(value)
 
 
+#: The most of a reply's metrics the server reads: names, a name's characters, numbers in all (a list counts its
+#: entries). Metrics are reports; beyond these a node would be storing data on the server (rounds, journal).
+METRIC_NAMES, METRIC_NAME_CHARS, METRIC_VALUES = 1000, 200, 10_000
+
+
+class TrimmedMetrics(MetricRecord):
+    """A reply's metrics cut to a report's size (:func:`reply_metrics`)."""
+
+
 def reply_metrics(content):
-    """A reply's ``"metrics"`` MetricRecord, else its only (first) one as Flower reads it, else ``None``."""
+    """A reply's ``"metrics"`` MetricRecord, else its only (first) one as Flower reads it, else ``None``; one beyond a
+    report's size (:data:`METRIC_NAMES` names, :data:`METRIC_NAME_CHARS` characters in a name, :data:`METRIC_VALUES`
+    numbers) as :class:`TrimmedMetrics`: its single numbers first (an example count, a loss), then its lists, in the
+    order sent, as far as the bounds go; a name too long left out."""
     records = content.metric_records
-    return records["metrics"] if "metrics" in records else next(iter(records.values()), None)
+    record = records["metrics"] if "metrics" in records else next(iter(records.values()), None)
+    if record is None or len(record) <= METRIC_NAMES and sum(
+            len(value) if isinstance(value, list) else 1 for value in record.values()) <= METRIC_VALUES and all(
+            len(name) <= METRIC_NAME_CHARS for name in record):
+        return record
+    kept, values = {}, 0
+    for lists in (False, True):
+        for name, value in record.items():
+            size = len(value) if isinstance(value, list) else 1
+            if (isinstance(value, list) == lists and len(name) <= METRIC_NAME_CHARS and len(kept) < METRIC_NAMES
+                    and values + size <= METRIC_VALUES):
+                kept[name], values = value, values + size
+    return TrimmedMetrics(kept)
 
 
 #: A reply's record saying where its ClientApp ran: ``{PROCESS: "host:pid"}``, and ``RAY_NODE: id`` in a Ray worker.

@@ -39,3 +39,20 @@ def test_job_seeds_fit_a_config_record_and_differ_by_stream_and_counter():
     assert len(seeds) == 200
     assert all(0 <= s < 2**63 for s in seeds)
     assert protocol.job_seed(3, protocol.ENGINE_STREAM, 5) == protocol.job_seed(3, protocol.ENGINE_STREAM, 5)
+
+
+def test_a_replys_metrics_beyond_a_reports_size_are_cut_to_it_its_single_numbers_first():
+    from flwr.app import MetricRecord, RecordDict
+
+    from asyncfl import protocol
+
+    honest = MetricRecord({"num-examples": 10, "train-loss": 0.5, "per-class": [0.1] * 100})
+    assert protocol.reply_metrics(RecordDict({"metrics": honest})) is honest  # within the bounds: as sent
+    bulky = MetricRecord({"per-class": [0.1] * 9_999, "x" * 201: 1.0, "num-examples": 10, "train-loss": 0.5,
+                          **{f"m{i}": 1.0 for i in range(5)}})
+    cut = protocol.reply_metrics(RecordDict({"metrics": bulky}))
+    assert isinstance(cut, protocol.TrimmedMetrics)
+    # single numbers first (the count, the loss, m0-m4: 7), then the list only if it fits the 10,000 in all (no)
+    assert list(cut) == ["num-examples", "train-loss", *(f"m{i}" for i in range(5))]
+    many = MetricRecord({f"m{i}": float(i) for i in range(1500)})
+    assert list(protocol.reply_metrics(RecordDict({"metrics": many}))) == [f"m{i}" for i in range(1000)]

@@ -37,7 +37,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from asyncfl import protocol
-from asyncfl.server_app.codec import RejectedReply, reported_count
+from asyncfl.server_app.codec import RejectedReply, is_undecodable, reported_count
 from asyncfl.state import capture, restore
 from asyncfl.strategies.flower_options import FlowerOptions, MetricsAggregation, configs_by_node
 
@@ -67,14 +67,40 @@ def aggregate_replies(replies: list[RecordDict], weight_key: str, aggregate: Met
         if left_out:
             log.warning("%s metrics: %d reply(ies) left out of the mean: a value not a finite number (or a list of "
                         "them) of the shape most replies send", what, left_out)
+        replies, few = common_names(replies, weight_key)
+        if few:
+            log.warning("%s metrics: %d metric name(s) left out of the mean: fewer than half of the replies send "
+                        "them (e.g. %r)", what, len(few), few[0][:60])
         if not replies:
             return None
         aggregate = aggregate_metricrecords
     try:
-        return aggregate(replies, weight_key)
+        record = aggregate(replies, weight_key)
     except Exception as exc:  # noqa: BLE001 - the metrics come from participants: a report lost, never the run
         log.warning("%s metrics not aggregated: %s: %s", what, type(exc).__name__, str(exc)[:300])
         return None
+    if aggregate is aggregate_metricrecords:  # finite values near float's largest can sum beyond it
+        overflowed = [name for name, value in record.items()
+                      if not all(math.isfinite(v) for v in (value if isinstance(value, list) else [value]))]
+        for name in overflowed:
+            del record[name]
+        if overflowed:
+            log.warning("%s metrics: the mean of %r left out: beyond float's range", what, overflowed[0][:60])
+    return record
+
+
+def common_names(replies: list[RecordDict], weight_key: str) -> tuple[list[RecordDict], list[str]]:
+    """``replies`` without the metric names fewer than half of them send, and those names: Flower's mean weighs a
+    value by its reply's share of every reply's count, so a name few send averages low, and one node's own names
+    would be kept in every round's metrics (and checkpoint) for the rest of the run."""
+    sent = Counter(name for reply in replies for name in next(iter(reply.metric_records.values())))
+    few = sorted(name for name, n in sent.items() if 2 * n < len(replies) and name != weight_key)
+    if not few:
+        return replies, []
+    dropped = set(few)
+    return [RecordDict({"metrics": MetricRecord({name: value for name, value in
+                                                 next(iter(reply.metric_records.values())).items()
+                                                 if name not in dropped})}) for reply in replies], few
 
 
 def aggregatable(replies: list[RecordDict], weight_key: str) -> tuple[list[RecordDict], int]:
@@ -177,7 +203,7 @@ def read_evaluate_reply(reply: Message, weight_key: str) -> RecordDict | str:
     """A federated-evaluation reply's metrics as they are aggregated (its ``weight_key`` count, when it has one, a whole
     number from 0 to 2**53: :func:`~asyncfl.server_app.codec.reported_count`), or the reason it gives none."""
     if reply.has_error():
-        return "error-reply"
+        return "undecodable" if is_undecodable(reply) else "error-reply"
     if not reply.content.metric_records:
         return "no-metrics"
     metrics = protocol.reply_metrics(reply.content)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from asyncfl import protocol
 from asyncfl.errors import RejectedReply
@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # annotations only: the engine's state imports this module
 
 #: The largest integer entry a reply may carry: float32 (the flat vector) holds integers exactly up to 2**24.
 INTEGER_LIMIT = 2**24
+#: The longest .npy header an array may carry (numpy's own reader refuses longer ones by default).
+HEADER_LIMIT = 10_000
 
 
 def array_view(array: Array) -> np.ndarray:
@@ -55,11 +57,16 @@ def array_view(array: Array) -> np.ndarray:
         offset = 10 + int.from_bytes(data[8:10], "little")
     else:
         offset = 12 + int.from_bytes(data[8:12], "little")
-    header = data[10 if major == 1 else 12 : offset]
-    if b"'fortran_order': True" in header:
-        return array.numpy()
+    if offset > HEADER_LIMIT + 12:
+        raise ValueError(f"a .npy header of {offset} bytes; at most {HEADER_LIMIT}")
     dtype = np.dtype(array.dtype)
-    return np.frombuffer(data, dtype=dtype, offset=offset, count=int(np.prod(array.shape))).reshape(array.shape)
+    count = int(np.prod(array.shape))
+    if len(data) != offset + count * dtype.itemsize:  # bytes beyond the array would be carried (journaled) unread
+        raise ValueError(f"{len(data)} bytes, not the {offset + count * dtype.itemsize} its header, dtype and shape "
+                         "make")
+    if b"'fortran_order': True" in data[10 if major == 1 else 12 : offset]:
+        return array.numpy()
+    return np.frombuffer(data, dtype=dtype, offset=offset, count=count).reshape(array.shape)
 
 
 class ModelCodec:
@@ -70,6 +77,7 @@ class ModelCodec:
         self.shapes = shapes
         self.dtypes = dtypes
         self.sizes = [int(np.prod(s)) for s in shapes]
+        self.index = {name: i for i, name in enumerate(names)}
         self.offsets = np.cumsum([0] + self.sizes)
         self.size = int(self.offsets[-1])
         #: Where BatchNorm ``running_var`` entries lie in the flat layout (:meth:`clamp_variances`); empty without.
@@ -209,11 +217,22 @@ class ModelCodec:
 
 #: Flower's codes for a message or reply it dropped as older than its TTL: the job ran out of time.
 EXPIRED_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
+#: How an error reply in place of one Flower's Grid could not decode begins (``transport.undecodable_reply``).
+UNDECODABLE_REPLY = "the reply could not be decoded"
+
+
+def is_undecodable(reply: Message) -> bool:
+    """Whether ``reply`` is the error the server made in place of a reply Flower's Grid could not decode (from the
+    SuperLink's node id, which no node's own reply carries)."""
+    return (reply.metadata.src_node_id == SUPERLINK_NODE_ID
+            and (reply.error.reason or "").startswith(UNDECODABLE_REPLY))
 
 
 def read_train_reply(reply: Message, codec: ModelCodec, keys: MessageKeys) -> np.ndarray:
     """The trained model of ``reply`` as a flat vector in ``codec``'s layout; :class:`RejectedReply` if unusable."""
     if reply.has_error():
+        if is_undecodable(reply):
+            raise RejectedReply("undecodable", reply.error.reason[:300])
         lines = (reply.error.reason or "").strip().splitlines()
         raise RejectedReply("error-reply", f"the ClientApp replied with an error: {lines[-1][:300] if lines else '?'}",
                             expired=reply.error.code in EXPIRED_CODES)
@@ -250,8 +269,6 @@ def read_reply(job: Job, reply: Message | None, codec: ModelCodec, keys: Message
 
 #: The largest example count a reply may report (float64 holds whole numbers exactly up to 2**53).
 MAX_COUNT = 2**53
-
-
 def reported_count(metrics, key: str) -> int | RejectedReply:
     """A reply's example count under ``key``: a whole number >= 0 (an integral float is taken), 0 when absent;
     anything else (NaN, inf, negative, fractional, a list, a bool) is the reply's rejection ``bad-num-examples``."""

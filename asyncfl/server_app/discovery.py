@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
+from flwr.common.constant import SUPERLINK_NODE_ID
 
 from asyncfl import protocol
 from asyncfl.server_app.pacing import PollPacer
@@ -35,6 +36,7 @@ class Identities:
     labels_of: dict[int, list[int]] = field(default_factory=dict)
     unanswered: list[int] = field(default_factory=list)  # nodes with no reply at all by the deadline
     refused: int = 0  # nodes that answered with an error (a ClientApp without a query handler)
+    no_handler: bool = False  # the ClientApp has no query handler: the probe, or every node asked, refused
 
     def ordered(self, nodes: list[int]) -> list[int]:
         """``nodes`` by partition id; nodes that did not report one follow, by node id."""
@@ -48,11 +50,12 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
 
     With ``probe_first`` the first node is asked alone: a stock ClientApp has no ``query``
     handler and answers with an error, which Flower's simulation runtime logs as a traceback,
-    so when the first node refuses the others are not asked (``refused`` is set; one
+    so when the first node refuses the others are not asked (``no_handler`` is set; one
     traceback, not one per node). Once it answered, or after :data:`PROBE_S` (at most half
     the deadline) of silence, the rest are asked at once. Without it (a deployment, where each
     SuperNode logs its own refusal) every node is asked at once: a deployed node starts a
-    process per message, and asking one first would add that start to the run's.
+    process per message, and asking one first would add that start to the run's; one node's
+    error reply then stands for that node alone (``no_handler`` only when every node refused).
     Returns as soon as every node answered; nodes still silent at the deadline are listed in
     ``unanswered``.
     """
@@ -65,14 +68,18 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     first = 1 if probe_first else len(nodes)
     node_of = _ask(grid, nodes[:first], deadline, request)
     pending = set(node_of)
-    _collect(grid, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes))
-    if found.refused:
+    again = _Again(grid, node_of, deadline, request)
+    _collect(grid, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes),
+             again, stop_on_refusal=probe_first)
+    if probe_first and found.refused:
+        found.no_handler = True
         return found
     asked = _ask(grid, nodes[first:], deadline, request)
     node_of.update(asked)
     pending |= set(asked)
-    _collect(grid, pending, deadline, found, len(nodes))
+    _collect(grid, pending, deadline, found, len(nodes), again)
     found.unanswered = sorted(node_of[m] for m in pending)
+    found.no_handler = found.refused == len(nodes)
     return found
 
 
@@ -91,11 +98,30 @@ def _ask(grid, nodes: list[int], deadline: float, request: dict) -> dict[str, in
     return dict(zip(grid.push_messages(messages), nodes))
 
 
-def _collect(grid, pending: set[str], until: float, found: Identities, total: int) -> None:
-    """Pull answers to the ``pending`` queries into ``found`` until none is pending, one refused, or ``until``."""
+class _Again:
+    """Asks a node once more whose answer the SuperLink lost (its error in place of the answer: one the Grid could
+    not decode was pulled with it, ``transport.Link``), once per node."""
+
+    def __init__(self, grid, node_of: dict[str, int], deadline: float, request: dict) -> None:
+        self.grid, self.node_of, self.deadline, self.request = grid, node_of, deadline, request
+        self.asked: set[int] = set()
+
+    def __call__(self, message_id: str, pending: set[str]) -> None:
+        node = self.node_of.get(message_id)
+        if node is not None and node not in self.asked and time.monotonic() < self.deadline:
+            self.asked.add(node)
+            asked = _ask(self.grid, [node], self.deadline, self.request)
+            self.node_of.update(asked)
+            pending |= set(asked)
+
+
+def _collect(grid, pending: set[str], until: float, found: Identities, total: int, again: _Again,
+             stop_on_refusal: bool = False) -> None:
+    """Pull answers to the ``pending`` queries into ``found`` until none is pending, ``until``, or (with
+    ``stop_on_refusal``) one refused; a lost answer is asked for ``again``."""
     next_note = time.monotonic() + 10.0
     pacer = PollPacer(first=0.01, longest=0.5)
-    while pending and not found.refused and time.monotonic() < until:
+    while pending and not (stop_on_refusal and found.refused) and time.monotonic() < until:
         if time.monotonic() >= next_note:
             log.info("waiting for %d of %d node(s) to answer the identity query (up to %.0fs more)", len(pending),
                      total, until - time.monotonic())
@@ -105,8 +131,11 @@ def _collect(grid, pending: set[str], until: float, found: Identities, total: in
         pull_seconds = time.perf_counter() - pull_started
         for reply in replies:
             pending.discard(reply.metadata.reply_to_message_id)
-            if reply.has_error():
-                found.refused += 1
+            if reply.has_error():  # the node's own error (no query handler), or the SuperLink's: lost, not refused
+                if reply.metadata.src_node_id == SUPERLINK_NODE_ID:
+                    again(reply.metadata.reply_to_message_id, pending)
+                else:
+                    found.refused += 1
                 continue
             if "config" not in reply.content.config_records:
                 continue

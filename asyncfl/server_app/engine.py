@@ -311,8 +311,7 @@ class AsyncEngine:
         ``refused``: the reply's rejection, decided before it is read (one the journal cannot hold)."""
         state = self.state
         if self._journaling and not self.replaying:
-            refused = journal.record_event(self.checkpoints, job, reply, state, self.keys.arrays,
-                                           len(self.codec.names) + 1)
+            refused = journal.record_event(self.checkpoints, job, reply, state, self.codec, self.keys)
         # 3. read it: an Arrival, or the rejection saying why it gives nothing
         outcome = refused or read_reply(job, reply, self.codec, self.keys, self.versions.version, base,
                                         self.config.timeout)
@@ -330,6 +329,7 @@ class AsyncEngine:
         state.failing_clients.clear()
         content = reply.content
         metrics = protocol.reply_metrics(content)
+        state.stats.metrics_trimmed += isinstance(metrics, protocol.TrimmedMetrics)
         worker = content.config_records.get(protocol.WORKER_RECORD) or {}
         train_seconds = protocol.train_seconds(metrics)
         self.stats.count_reply(job, content, self.keys.arrays, train_seconds, pulled_wall, worker.get(protocol.RAY_NODE))

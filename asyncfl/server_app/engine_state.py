@@ -105,6 +105,7 @@ class EngineStats:
     client_train_seconds: list[float] = field(default_factory=list)  # as the ClientApps report it
     reply_bytes: list[int] = field(default_factory=list)  # serialized array payload of each accepted reply
     clamped_variances: int = 0  # negative BatchNorm running variances set to 0 in new global models
+    metrics_trimmed: int = 0  # accepted replies whose metrics were cut to a report's size (protocol.reply_metrics)
     held_dispatches: int = 0  # times free slots waited for the strategy's next version (dispatch-hold)
     reply_pulls: int = 0  # wall clock: pull requests of single replies the puller made (each costs the SuperLink)
     # wall clock: seconds from the last pull that missed a reply to the pull that found it (how late it may have been

@@ -24,14 +24,16 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.app.message import make_message
 from flwr.common import MessageType, serde
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from asyncfl import protocol
 from asyncfl.server_app.engine_state import Job
-from asyncfl.server_app.codec import RejectedReply
+from asyncfl.server_app.codec import HEADER_LIMIT, ModelCodec, RejectedReply, read_train_reply
 from asyncfl.strategies.arrival import Arrival
 
 if TYPE_CHECKING:
+    from asyncfl.strategies.flower_options import MessageKeys
     from asyncfl.server_app.checkpoint import Checkpoints
     from asyncfl.server_app.engine import AsyncEngine
     from asyncfl.server_app.engine_state import EngineState
@@ -40,14 +42,15 @@ log = logging.getLogger("asyncfl.engine")
 
 
 def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, state: EngineState,
-                 arrays_key: str, most_arrays: int) -> RejectedReply | None:
-    """Log the reply of ``job`` about to be taken in, as the reply path reads it: the model record (``arrays_key``:
-    each array's bytes as they came, at most ``most_arrays`` of them, which is one more than the model has, so a
-    reply with more is refused on replay as live), the metrics it reads and the worker record's names (serialized), or
-    the last line of its error, or that none came (``job.lost_reason``), with the job's fields and its round trip
-    (nothing else a node sends: the journal's size is that of the updates). Returns the reply's rejection when it
-    cannot be written (values no serialization holds, e.g. an int beyond 64 bits): a resumed run could not take it
-    in again, so the live run refuses it too (``unrecordable``), and the journal says so."""
+                 codec: ModelCodec, keys: MessageKeys) -> RejectedReply | None:
+    """Log the reply of ``job`` about to be taken in, as the reply path reads it: the model record (``keys.arrays``:
+    each array's bytes as they came), the metrics it reads and the worker record's names (serialized), or the last line of its error,
+    or that none came (``job.lost_reason``), with the job's fields and its round trip (nothing else a node sends).
+    A reply whose model record carries more than the path takes (an array of another name or shape, or of more bytes
+    than its entries can take) is logged as its rejection alone, so a reply's entry is at most what an accepted one's
+    can be. Returns the reply's rejection when decided here: that one,
+    or ``unrecordable`` when the reply cannot be written (values no serialization holds, e.g. an int beyond 64
+    bits): a resumed run could not take it in again, so the live run refuses it too, and the journal says so."""
     pulled = state.pulled_at.get(job.message_id)
     header = {"kind": "reply", "seq": job.seq, "client": job.client, "node": job.node_id, "version": job.version,
               "start": job.start, "finish": job.finish, "lost": job.lost_reason, "outage": job.outage,
@@ -57,12 +60,15 @@ def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, stat
     refused = None
     if reply is not None and reply.has_error():
         lines = (reply.error.reason or "").strip().splitlines()  # all the reply path reads of it
-        header["error"] = [int(reply.error.code), lines[-1][:300] if lines else ""]
+        header["error"] = [int(reply.error.code), lines[-1][:300] if lines else "",
+                           reply.metadata.src_node_id == SUPERLINK_NODE_ID]  # the server's own error in its place
+    elif reply is not None and (refused := _carries_too_much(reply, codec, keys)) is not None:
+        header["refused"] = [refused.reason, str(refused)]
     elif reply is not None:
         try:
-            layout, payload, small = _parts(reply.content, arrays_key, most_arrays)
+            layout, payload, small = _parts(reply.content, keys.arrays)
             arrays += [*payload, np.frombuffer(small, dtype=np.uint8)]
-            header["content"] = {"key": arrays_key, "arrays": layout}
+            header["content"] = {"key": keys.arrays, "arrays": layout}
         except Exception as exc:  # whatever a node sent that serialization refuses
             refused = RejectedReply("unrecordable", f"the reply cannot be written to the journal ({type(exc).__name__}:"
                                                     f" {str(exc)[:200]}); a resumed run could not take it in again")
@@ -71,13 +77,44 @@ def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, stat
     return refused
 
 
-def _parts(content: RecordDict, arrays_key: str, most_arrays: int) -> tuple[list | None, list[np.ndarray], bytes]:
+#: Bytes an array may carry beyond its entries: the .npy header (the codec refuses a longer one).
+NPY_HEADER_BYTES = HEADER_LIMIT + 12
+#: Bytes an entry may take: the widest dtype the codec accepts (float128).
+ENTRY_BYTES = 16
+#: Characters an array's dtype or serialization may be named in.
+DESCRIPTION_CHARS = 64
+
+
+def _carries_too_much(reply: Message, codec: ModelCodec, keys: MessageKeys) -> RejectedReply | None:
+    """The path's rejection of a reply whose model record carries more than the path takes (arrays under other
+    names or shapes, or of more bytes than their entries can take), worked out before the reply is written; ``None``
+    for any other reply (the path reads it as usual; its metrics are journaled as the path reads them, cut to a
+    report's size: ``protocol.reply_metrics``)."""
+    record = reply.content.array_records.get(keys.arrays)
+    if record is not None and not all(_fits(codec, name, array) for name, array in record.items()):
+        try:
+            read_train_reply(reply, codec, keys)
+        except RejectedReply as rejected:
+            return rejected
+    return None
+
+
+def _fits(codec: ModelCodec, name: str, array) -> bool:
+    """Whether ``array`` under ``name`` is no larger than the model's entry of that name can be sent as: its name and
+    shape, a dtype and serialization named in at most :data:`DESCRIPTION_CHARS`, bytes the entries can take."""
+    i = codec.index.get(name)
+    return (i is not None and tuple(array.shape) == codec.shapes[i] and len(array.dtype) <= DESCRIPTION_CHARS
+            and len(array.stype) <= DESCRIPTION_CHARS
+            and len(array.data) <= NPY_HEADER_BYTES + ENTRY_BYTES * codec.sizes[i])
+
+
+def _parts(content: RecordDict, arrays_key: str) -> tuple[list | None, list[np.ndarray], bytes]:
     """What the reply path reads of ``content``: the model record's arrays as their bytes (no re-encoding: a
     model-sized record costs one copy) with each one's ``[name, dtype, shape, stype]`` (``None``: no such
     record), and the metrics and worker records serialized (Flower's serde)."""
     layout, payload = None, []
     if arrays_key in content.array_records:
-        items = list(content.array_records[arrays_key].items())[:most_arrays]
+        items = list(content.array_records[arrays_key].items())
         layout = [[str(name), str(array.dtype), [int(n) for n in array.shape], str(array.stype)]
                   for name, array in items]
         payload = [np.frombuffer(array.data, dtype=np.uint8) for _, array in items]
@@ -95,11 +132,13 @@ def _parts(content: RecordDict, arrays_key: str, most_arrays: int) -> tuple[list
 def _reply_of(header: dict, parts: list[np.ndarray]) -> Message | None:
     """The reply a journal event recorded (``parts``: its arrays' bytes, then its other records), as a Message the
     reply path reads (``None``: none came)."""
-    metadata = Metadata(run_id=0, message_id="", src_node_id=int(header["node"]), dst_node_id=0,
+    from_superlink = "error" in header and len(header["error"]) > 2 and bool(header["error"][2])
+    source = SUPERLINK_NODE_ID if from_superlink else int(header["node"])
+    metadata = Metadata(run_id=0, message_id="", src_node_id=source, dst_node_id=0,
                         reply_to_message_id=f"replayed-{header['seq']}", group_id="", created_at=0.0, ttl=0,
                         message_type=MessageType.TRAIN)
     if "error" in header:
-        code, reason = header["error"]
+        code, reason = header["error"][:2]
         return make_message(metadata=metadata, error=Error(code=int(code), reason=str(reason)))
     if "content" not in header:
         return None

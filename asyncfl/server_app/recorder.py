@@ -218,6 +218,8 @@ def transport_summary(stats) -> dict:
     out: dict = {}
     if stats.clamped_variances:
         out["clamped-bn-variances"] = stats.clamped_variances
+    if getattr(stats, "metrics_trimmed", 0):
+        out["metrics-trimmed"] = stats.metrics_trimmed
     if getattr(stats, "held_dispatches", 0):
         out["held-dispatches"] = stats.held_dispatches
     if getattr(stats, "reply_pulls", 0):

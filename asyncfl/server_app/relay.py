@@ -60,7 +60,7 @@ from asyncfl.options import resolve_delays
 from asyncfl.server_app.pacing import PollPacer
 from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.run_folder import append_csv, start_csv, write_json
-from asyncfl.server_app.transport import wait_for_nodes, wait_for_reply
+from asyncfl.server_app.transport import guarded, wait_for_nodes, wait_for_reply
 from asyncfl.simulation.presets import delay_sampler
 
 log = logging.getLogger("asyncfl.relay")
@@ -166,7 +166,7 @@ class GossipRelay:
 
     def __init__(self, grid, method: str, gossip: GossipConfig, options, timeout: float, train_config: dict,
                  folder: Path, check_push=None) -> None:
-        self.grid = grid
+        self.grid = guarded(grid, timeout)  # a reply Flower's Grid cannot decode costs that reply (transport.Link)
         if method not in GOSSIP_METHODS or not options.max_time > 0:
             raise ConfigError(f"the gossip relay runs a gossip method ({', '.join(GOSSIP_METHODS)}) to a horizon "
                               f"max-time > 0; got {method!r} and max-time={options.max_time}")

@@ -77,11 +77,14 @@ class Roster:
         self.unidentified += len(unknown)
         if not asked:
             pass  # identify_nodes off: node-id order, as asked
-        elif found.refused:
+        elif found.no_handler and not self.nodes:  # the first nodes (a node joining later speaks for itself)
             log.info("clients follow node-id order: the ClientApp has no query handler "
                      "(asyncfl.client_app.extras.answer_identity adds one); a seeded simulation repeats exactly only "
                      "when the nodes report their partition-id")
             self._ask = False  # nodes joining later run the same ClientApp
+        elif found.refused:
+            log.warning("%d of %d node(s) answered the identity query with an error; they follow in node-id order, "
+                        "which the seed does not fix", found.refused, len(nodes))
         elif found.unanswered:
             log.warning("%d node(s) did not answer the identity query within %.0fs; they follow in node-id order, "
                         "which the seed does not fix: this run may not repeat exactly", len(found.unanswered),

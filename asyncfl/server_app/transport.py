@@ -13,7 +13,7 @@ import math
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from contextlib import contextmanager
 from typing import Callable
 
@@ -24,6 +24,7 @@ from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
 from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectPushError, ObjectUnavailableError
 
 from asyncfl.errors import ConfigError, RunFailed
+from asyncfl.server_app.codec import UNDECODABLE_REPLY
 from asyncfl.server_app.pacing import PollPacer
 
 log = logging.getLogger("asyncfl.engine")
@@ -87,6 +88,10 @@ GATEWAY_STATUSES = (502, 503, 504)
 UNAVAILABLE_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 
+#: Messages out whose node a :class:`Link` remembers (the oldest forgotten first: a lost message never comes back).
+REMEMBERED_MESSAGES = 100_000
+
+
 #: Flower's errors for a message whose objects the SuperLink no longer has or would not take (a push session or
 #: objects lost in a restart): the message is lost, the run goes on.
 OBJECT_ERRORS = (ObjectPushError, ObjectPullError, ObjectUnavailableError)
@@ -101,6 +106,14 @@ def outage_limit(timeout: float) -> float:
     """Seconds a run waits for an unreachable SuperLink before it ends: :data:`OUTAGE_JOB_TIMEOUTS` x ``timeout``
     (a timeout of ``inf`` waits for ever, as Flower's own Grid does)."""
     return OUTAGE_JOB_TIMEOUTS * timeout
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """Whether a Grid call failed in transport (an HTTP status, a gRPC error: the request was not served), rather
+    than while decoding what it got."""
+    httpx, grpc = sys.modules.get("httpx"), sys.modules.get("grpc")
+    return (httpx is not None and isinstance(exc, httpx.HTTPError)
+            or grpc is not None and isinstance(exc, grpc.RpcError))
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -120,12 +133,19 @@ def is_unreachable(exc: BaseException) -> bool:
     return False
 
 
-def unavailable_reply(message_id: str, reason: str) -> Message:
+def unavailable_reply(message_id: str, reason: str, code: int = ErrorCode.MESSAGE_UNAVAILABLE) -> Message:
     """The error reply Flower's Grid gives for a reply that cannot be had (code ``MESSAGE_UNAVAILABLE``)."""
     metadata = Metadata(run_id=0, message_id="", src_node_id=SUPERLINK_NODE_ID, dst_node_id=SUPERLINK_NODE_ID,
                         reply_to_message_id=message_id, group_id="", created_at=time.time(), ttl=0,
                         message_type=SYSTEM_MESSAGE_TYPE)
-    return make_message(metadata=metadata, error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=reason))
+    return make_message(metadata=metadata, error=Error(code=code, reason=reason))
+
+
+def undecodable_reply(message_id: str, exc: BaseException) -> Message:
+    """An error reply in place of a reply Flower's Grid could not decode (its objects are a node's bytes: the
+    SuperLink checks their hashes, not their contents); the reply path counts it ``undecodable``."""
+    said = " ".join(str(exc).split())[:200]  # one line: the journal keeps an error's last line
+    return unavailable_reply(message_id, f"{UNDECODABLE_REPLY}: {type(exc).__name__}: {said}", ErrorCode.UNKNOWN)
 
 
 class Link:
@@ -139,6 +159,15 @@ class Link:
     :class:`SuperLinkUnreachable` from every call until :meth:`end`, after which calls answer as a SuperLink with
     nothing: no node, no message taken, every reply asked for unavailable (so a run can write its last row and
     close its federated evaluation without it).
+
+    A pull that raises on a reply Flower's Grid could not decode (its objects are a node's bytes: the SuperLink checks
+    their hashes, not their contents) costs replies, never the run: the SuperLink hands a pull's replies over before
+    the Grid decodes them, so those pulled with it are gone (asked again, Flower's "unavailable" errors; counted
+    as ``failed_pulls`` and logged), and the nodes whose replies it held become suspects for that type of message
+    (train, evaluate, query), their messages of that type pulled one at a time (:meth:`_pull_alone`) until a reply
+    of their own decodes, for good after a second such pull; one whose own pull raises comes back as an
+    :func:`undecodable_reply` (the reply path counts it ``undecodable``). A node that keeps sending such replies
+    costs the others' replies at most twice per message type, then only its own.
 
     Flower 1.42's own Grid (``HttpGrid``) retries a connection error inside the call, without end: its calls
     then block rather than raise. :meth:`watching` hooks into its retries (the Grid's ``RetryInvoker``), so the
@@ -167,6 +196,12 @@ class Link:
         self._gave_up: str | None = None
         self._ended = False
         self.refused = False  # the SuperLink refused the run's credentials (HTTP 401), seen in Flower's retries
+        # message id -> (its node, its type), for the messages out (oldest first)
+        self._node_of: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._nodes_lock = threading.Lock()
+        self.suspects: set[tuple[int, str]] = set()  # (node, type) whose messages are pulled one at a time
+        self._lost_in: dict[tuple[int, str], int] = {}  # (node, type) -> failed pulls that held its reply
+        self.failed_pulls = 0  # pulls that raised on a reply the Grid could not decode
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet
@@ -178,14 +213,44 @@ class Link:
         return self._call(self.inner.get_node_ids, (), lambda: [])
 
     def push_messages(self, messages):
+        messages = list(messages)
         try:
-            return self._call(self.inner.push_messages, (list(messages),), lambda: [])
+            ids = self._call(self.inner.push_messages, (messages,), lambda: [])
         except OBJECT_ERRORS as exc:  # a SuperLink restarted mid-push lost the push session: nothing was taken
             self._lost_objects(exc)
             return []  # the dispatcher counts the jobs push-refused; their clients get new ones
+        with self._nodes_lock:  # the wall clock pulls from threads
+            self._node_of.update(zip(ids, ((message.metadata.dst_node_id, message.metadata.message_type)
+                                           for message in messages)))
+            while len(self._node_of) > REMEMBERED_MESSAGES:  # the oldest first: a message lost never comes back
+                self._node_of.popitem(last=False)
+        return ids
 
     def pull_messages(self, message_ids):
         ids = list(message_ids)
+        if self.suspects:  # a suspect's messages one at a time, the others together
+            alone = {message_id for message_id in ids if self._node_of.get(message_id) in self.suspects}
+            if alone:
+                others = [message_id for message_id in ids if message_id not in alone]
+                return (self.pull_messages(others) if others else []) + self._pull_alone(sorted(alone))
+        try:
+            replies = self._pull(ids)
+        except RunFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a reply Flower's Grid could not decode: a node's bytes
+            if is_transport_error(exc):
+                raise
+            log.warning("a pull of %d message(s) raised %s (a reply Flower's Grid could not decode): the replies it "
+                        "held are lost; their nodes' next replies are pulled one at a time", len(ids),
+                        type(exc).__name__)
+            self.failed_pulls += 1
+            return self._pull_alone(ids, handed_over=exc)
+        with self._nodes_lock:
+            for reply in replies:
+                self._node_of.pop(reply.metadata.reply_to_message_id, None)
+        return replies
+
+    def _pull(self, ids: list[str]) -> list[Message]:
         try:
             return self._call(self.inner.pull_messages, (ids,), lambda: [
                 unavailable_reply(message_id, f"the SuperLink could not be reached: {self._gave_up}")
@@ -193,6 +258,43 @@ class Link:
         except OBJECT_ERRORS as exc:  # a reply whose objects a restarted SuperLink no longer has: lost
             self._lost_objects(exc)
             return [unavailable_reply(message_id, f"{type(exc).__name__}: {exc}") for message_id in ids]
+
+    def _pull_alone(self, ids: list[str], handed_over: Exception | None = None) -> list[Message]:
+        """Each of ``ids`` pulled on its own. One whose pull raises is its node's undecodable reply (that node's
+        messages of that type are pulled alone for the rest of the run). With ``handed_over`` (what a pull of all of
+        ``ids`` raised), one that comes back as the SuperLink's "unavailable" was handed over by that pull: its node
+        becomes a suspect, pulled alone until a reply of its own decodes, and for good once a second failed pull
+        held one of its replies (a node that alternates undecodable and good replies); a lone id is that reply."""
+        replies = []
+        for message_id in ids:
+            source = self._node_of.get(message_id)
+            try:
+                own = ([undecodable_reply(message_id, handed_over)] if handed_over is not None and len(ids) == 1
+                       else self._pull([message_id]))
+            except RunFailed:
+                raise
+            except Exception as exc:  # noqa: BLE001 - that node's reply, undecodable
+                if is_transport_error(exc):
+                    raise
+                own = [undecodable_reply(message_id, exc)]
+            with self._nodes_lock:
+                for reply in own:
+                    self._node_of.pop(reply.metadata.reply_to_message_id, None)
+                    if source is None:
+                        continue
+                    if reply.metadata.src_node_id != SUPERLINK_NODE_ID:  # a reply of the node's own decoded
+                        if self._lost_in.get(source, 0) < 2:
+                            self.suspects.discard(source)
+                        continue
+                    if reply.error.reason.startswith(UNDECODABLE_REPLY):
+                        self._lost_in[source] = 2
+                    elif handed_over is not None:
+                        self._lost_in[source] = self._lost_in.get(source, 0) + 1
+                    else:
+                        continue
+                    self.suspects.add(source)
+            replies += own
+        return replies
 
     def _lost_objects(self, exc: BaseException) -> None:
         """A message's objects were lost by the SuperLink (a restart between a message and its objects): counted as
@@ -307,7 +409,7 @@ class Link:
             seconds = self.outage_seconds + (time.monotonic() - self._down_since if self._down_since is not None
                                              else 0.0)
             return {"superlink-outages": self.outages, "superlink-outage-seconds": round(seconds, 3),
-                    "superlink-failed-tries": self.retries}
+                    "superlink-failed-tries": self.retries, "undecodable-pulls": self.failed_pulls}
 
     @contextmanager
     def watching(self):

@@ -625,16 +625,17 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
         except checkpoint.CheckpointError:  # no checkpoint yet
             return []
 
+    def refusals(journal):
+        return {h["refused"][0] for h, _ in journal if "refused" in h}
+
     def take_in(engine, job, reply, base, refused=None):
         live_take_in(engine, job, reply, base, refused)
         if phase[0] == "dead run" or engine.replaying:
             after_reply[("replayed" if engine.replaying else "live", job.seq)] = bounded_state(engine)
         if phase[0] == "dead run" and engine.stats.arrivals >= crash:
             # the server dies once the newest checkpoint's journal holds what the replay must meet: node 4's
-            # refused reply and node 5's cut one (wall-clock order decides when that is, so it is waited for)
-            journal = journal_so_far()
-            if (any("refused" in h for h, _ in journal)
-                    and any(len(h.get("content", {}).get("arrays", ())) == 3 for h, _ in journal)):
+            # and node 5's refused replies (wall-clock order decides when that is, so it is waited for)
+            if {"unrecordable", "wrong-layout"} <= refusals(journal_so_far()):
                 raise Crash("the server process died")
 
     monkeypatch.setattr(AsyncEngine, "take_in", take_in)
@@ -652,8 +653,8 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
             if message.metadata.message_type == "train" and grid.nodes.index(node) == 4:
                 out.content["metrics"]["junk"] = 2**64
             if message.metadata.message_type == "train" and grid.nodes.index(node) == 5:
-                extra = {f"extra-{i}": Array(np.zeros(1, np.float32)) for i in range(50)}  # journaled: the first
-                out.content.array_records["arrays"].update(extra)  # one past the model's arrays
+                extra = {f"extra-{i}": Array(np.zeros(1, np.float32)) for i in range(50)}  # journaled: its refusal
+                out.content.array_records["arrays"].update(extra)
             return out
 
         grid.handler = reply
@@ -671,12 +672,44 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     resumed = run(hostile(_grid(first_node=501)), resume_from=str(tmp_path / "wall"))
     replayed = sorted(seq for kind, seq in after_reply if kind == "replayed")
     assert replayed == sorted(h["seq"] for h, _ in journal if h["kind"] == "reply")
-    assert any("refused" in h for h, _ in journal)  # node 4's replies: refused live, and so on replay
+    assert {"unrecordable", "wrong-layout"} <= refusals(journal)  # nodes 4 and 5: refused live, and so on replay
     assert resumed.summary["rejected-by-reason"].get("unrecordable", 0) > 0
-    journaled = [len(h["content"]["arrays"]) for h, _ in journal if "content" in h]
-    assert max(journaled) == 3  # node 5's replies with 52 arrays: the model's 2 and 1 more, refused on replay too
+    assert resumed.summary["rejected-by-reason"].get("wrong-layout", 0) > 0
+    journaled = {len(h["content"]["arrays"]) for h, _ in journal if "content" in h}
+    assert journaled == {2}  # node 5's 52 arrays are journaled as their refusal alone
     for seq in replayed:
         assert after_reply["replayed", seq] == after_reply["live", seq], seq
+
+
+def test_a_reply_carrying_more_than_the_path_takes_is_journaled_as_its_rejection_alone(tmp_path, monkeypatch):
+    """A node pads its model's array with a megabyte the codec would never read, another sends 20,000 metric values:
+    the journal (written before a reply is read) keeps the first's rejection, not its bytes, and the second's metrics
+    as the path reads them, cut to a report's size (its update is taken)."""
+    written: list[int] = []
+    live_record = checkpoint.Checkpoints.record
+
+    def record(self, header, *arrays):
+        written.append(sum(a.nbytes for a in arrays))
+        return live_record(self, header, *arrays)
+
+    monkeypatch.setattr(checkpoint.Checkpoints, "record", record)
+    grid = _grid()
+    reply_of = grid.handler
+
+    def bulky(node, message):
+        out = reply_of(node, message)
+        if message.metadata.message_type == "train" and grid.nodes.index(node) == 3:
+            w = out.content.array_records["arrays"]["w"]
+            out.content.array_records["arrays"]["w"] = Array(dtype=w.dtype, shape=tuple(w.shape), stype=w.stype,
+                                                              data=w.data + b"\x00" * 1_000_000)
+        if message.metadata.message_type == "train" and grid.nodes.index(node) == 4:
+            out.content["metrics"]["accuracy"] = [0.5] * 20_000
+        return out
+
+    grid.handler = bulky
+    result = _wall_run(FedBuff(buffer_size=3), grid, tmp_path)
+    assert result.summary["rejected-by-reason"].get("undecodable", 0) > 0 and result.summary["metrics-trimmed"] > 0
+    assert written and max(written) < 10_000  # an honest reply's model and metrics: a few hundred bytes
 
 
 def test_a_replayed_job_sent_after_the_checkpoint_keeps_its_base_when_the_replay_replaced_that_version(tmp_path):
@@ -869,7 +902,7 @@ def test_a_journal_keeps_of_a_worker_record_only_the_names_the_reply_path_reads(
     worker = ConfigRecord({protocol.PROCESS: "p" * 1000, protocol.RAY_NODE: 7, "junk": b"x" * 1_000_000,
                            "flag": True})
     content = RecordDict({"arrays": ArrayRecord(), protocol.WORKER_RECORD: worker})
-    _, _, small = _parts(content, "arrays", 3)
+    _, _, small = _parts(content, "arrays")
     proto = RecordDictProto()
     proto.ParseFromString(small)
     kept = serde.recorddict_from_proto(proto).config_records[protocol.WORKER_RECORD]

@@ -116,7 +116,27 @@ MUTATIONS = {
     "unknown-dtype": (arrays_of(lambda w, s: _arrays(_raw("no-such-dtype", SHAPE, ZERO24), s)), "undecodable"),
     "unknown-stype": (arrays_of(lambda w, s: _arrays(_raw("float32", SHAPE, ZERO24, stype="pickle"), s)),
                       "undecodable"),
+    "padded-bytes": (arrays_of(lambda w, s: _arrays(_padded(Array(w), 1000), s)), "undecodable"),
+    "long-npy-header": (arrays_of(lambda w, s: _arrays(_long_header(w), s)), "undecodable"),
+    # metrics beyond a report's size: cut to it (the count and the loss kept), the update taken
+    "metric-list-20k": (metrics_of(acc=[0.5] * 20_000), None),
+    "metric-names-2000": (metrics_of(**{f"m{i}": 0.5 for i in range(2000)}), None),
+    "metric-name-long": (metrics_of(**{"x" * 300: 0.5}), None),
 }
+
+
+def _padded(array: Array, extra: int) -> Array:
+    """``array`` with ``extra`` bytes after its entries (np.load would ignore them; the journal would keep them)."""
+    return _raw(array.dtype, array.shape, array.data + b"\x00" * extra)
+
+
+def _long_header(w: np.ndarray) -> Array:
+    """``w`` as a .npy (version 2) whose header is padded to 20,000 bytes: every entry as it is, the header huge."""
+    honest = Array(w).data
+    length = int.from_bytes(honest[8:10], "little")
+    header = honest[10 : 10 + length].rstrip(b"\n") + b" " * (20_000 - length) + b"\n"
+    return _raw("float32", SHAPE, b"\x93NUMPY\x02\x00" + len(header).to_bytes(4, "little") + header
+                + honest[10 + length :])
 
 
 def _fuzzing_client(seen: Counter, share: float = 0.5):
@@ -214,3 +234,29 @@ def test_a_reply_without_its_count_leaves_the_other_nodes_evaluation_metrics():
         lambda node: {"accuracy": 0.9} if node == 101 else {"num-examples": 10, "accuracy": 0.5}))
     assert result.evaluate_metrics_clientapp and all(m["accuracy"] == pytest.approx(0.5)
                                                      for m in result.evaluate_metrics_clientapp.values())
+
+
+def test_metric_names_fewer_than_half_of_the_replies_send_are_left_out_of_the_mean():
+    """Node 101 adds 50 metrics of its own to every reply: kept, they would be in every round's metrics (and
+    checkpoint) for the rest of the run, each averaged as if the other nodes had sent 0."""
+    def client(node: int, message: Message) -> Message:
+        record = message.content.array_records["arrays"]
+        own = {f"own-{i}": 1.0 for i in range(50)} if node == 101 else {}
+        return Message(RecordDict({"arrays": _arrays(record["w"].numpy(), record["steps"].numpy() + 1),
+                                   "metrics": _metrics(accuracy=0.5, **own)}), reply_to=message)
+
+    initial = _initial()
+    result = FedAvg(fraction_evaluate=0.0).start(
+        FakeGrid(NODES, client), ArrayRecord({k: Array(v) for k, v in initial.items()}), num_rounds=3,
+        train_config=ConfigRecord({}), clock="virtual", delay_model="fedrevive-default", seed=5)
+    rounds = result.train_metrics_clientapp
+    assert sorted(rounds) == [1, 2, 3] and all(set(m) == {LOSS, "accuracy"} for m in rounds.values())
+    assert all(m["accuracy"] == pytest.approx(0.5) for m in rounds.values())
+
+
+def test_a_mean_of_finite_values_beyond_floats_range_is_left_out_not_reported_as_inf():
+    from asyncfl.server_app.client_metrics import aggregate_replies
+
+    largest = 1.7976931348623157e308  # weights 1, 2, 2: the weighted mean, summed term by term, rounds to inf
+    replies = [RecordDict({"metrics": MetricRecord({COUNT: w, "accuracy": largest, "loss": 0.5})}) for w in (1, 2, 2)]
+    assert dict(aggregate_replies(replies, COUNT, None, "evaluate")) == {"loss": pytest.approx(0.5)}
