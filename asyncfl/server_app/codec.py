@@ -269,6 +269,8 @@ def read_reply(job: Job, reply: Message | None, codec: ModelCodec, keys: Message
 
 #: The largest example count a reply may report (float64 holds whole numbers exactly up to 2**53).
 MAX_COUNT = 2**53
+
+
 def reported_count(metrics, key: str) -> int | RejectedReply:
     """A reply's example count under ``key``: a whole number >= 0 (an integral float is taken), 0 when absent;
     anything else (NaN, inf, negative, fractional, a list, a bool) is the reply's rejection ``bad-num-examples``."""

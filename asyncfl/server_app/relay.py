@@ -435,6 +435,7 @@ class GossipRelay:
             "requests-refused": self.stats.requests_refused,
             "mass-unsent": round(self.stats.mass_unsent, 9),
             "benched-peers": sorted(self.benched),
+            "undecodable-pulls": self.grid.failed_pulls,
             "message-bytes-mean": round(message, 1),
             "push-bytes-mean": round(message * self.gossip.out_degree, 1),
             "relay-ms-per-push": round(1000 * self.stats.relay_seconds / self.stats.pushes, 4) if self.stats.pushes else None,

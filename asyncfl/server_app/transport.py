@@ -240,10 +240,11 @@ class Link:
         except Exception as exc:  # noqa: BLE001 - a reply Flower's Grid could not decode: a node's bytes
             if is_transport_error(exc):
                 raise
-            log.warning("a pull of %d message(s) raised %s (a reply Flower's Grid could not decode): the replies it "
-                        "held are lost; their nodes' next replies are pulled one at a time", len(ids),
-                        type(exc).__name__)
-            self.failed_pulls += 1
+            log.warning("a pull of %d message(s) raised %s (a reply Flower's Grid could not decode): %s", len(ids),
+                        type(exc).__name__, "that reply is rejected" if len(ids) == 1 else
+                        "the replies it held are lost; their nodes' next replies are pulled one at a time")
+            with self._nodes_lock:
+                self.failed_pulls += 1
             return self._pull_alone(ids, handed_over=exc)
         with self._nodes_lock:
             for reply in replies:
