@@ -64,17 +64,16 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
         return found
     started = time.monotonic()
     deadline = started + deadline_s
-    request = {protocol.IDENTIFY: True, protocol.WANT_LABEL_COUNTS: want_label_counts}
     first = 1 if probe_first else len(nodes)
-    node_of = _ask(grid, nodes[:first], deadline, request)
+    node_of = ask(grid, nodes[:first], deadline, want_label_counts)
     pending = set(node_of)
-    again = _Again(grid, node_of, deadline, request)
+    again = _Again(grid, node_of, deadline, want_label_counts)
     _collect(grid, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes),
              again, stop_on_refusal=probe_first)
     if probe_first and found.refused:
         found.no_handler = True
         return found
-    asked = _ask(grid, nodes[first:], deadline, request)
+    asked = ask(grid, nodes[first:], deadline, want_label_counts)
     node_of.update(asked)
     pending |= set(asked)
     _collect(grid, pending, deadline, found, len(nodes), again)
@@ -88,10 +87,12 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
-def _ask(grid, nodes: list[int], deadline: float, request: dict) -> dict[str, int]:
-    """Push one ``query`` carrying ``request`` to each of ``nodes``; ``{message id: node}``."""
+def ask(grid, nodes: list[int], deadline: float, want_label_counts: bool = False) -> dict[str, int]:
+    """Push the identity query to each of ``nodes`` (its TTL until ``deadline``, ``time.monotonic()``);
+    ``{message id: node}``."""
     if not nodes:
         return {}
+    request = {protocol.IDENTIFY: True, protocol.WANT_LABEL_COUNTS: want_label_counts}
     ttl = max(1.0, deadline - time.monotonic())
     messages = [Message(RecordDict({"config": ConfigRecord(request)}), dst_node_id=node,
                         message_type=MessageType.QUERY, ttl=ttl) for node in nodes]
@@ -102,17 +103,43 @@ class _Again:
     """Asks a node once more whose answer the SuperLink lost (its error in place of the answer: one the Grid could
     not decode was pulled with it, ``transport.Link``), once per node."""
 
-    def __init__(self, grid, node_of: dict[str, int], deadline: float, request: dict) -> None:
-        self.grid, self.node_of, self.deadline, self.request = grid, node_of, deadline, request
+    def __init__(self, grid, node_of: dict[str, int], deadline: float, want_label_counts: bool) -> None:
+        self.grid, self.node_of, self.deadline, self.want_label_counts = grid, node_of, deadline, want_label_counts
         self.asked: set[int] = set()
 
     def __call__(self, message_id: str, pending: set[str]) -> None:
         node = self.node_of.get(message_id)
         if node is not None and node not in self.asked and time.monotonic() < self.deadline:
             self.asked.add(node)
-            asked = _ask(self.grid, [node], self.deadline, self.request)
+            asked = ask(self.grid, [node], self.deadline, self.want_label_counts)
             self.node_of.update(asked)
             pending |= set(asked)
+
+
+def take_answers(replies, found: Identities, pending: set[str]) -> list[str]:
+    """Identity answers among ``replies`` into ``found``, their queries out of ``pending``; returns the queries whose
+    answer the SuperLink lost (its error in place: one the Grid could not decode was pulled with it)."""
+    lost = []
+    for reply in replies:
+        pending.discard(reply.metadata.reply_to_message_id)
+        if reply.has_error():  # the node's own error (no query handler), or the SuperLink's: lost, not refused
+            if reply.metadata.src_node_id == SUPERLINK_NODE_ID:
+                lost.append(reply.metadata.reply_to_message_id)
+            else:
+                found.refused += 1
+            continue
+        if "config" not in reply.content.config_records:
+            continue
+        record, node = reply.content.config_records["config"], reply.metadata.src_node_id
+        value, size, counts = (record.get(protocol.PARTITION_ID), record.get(protocol.NUM_EXAMPLES),
+                               record.get(protocol.LABEL_COUNTS))
+        if _whole(value) and value not in found.partition_of.values():  # a claimed id is taken once
+            found.partition_of[node] = value
+        if _whole(size):
+            found.size_of[node] = size
+        if isinstance(counts, list) and counts and all(_whole(c) for c in counts):
+            found.labels_of[node] = [int(c) for c in counts]
+    return lost
 
 
 def _collect(grid, pending: set[str], until: float, found: Identities, total: int, again: _Again,
@@ -129,24 +156,7 @@ def _collect(grid, pending: set[str], until: float, found: Identities, total: in
         pull_started = time.perf_counter()
         replies = list(grid.pull_messages(list(pending)))
         pull_seconds = time.perf_counter() - pull_started
-        for reply in replies:
-            pending.discard(reply.metadata.reply_to_message_id)
-            if reply.has_error():  # the node's own error (no query handler), or the SuperLink's: lost, not refused
-                if reply.metadata.src_node_id == SUPERLINK_NODE_ID:
-                    again(reply.metadata.reply_to_message_id, pending)
-                else:
-                    found.refused += 1
-                continue
-            if "config" not in reply.content.config_records:
-                continue
-            record, node = reply.content.config_records["config"], reply.metadata.src_node_id
-            value, size, counts = (record.get(protocol.PARTITION_ID), record.get(protocol.NUM_EXAMPLES),
-                                   record.get(protocol.LABEL_COUNTS))
-            if _whole(value) and value not in found.partition_of.values():  # a claimed id is taken once
-                found.partition_of[node] = value
-            if _whole(size):
-                found.size_of[node] = size
-            if isinstance(counts, list) and counts and all(_whole(c) for c in counts):
-                found.labels_of[node] = [int(c) for c in counts]
+        for lost in take_answers(replies, found, pending):
+            again(lost, pending)
         if pending:
             pacer.wait(pull_seconds, len(replies))

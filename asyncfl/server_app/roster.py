@@ -15,10 +15,12 @@ import time
 
 import numpy as np
 
-from asyncfl.server_app.discovery import Identities, query_identities
+from asyncfl.server_app.discovery import Identities, ask, query_identities, take_answers
 
 log = logging.getLogger("asyncfl.engine")
 
+#: Seconds a node that joined mid-run is given to answer the identity query before it is taken in unidentified.
+JOIN_WAIT_S = 10.0
 #: Seconds between looks at which nodes are online (wall clock).
 REFRESH_SECONDS = 2.0
 
@@ -58,6 +60,10 @@ class Roster:
         # label counts are private to clients: asked for only when the delay model is defined by them
         self._wants_label_counts = bool(getattr(delays, "needs_label_counts", False))
         self._checked = float("-inf")
+        # nodes that joined mid-run, asked for their identity: node -> (query message id, when to stop waiting)
+        self._joining: dict[int, tuple[str, float]] = {}
+        self._joined_found = Identities()
+        self.join_wait_s = JOIN_WAIT_S
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -69,10 +75,14 @@ class Roster:
         self.online, self._checked = set(nodes), time.monotonic()
 
     def add(self, nodes: list[int], deadline_s: float) -> None:
-        """Identify ``nodes`` and append them to the client order (by partition id, then node id)."""
+        """Identify ``nodes`` (waiting up to ``deadline_s``) and append them to the client order."""
         asked = self._ask
         found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, self._probe_first) if asked
                  else Identities())
+        self._take_in(nodes, found, asked)
+
+    def _take_in(self, nodes: list[int], found: Identities, asked: bool) -> None:
+        """Append ``nodes`` to the client order (by partition id, then node id) with what ``found`` says of them."""
         unknown = [node for node in nodes if node not in found.partition_of]
         self.unidentified += len(unknown)
         if not asked:
@@ -86,9 +96,8 @@ class Roster:
             log.warning("%d of %d node(s) answered the identity query with an error; they follow in node-id order, "
                         "which the seed does not fix", found.refused, len(nodes))
         elif found.unanswered:
-            log.warning("%d node(s) did not answer the identity query within %.0fs; they follow in node-id order, "
-                        "which the seed does not fix: this run may not repeat exactly", len(found.unanswered),
-                        deadline_s)
+            log.warning("%d node(s) did not answer the identity query in time; they follow in node-id order, "
+                        "which the seed does not fix: this run may not repeat exactly", len(found.unanswered))
         elif unknown:
             log.warning("%d node(s) did not report a partition-id; client order follows node ids", len(unknown))
         self.nodes += found.ordered(nodes)
@@ -116,10 +125,29 @@ class Roster:
         online = set(self.grid.get_node_ids())
         changed = [self.index_of[node] for node in (online ^ self.online) & self.index_of.keys()]
         self.online, self._checked = online, time.monotonic()
-        joined = sorted(online - set(self.nodes))
-        if joined:
+        joined = sorted(online - set(self.nodes) - self._joining.keys())
+        if joined and self._ask:  # asked now, taken in once they answer (or JOIN_WAIT_S passed): the run goes on
+            deadline = time.monotonic() + self.join_wait_s
+            self._joining.update({node: (message_id, deadline) for message_id, node in
+                                  ask(self.grid, joined, deadline, self._wants_label_counts).items() if message_id})
+            joined = []
+        ready = joined + (self._answered_joiners() if self._joining else [])
+        if ready:
             known = len(self.nodes)
-            self.add(joined, deadline_s=10.0)
+            self._take_in(ready, self._joined_found, self._ask)
             changed += list(range(known, len(self.nodes)))
-            log.info("%d node(s) joined; %d clients known", len(joined), len(self.nodes))
+            log.info("%d node(s) joined; %d clients known", len(ready), len(self.nodes))
         return changed
+
+    def _answered_joiners(self) -> list[int]:
+        """The nodes that joined mid-run and answered the identity query (or were lost, or waited past their
+        deadline), out of those still asked; their answers into ``_joined_found``."""
+        pending = {message_id for message_id, _ in self._joining.values()}
+        self._joined_found.refused = 0  # this look's refusals alone (the warning of _take_in)
+        take_answers(self.grid.pull_messages(list(pending)), self._joined_found, pending)
+        now = time.monotonic()
+        ready = sorted(node for node, (message_id, deadline) in self._joining.items()
+                       if message_id not in pending or deadline <= now)
+        for node in ready:
+            del self._joining[node]
+        return ready

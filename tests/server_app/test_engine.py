@@ -395,6 +395,45 @@ def test_wall_clock_gives_work_to_nodes_that_join_and_none_to_nodes_that_left():
     assert all(m.metadata.dst_node_id != gone for m in trains[first_after_change + 2:])
 
 
+def test_a_node_that_joins_and_never_answers_the_identity_query_does_not_hold_the_run():
+    """Asked mid-run, a joining node's identity is collected at later looks: the engine dispatches meanwhile, and
+    takes the node in, unidentified, once its wait is over (it used to stop the engine for the whole wait)."""
+    later = 104
+
+    class SilentJoiner(FakeGrid):
+        def _identify(self, node, message):
+            return None if node == later else super()._identify(node, message)
+
+    def slow_plus_one(node, message):
+        time.sleep(0.01)  # the run lasts about 2 s of wall time: well past the joiner's wait
+        return plus_one(node, message)
+
+    def membership_change(waiting):
+        if len(grid.pushed) > 6 and later not in grid.nodes:
+            grid.nodes.append(later)
+        return waiting
+
+    grid = SilentJoiner(3, slow_plus_one, release=membership_change)
+    engine = make_engine(grid, Recording(), clock="wall", concurrency=2, max_arrivals=200, identify_nodes=True)
+    engine.roster.refresh_every = 0.0  # look at the online nodes at every step
+    engine.roster.join_wait_s = 0.5
+    taken_in_at = []  # how many messages were out when the roster took the joiner in
+    look = engine.roster.refresh
+
+    def watched_look():
+        changed = look()
+        if later in engine.roster.nodes and not taken_in_at:
+            taken_in_at.append(len(grid.pushed))
+        return changed
+
+    engine.roster.refresh = watched_look
+    engine.run()
+    kinds = [(m.metadata.message_type, m.metadata.dst_node_id) for m in grid.pushed]
+    asked = kinds.index(("query", later))
+    assert sum(kind == "train" for kind, _ in kinds[asked:taken_in_at[0]]) > 0  # jobs went out while it was awaited
+    assert later in engine.clients and engine.stats.unidentified_nodes == 1
+
+
 def test_wall_clock_requests_carry_the_emulated_duration():
     strategy = Recording()
     grid = FakeGrid(3, plus_one)
