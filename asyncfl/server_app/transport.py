@@ -215,13 +215,13 @@ class Link:
     def push_messages(self, messages):
         messages = list(messages)
         try:
-            ids = self._call(self.inner.push_messages, (messages,), lambda: [])
+            ids = list(self._call(self.inner.push_messages, (messages,), lambda: []))
         except OBJECT_ERRORS as exc:  # a SuperLink restarted mid-push lost the push session: nothing was taken
             self._lost_objects(exc)
             return []  # the dispatcher counts the jobs push-refused; their clients get new ones
         with self._nodes_lock:  # the wall clock pulls from threads
-            self._node_of.update(zip(ids, ((message.metadata.dst_node_id, message.metadata.message_type)
-                                           for message in messages)))
+            self._node_of.update((message_id, (message.metadata.dst_node_id, message.metadata.message_type))
+                                 for message_id, message in zip(ids, messages) if message_id)
             while len(self._node_of) > REMEMBERED_MESSAGES:  # the oldest first: a message lost never comes back
                 self._node_of.popitem(last=False)
         return ids
