@@ -62,7 +62,7 @@ class Roster:
         self._checked = float("-inf")
         # nodes that joined mid-run, asked for their identity: node -> (query message id, when to stop waiting)
         self._joining: dict[int, tuple[str, float]] = {}
-        self._joined_found = Identities()
+        self._asked_again: set[int] = set()  # joiners asked once more (their first answer lost)
         self.join_wait_s = JOIN_WAIT_S
 
     def __len__(self) -> int:
@@ -131,23 +131,36 @@ class Roster:
             self._joining.update({node: (message_id, deadline) for message_id, node in
                                   ask(self.grid, joined, deadline, self._wants_label_counts).items() if message_id})
             joined = []
-        ready = joined + (self._answered_joiners() if self._joining else [])
+        answered, found = self._answered_joiners() if self._joining else ([], Identities())
+        ready = joined + answered
         if ready:
             known = len(self.nodes)
-            self._take_in(ready, self._joined_found, self._ask)
+            self._take_in(ready, found, self._ask)
             changed += list(range(known, len(self.nodes)))
             log.info("%d node(s) joined; %d clients known", len(ready), len(self.nodes))
         return changed
 
-    def _answered_joiners(self) -> list[int]:
-        """The nodes that joined mid-run and answered the identity query (or were lost, or waited past their
-        deadline), out of those still asked; their answers into ``_joined_found``."""
-        pending = {message_id for message_id, _ in self._joining.values()}
-        self._joined_found.refused = 0  # this look's refusals alone (the warning of _take_in)
-        take_answers(self.grid.pull_messages(list(pending)), self._joined_found, pending)
+    def _answered_joiners(self) -> tuple[list[int], Identities]:
+        """The nodes that joined mid-run and answered the identity query (or waited past their deadline), out of those
+        asked, with what they answered (a look of its own: a partition-id another node claimed earlier is not held
+        against a node that rejoins). An answer the SuperLink lost (one the Grid could not decode was pulled with
+        it) is asked for once more."""
+        found = Identities()
+        node_of = {message_id: node for node, (message_id, _) in self._joining.items()}
+        pending = set(node_of)
+        lost = take_answers(self.grid.pull_messages(list(pending)), found, pending)
         now = time.monotonic()
+        for node in (node_of[message_id] for message_id in lost if message_id in node_of):
+            deadline = self._joining[node][1]
+            if node not in self._asked_again and now < deadline:
+                self._asked_again.add(node)
+                for message_id in ask(self.grid, [node], deadline, self._wants_label_counts):
+                    if message_id:
+                        self._joining[node] = (message_id, deadline)
+                        pending.add(message_id)
         ready = sorted(node for node, (message_id, deadline) in self._joining.items()
                        if message_id not in pending or deadline <= now)
+        found.unanswered = [node for node in ready if self._joining[node][0] in pending]
         for node in ready:
             del self._joining[node]
-        return ready
+        return ready, found

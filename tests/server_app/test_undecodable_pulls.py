@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 
 from asyncfl import FedBuff
 from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.roster import Roster
 from asyncfl.server_app.transport import Link
 from tests.fake_grid import FakeGrid, trained_reply
 
@@ -181,3 +182,48 @@ def test_identity_answers_lost_with_an_undecodable_one_are_asked_again_at_once()
     found = query_identities(Link(grid, 60.0), grid.nodes, 2.0, probe_first=False)
     assert sorted(found.partition_of) == [101, 102, 103, 105, 106, 107] and found.unanswered == [108]
     assert grid.raised >= 1 and not found.no_handler
+
+
+class _NoDelays:
+    def bind_clients(self, sizes, labels=None):
+        pass
+
+
+def test_joiners_whose_identity_answers_were_lost_with_an_undecodable_one_are_asked_again():
+    """Nodes 104 (an answer the Grid cannot decode), 105 and 106 join at the same look: 105 and 106 are identified."""
+    class Joining(UndecodableGrid):
+        online = [101, 102, 103]
+
+        def get_node_ids(self):
+            return list(self.online)
+
+    grid = Joining("query")
+    roster = Roster(Link(grid, 60.0), _NoDelays(), identify=True, probe_first=False)
+    roster.start([101, 102, 103], 5.0)
+    roster.refresh_every = 0.0
+    grid.online = [101, 102, 103, 104, 105, 106]
+    for _ in range(4):
+        roster.refresh()
+    assert grid.raised >= 1 and roster.unidentified == 1
+    assert {roster.owners.get(roster.index_of[node]) for node in (105, 106)} == {"partition-id:4", "partition-id:5"}
+
+
+def test_a_node_that_rejoins_under_new_node_ids_keeps_its_owner():
+    """One data owner (partition-id 2) joins mid-run, leaves, and joins again twice under new node ids: each time it
+    is that owner (the DP ledger's entry), not an unidentified client."""
+    owner_of = {101: 0, 102: 1, 201: 2, 202: 2, 203: 2}
+
+    class Rejoining(FakeGrid):
+        def _identify(self, node, message):
+            return Message(RecordDict({"config": ConfigRecord({"partition-id": owner_of[node]})}), reply_to=message)
+
+    grid = Rejoining(2, _honest)
+    roster = Roster(grid, _NoDelays(), identify=True, probe_first=False)
+    roster.start([101, 102], 5.0)
+    roster.refresh_every = 0.0
+    for node in (201, 202, 203):
+        grid.nodes = [101, 102, node]
+        for _ in range(3):
+            roster.refresh()
+        assert roster.owners[roster.index_of[node]] == "partition-id:2"
+    assert roster.unidentified == 0
