@@ -67,16 +67,16 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     first = 1 if probe_first else len(nodes)
     node_of = ask(grid, nodes[:first], deadline, want_label_counts)
     pending = set(node_of)
-    again = _Again(grid, node_of, deadline, want_label_counts)
+    again = AskAgain(grid, want_label_counts)
     _collect(grid, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes),
-             again, stop_on_refusal=probe_first)
+             again, node_of, deadline, stop_on_refusal=probe_first)
     if probe_first and found.refused:
         found.no_handler = True
         return found
     asked = ask(grid, nodes[first:], deadline, want_label_counts)
     node_of.update(asked)
     pending |= set(asked)
-    _collect(grid, pending, deadline, found, len(nodes), again)
+    _collect(grid, pending, deadline, found, len(nodes), again, node_of, deadline)
     found.unanswered = sorted(node_of[m] for m in pending)
     found.no_handler = found.refused == len(nodes)
     return found
@@ -99,21 +99,21 @@ def ask(grid, nodes: list[int], deadline: float, want_label_counts: bool = False
     return dict(zip(grid.push_messages(messages), nodes))
 
 
-class _Again:
+class AskAgain:
     """Asks a node once more whose answer the SuperLink lost (its error in place of the answer: one the Grid could
-    not decode was pulled with it, ``transport.Link``), once per node."""
+    not decode was pulled with it, ``transport.Link``), once per node: the start's query and the joiners' share it."""
 
-    def __init__(self, grid, node_of: dict[str, int], deadline: float, want_label_counts: bool) -> None:
-        self.grid, self.node_of, self.deadline, self.want_label_counts = grid, node_of, deadline, want_label_counts
+    def __init__(self, grid, want_label_counts: bool) -> None:
+        self.grid, self.want_label_counts = grid, want_label_counts
         self.asked: set[int] = set()
 
-    def __call__(self, message_id: str, pending: set[str]) -> None:
-        node = self.node_of.get(message_id)
-        if node is not None and node not in self.asked and time.monotonic() < self.deadline:
-            self.asked.add(node)
-            asked = ask(self.grid, [node], self.deadline, self.want_label_counts)
-            self.node_of.update(asked)
-            pending |= set(asked)
+    def __call__(self, node: int, deadline: float) -> str | None:
+        """The new query's message id, or ``None`` (asked once already, past ``deadline``, or refused)."""
+        if node in self.asked or time.monotonic() >= deadline:
+            return None
+        self.asked.add(node)
+        return next((message_id for message_id in ask(self.grid, [node], deadline, self.want_label_counts)
+                     if message_id), None)
 
 
 def take_answers(replies, found: Identities, pending: set[str]) -> list[str]:
@@ -142,10 +142,10 @@ def take_answers(replies, found: Identities, pending: set[str]) -> list[str]:
     return lost
 
 
-def _collect(grid, pending: set[str], until: float, found: Identities, total: int, again: _Again,
-             stop_on_refusal: bool = False) -> None:
-    """Pull answers to the ``pending`` queries into ``found`` until none is pending, ``until``, or (with
-    ``stop_on_refusal``) one refused; a lost answer is asked for ``again``."""
+def _collect(grid, pending: set[str], until: float, found: Identities, total: int, again: AskAgain,
+             node_of: dict[str, int], deadline: float, stop_on_refusal: bool = False) -> None:
+    """Pull answers to the ``pending`` queries (``node_of``: their nodes) into ``found`` until none is pending,
+    ``until``, or (with ``stop_on_refusal``) one refused; a lost answer is asked for ``again`` (until ``deadline``)."""
     next_note = time.monotonic() + 10.0
     pacer = PollPacer(first=0.01, longest=0.5)
     while pending and not (stop_on_refusal and found.refused) and time.monotonic() < until:
@@ -156,7 +156,9 @@ def _collect(grid, pending: set[str], until: float, found: Identities, total: in
         pull_started = time.perf_counter()
         replies = list(grid.pull_messages(list(pending)))
         pull_seconds = time.perf_counter() - pull_started
-        for lost in take_answers(replies, found, pending):
-            again(lost, pending)
+        for node in (node_of[lost] for lost in take_answers(replies, found, pending) if lost in node_of):
+            if (message_id := again(node, deadline)) is not None:
+                node_of[message_id] = node
+                pending.add(message_id)
         if pending:
             pacer.wait(pull_seconds, len(replies))

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from asyncfl.server_app.discovery import Identities, ask, query_identities, take_answers
+from asyncfl.server_app.discovery import AskAgain, Identities, ask, query_identities, take_answers
 
 log = logging.getLogger("asyncfl.engine")
 
@@ -62,7 +62,7 @@ class Roster:
         self._checked = float("-inf")
         # nodes that joined mid-run, asked for their identity: node -> (query message id, when to stop waiting)
         self._joining: dict[int, tuple[str, float]] = {}
-        self._asked_again: set[int] = set()  # joiners asked once more (their first answer lost)
+        self._ask_again = AskAgain(grid, self._wants_label_counts)  # a joiner whose answer was lost, once
         self.join_wait_s = JOIN_WAIT_S
 
     def __len__(self) -> int:
@@ -152,12 +152,9 @@ class Roster:
         now = time.monotonic()
         for node in (node_of[message_id] for message_id in lost if message_id in node_of):
             deadline = self._joining[node][1]
-            if node not in self._asked_again and now < deadline:
-                self._asked_again.add(node)
-                for message_id in ask(self.grid, [node], deadline, self._wants_label_counts):
-                    if message_id:
-                        self._joining[node] = (message_id, deadline)
-                        pending.add(message_id)
+            if (message_id := self._ask_again(node, deadline)) is not None:
+                self._joining[node] = (message_id, deadline)
+                pending.add(message_id)
         ready = sorted(node for node, (message_id, deadline) in self._joining.items()
                        if message_id not in pending or deadline <= now)
         found.unanswered = [node for node in ready if self._joining[node][0] in pending]
