@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import MessageType
@@ -20,6 +21,9 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 
 from asyncfl import protocol
 from asyncfl.server_app.pacing import PollPacer
+
+if TYPE_CHECKING:
+    from asyncfl.server_app.puller import ThreadedPuller
 
 log = logging.getLogger("asyncfl.discovery")
 
@@ -45,7 +49,7 @@ class Identities:
 
 
 def query_identities(grid, nodes: list[int], deadline_s: float, want_label_counts: bool = False,
-                     probe_first: bool = True) -> Identities:
+                     probe_first: bool = True, puller: "ThreadedPuller | None" = None) -> Identities:
     """Ask the nodes for their identity and collect the answers that arrive within ``deadline_s``.
 
     With ``probe_first`` the first node is asked alone: a stock ClientApp has no ``query``
@@ -57,7 +61,9 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     process per message, and asking one first would add that start to the run's; one node's
     error reply then stands for that node alone (``no_handler`` only when every node refused).
     Returns as soon as every node answered; nodes still silent at the deadline are listed in
-    ``unanswered``.
+    ``unanswered``. With a ``puller`` the answers are pulled by its threads, message by message: a node that
+    uploads its answer's message but never its objects then holds one of them (Flower's Grid retries inside that
+    pull until the object-push session expires), not this call past its deadline.
     """
     found = Identities()
     if not nodes:
@@ -68,17 +74,21 @@ def query_identities(grid, nodes: list[int], deadline_s: float, want_label_count
     node_of = ask(grid, nodes[:first], deadline, want_label_counts)
     pending = set(node_of)
     again = AskAgain(grid, want_label_counts)
-    _collect(grid, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes),
+    pull = puller.poll if puller is not None else grid.pull_messages
+    _collect(pull, pending, started + min(PROBE_S, deadline_s / 2) if probe_first else deadline, found, len(nodes),
              again, node_of, deadline, stop_on_refusal=probe_first)
     if probe_first and found.refused:
         found.no_handler = True
-        return found
-    asked = ask(grid, nodes[first:], deadline, want_label_counts)
-    node_of.update(asked)
-    pending |= set(asked)
-    _collect(grid, pending, deadline, found, len(nodes), again, node_of, deadline)
-    found.unanswered = sorted(node_of[m] for m in pending)
-    found.no_handler = found.refused == len(nodes)
+    else:
+        asked = ask(grid, nodes[first:], deadline, want_label_counts)
+        node_of.update(asked)
+        pending |= set(asked)
+        _collect(pull, pending, deadline, found, len(nodes), again, node_of, deadline)
+        found.unanswered = sorted(node_of[m] for m in pending)
+        found.no_handler = found.refused == len(nodes)
+    if puller is not None:
+        for message_id in node_of:
+            puller.forget(message_id)  # a pull still stuck on one of them drops what it gets
     return found
 
 
@@ -121,6 +131,8 @@ def take_answers(replies, found: Identities, pending: set[str]) -> list[str]:
     answer the SuperLink lost (its error in place: one the Grid could not decode was pulled with it)."""
     lost = []
     for reply in replies:
+        if reply.metadata.reply_to_message_id not in pending:
+            continue  # a query no longer awaited (given up on, or answered already)
         pending.discard(reply.metadata.reply_to_message_id)
         if reply.has_error():  # the node's own error (no query handler), or the SuperLink's: lost, not refused
             if reply.metadata.src_node_id == SUPERLINK_NODE_ID:
@@ -142,10 +154,11 @@ def take_answers(replies, found: Identities, pending: set[str]) -> list[str]:
     return lost
 
 
-def _collect(grid, pending: set[str], until: float, found: Identities, total: int, again: AskAgain,
+def _collect(pull, pending: set[str], until: float, found: Identities, total: int, again: AskAgain,
              node_of: dict[str, int], deadline: float, stop_on_refusal: bool = False) -> None:
     """Pull answers to the ``pending`` queries (``node_of``: their nodes) into ``found`` until none is pending,
-    ``until``, or (with ``stop_on_refusal``) one refused; a lost answer is asked for ``again`` (until ``deadline``)."""
+    ``until``, or (with ``stop_on_refusal``) one refused; a lost answer is asked for ``again`` (until ``deadline``).
+    ``pull``: the Grid's ``pull_messages`` or a puller's ``poll``."""
     next_note = time.monotonic() + 10.0
     pacer = PollPacer(first=0.01, longest=0.5)
     while pending and not (stop_on_refusal and found.refused) and time.monotonic() < until:
@@ -154,7 +167,7 @@ def _collect(grid, pending: set[str], until: float, found: Identities, total: in
                      total, until - time.monotonic())
             next_note += 10.0
         pull_started = time.perf_counter()
-        replies = list(grid.pull_messages(list(pending)))
+        replies = list(pull(list(pending)))
         pull_seconds = time.perf_counter() - pull_started
         for node in (node_of[lost] for lost in take_answers(replies, found, pending) if lost in node_of):
             if (message_id := again(node, deadline)) is not None:

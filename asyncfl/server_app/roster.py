@@ -16,11 +16,14 @@ import time
 import numpy as np
 
 from asyncfl.server_app.discovery import AskAgain, Identities, ask, query_identities, take_answers
+from asyncfl.server_app.puller import ThreadedPuller
 
 log = logging.getLogger("asyncfl.engine")
 
 #: Seconds a node that joined mid-run is given to answer the identity query before it is taken in unidentified.
 JOIN_WAIT_S = 10.0
+#: Threads that pull a deployment's identity answers: as many answers whose objects never arrive hold them all.
+ANSWER_PULLERS = 8
 #: Seconds between looks at which nodes are online (wall clock).
 REFRESH_SECONDS = 2.0
 
@@ -36,11 +39,17 @@ class Roster:
         Told the clients' sizes (``bind_clients``); asked whether it needs label counts.
     identify : bool
         Ask nodes for their identity (off: node-id order).
-    probe_first : bool
-        Ask one node before the others (:func:`~asyncfl.server_app.discovery.query_identities`).
+    deployed : bool
+        Nodes are SuperNodes other people may run (the wall clock): every node is asked at once, and the answers
+        are pulled message by message by background threads (:class:`~asyncfl.server_app.puller.ThreadedPuller`),
+        so that an answer whose objects never arrive (Flower's Grid retries inside that pull until the SuperLink's
+        object-push session expires) holds one of them, not the start past its deadline. Otherwise (a simulation)
+        one node is asked before the others (:func:`~asyncfl.server_app.discovery.query_identities`) and answers
+        are pulled on the caller's thread. The answers of nodes that join mid-run (:meth:`refresh`) are always
+        pulled by those threads: a look at the online nodes never waits for one.
     """
 
-    def __init__(self, grid, delays, identify: bool, probe_first: bool = True) -> None:
+    def __init__(self, grid, delays, identify: bool, deployed: bool = False) -> None:
         self.grid = grid
         self.delays = delays
         self.nodes: list[int] = []  # client index -> node id
@@ -56,7 +65,8 @@ class Roster:
         self._size_of: dict[int, int] = {}
         self._labels_of: dict[int, list[int]] = {}
         self._ask = identify
-        self._probe_first = probe_first
+        self._deployed = deployed
+        self._puller: ThreadedPuller | None = None  # pulls identity answers off the engine's thread
         # label counts are private to clients: asked for only when the delay model is defined by them
         self._wants_label_counts = bool(getattr(delays, "needs_label_counts", False))
         self._checked = float("-inf")
@@ -77,8 +87,8 @@ class Roster:
     def add(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` (waiting up to ``deadline_s``) and append them to the client order."""
         asked = self._ask
-        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, self._probe_first) if asked
-                 else Identities())
+        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed,
+                                  self._answer_puller() if self._deployed else None) if asked else Identities())
         self._take_in(nodes, found, asked)
 
     def _take_in(self, nodes: list[int], found: Identities, asked: bool) -> None:
@@ -140,17 +150,25 @@ class Roster:
             log.info("%d node(s) joined; %d clients known", len(ready), len(self.nodes))
         return changed
 
+    def _answer_puller(self) -> ThreadedPuller:
+        """The puller of identity answers, started at its first use."""
+        if self._puller is None:
+            self._puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS)
+        return self._puller
+
     def _answered_joiners(self) -> tuple[list[int], Identities]:
         """The nodes that joined mid-run and answered the identity query (or waited past their deadline), out of those
         asked, with what they answered (a look of its own: a partition-id another node claimed earlier is not held
-        against a node that rejoins). An answer the SuperLink lost (one the Grid could not decode was pulled with
-        it) is asked for once more."""
+        against a node that rejoins). Answers are pulled by background threads, so a look never waits for one; an
+        answer the SuperLink lost is asked for once more."""
         found = Identities()
         node_of = {message_id: node for node, (message_id, _) in self._joining.items()}
         pending = set(node_of)
-        lost = take_answers(self.grid.pull_messages(list(pending)), found, pending)
+        puller = self._answer_puller()
+        lost = take_answers(puller.poll(list(pending)), found, pending)
         now = time.monotonic()
         for node in (node_of[message_id] for message_id in lost if message_id in node_of):
+            puller.forget(self._joining[node][0])
             deadline = self._joining[node][1]
             if (message_id := self._ask_again(node, deadline)) is not None:
                 self._joining[node] = (message_id, deadline)
@@ -159,5 +177,6 @@ class Roster:
                        if message_id not in pending or deadline <= now)
         found.unanswered = [node for node in ready if self._joining[node][0] in pending]
         for node in ready:
+            puller.forget(self._joining[node][0])  # a pull still stuck on it drops what it gets
             del self._joining[node]
         return ready, found

@@ -8,6 +8,9 @@ below does the same for node 104's replies of one message type.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
@@ -189,8 +192,17 @@ class _NoDelays:
         pass
 
 
-def test_joiners_whose_identity_answers_were_lost_with_an_undecodable_one_are_asked_again():
-    """Nodes 104 (an answer the Grid cannot decode), 105 and 106 join at the same look: 105 and 106 are identified."""
+def _look_until_taken_in(roster: Roster, nodes, limit_s: float = 60.0) -> None:
+    """Look at the online nodes until ``nodes`` are clients (their answers are pulled by background threads)."""
+    limit = time.monotonic() + limit_s
+    while not set(nodes) <= set(roster.nodes) and time.monotonic() < limit:
+        roster.refresh()
+        time.sleep(0.01)
+
+
+def test_a_joiner_whose_identity_answer_cannot_be_decoded_is_asked_once_more_and_the_others_are_identified():
+    """Nodes 104 (answers the Grid cannot decode), 105 and 106 join at the same look: 104 is asked twice and taken
+    in unidentified, 105 and 106 are identified (each answer is pulled on its own: none is lost with 104's)."""
     class Joining(UndecodableGrid):
         online = [101, 102, 103]
 
@@ -198,13 +210,13 @@ def test_joiners_whose_identity_answers_were_lost_with_an_undecodable_one_are_as
             return list(self.online)
 
     grid = Joining("query")
-    roster = Roster(Link(grid, 60.0), _NoDelays(), identify=True, probe_first=False)
+    roster = Roster(Link(grid, 60.0), _NoDelays(), identify=True, deployed=True)
     roster.start([101, 102, 103], 5.0)
-    roster.refresh_every = 0.0
+    roster.refresh_every, roster.join_wait_s = 0.0, 1.0
     grid.online = [101, 102, 103, 104, 105, 106]
-    for _ in range(4):
-        roster.refresh()
-    assert grid.raised >= 1 and roster.unidentified == 1
+    _look_until_taken_in(roster, grid.online)
+    asked_104 = [m for m in grid.pushed if m.metadata.message_type == "query" and m.metadata.dst_node_id == BAD_NODE]
+    assert grid.raised == 2 and len(asked_104) == 2 and roster.unidentified == 1
     assert {roster.owners.get(roster.index_of[node]) for node in (105, 106)} == {"partition-id:4", "partition-id:5"}
 
 
@@ -218,12 +230,11 @@ def test_a_node_that_rejoins_under_new_node_ids_keeps_its_owner():
             return Message(RecordDict({"config": ConfigRecord({"partition-id": owner_of[node]})}), reply_to=message)
 
     grid = Rejoining(2, _honest)
-    roster = Roster(grid, _NoDelays(), identify=True, probe_first=False)
+    roster = Roster(grid, _NoDelays(), identify=True, deployed=True)
     roster.start([101, 102], 5.0)
     roster.refresh_every = 0.0
     for node in (201, 202, 203):
         grid.nodes = [101, 102, node]
-        for _ in range(3):
-            roster.refresh()
+        _look_until_taken_in(roster, [node])
         assert roster.owners[roster.index_of[node]] == "partition-id:2"
     assert roster.unidentified == 0

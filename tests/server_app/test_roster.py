@@ -1,0 +1,77 @@
+"""An identity answer whose objects never arrive holds a puller thread, never the run.
+
+A SuperNode can upload its answer's message and never its objects: Flower 1.42's Grid then retries inside that
+pull until the SuperLink's object-push session expires (180 s). The grid below does the same for node
+:data:`STUCK`'s answers: a pull that asks for one waits until the test lets it go.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from flwr.app import Message
+
+from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.puller import ThreadedPuller
+from tests.fake_grid import FakeGrid
+from tests.server_app.test_engine import Recording, make_engine, plus_one
+
+STUCK = 104
+
+
+class StuckAnswerGrid(FakeGrid):
+    """Node :data:`STUCK`'s identity answers are never fully uploaded: a pull that asks for one hangs until
+    :attr:`let_go` is set (or 60 s pass, so that a test of code that waits on it fails instead of hanging)."""
+
+    def __init__(self, nodes: int, online: int | None = None) -> None:
+        super().__init__(nodes, plus_one)
+        self.online = self.nodes[:online] if online is not None else list(self.nodes)
+        self.stuck_ids: set[str] = set()
+        self.stuck = threading.Event()  # a pull is held by a stuck answer
+        self.let_go = threading.Event()
+        self.returned = threading.Event()  # a held pull returned
+
+    def get_node_ids(self):
+        return list(self.online)
+
+    def _identify(self, node: int, message: Message) -> Message:
+        if node == STUCK:
+            self.stuck_ids.add(message.metadata.message_id)
+        return super()._identify(node, message)
+
+    def pull_messages(self, message_ids):
+        message_ids = list(message_ids)
+        if self.stuck_ids & set(message_ids):
+            self.stuck.set()
+            self.let_go.wait(60.0)
+            self.returned.set()
+        return super().pull_messages(message_ids)
+
+
+def test_the_start_query_of_a_deployment_ends_at_its_deadline_while_an_answer_is_stuck():
+    """The others are identified; the stuck node is unanswered and its pull is still held when the query ends."""
+    grid = StuckAnswerGrid(5)
+    found = query_identities(grid, grid.nodes, 1.0, probe_first=False, puller=ThreadedPuller(grid, workers=2))
+    assert grid.stuck.is_set() and not grid.returned.is_set()
+    assert found.unanswered == [STUCK] and sorted(found.partition_of) == [101, 102, 103, 105]
+    grid.let_go.set()
+
+
+def test_a_joiner_whose_answer_is_stuck_does_not_hold_the_run():
+    """Node 104 joins mid-run and its answer's pull hangs: no reply comes back until 104 is taken in (unidentified,
+    after its wait), and the run then ends while that pull still hangs (its answer used to be pulled on the engine's
+    thread: the run stopped with it)."""
+    grid = StuckAnswerGrid(4, online=3)
+
+    def join_then_hold(waiting):
+        if len(grid.pushed) > 6 and STUCK not in grid.online:
+            grid.online.append(STUCK)
+        return waiting if STUCK not in grid.online or STUCK in engine.roster.nodes else []
+
+    grid.release = join_then_hold
+    engine = make_engine(grid, Recording(), clock="wall", concurrency=2, max_arrivals=20, identify_nodes=True)
+    engine.roster.refresh_every, engine.roster.join_wait_s = 0.0, 0.2
+    engine.run()
+    assert grid.stuck.is_set() and not grid.returned.is_set()
+    assert len(engine.strategy.seen) == 20 and STUCK in engine.clients and engine.stats.unidentified_nodes == 1
+    grid.let_go.set()
