@@ -11,7 +11,7 @@ killed SuperNode: docs/deployment.md).
 So in wall-clock runs each in-flight message is pulled on its own, by a small
 pool of daemon threads. A stuck pull occupies one worker; the others keep
 delivering. Daemon threads let the ServerApp exit without waiting for a stuck
-pull.
+pull; ``close`` ends them once a run is over.
 
 How often: a message is pulled again after ``age / 8`` seconds, kept between
 ``min_interval`` and ``max_interval``: young jobs (sub-second ones in tests and
@@ -84,7 +84,7 @@ class ThreadedPuller:
         self.max_interval = type(self).MAX_INTERVAL if max_interval is None else max_interval
         self.fine = type(self).FINE if fine is None else fine
         self.clock = clock
-        self._requests: queue.Queue[str] = queue.Queue()
+        self._requests: queue.Queue[str | None] = queue.Queue()
         self._replies: queue.Queue[Message] = queue.Queue()
         self._pending: set[str] = set()  # queued or being pulled
         self._delivered: set[str] = set()  # a pull returned its reply: the SuperLink deleted it, never pull it again
@@ -97,8 +97,9 @@ class ThreadedPuller:
         self.errors = 0
         self.pulls = 0
         self.miss_gap = (0.0, 0)  # seconds from the last miss to the finding pull, summed; replies found after a miss
-        for _ in range(workers):
-            threading.Thread(target=self._work, daemon=True).start()
+        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def interval(self, age: float) -> float:
         """Seconds between two pulls of a message first polled ``age`` seconds ago."""
@@ -127,6 +128,8 @@ class ThreadedPuller:
     def _work(self) -> None:
         while True:
             message_id = self._requests.get()
+            if message_id is None:  # closed
+                return
             started = self.clock()
             replies, failed = [], False
             try:
@@ -195,3 +198,9 @@ class ThreadedPuller:
             self._last_miss.pop(message_id, None)
             self._source.pop(message_id, None)
             self._delivered.discard(message_id)
+
+    def close(self) -> None:
+        """Let the threads end once the pulls queued before this call are done (a pull held by Flower's Grid ends
+        its thread when it returns); a poll after it pulls nothing."""
+        for _ in self._threads:
+            self._requests.put(None)

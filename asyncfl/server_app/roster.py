@@ -66,7 +66,7 @@ class Roster:
         self._labels_of: dict[int, list[int]] = {}
         self._ask = identify
         self._deployed = deployed
-        self._puller: ThreadedPuller | None = None  # pulls identity answers off the engine's thread
+        self._puller: ThreadedPuller | None = None  # pulls joiners' identity answers off the engine's thread
         # label counts are private to clients: asked for only when the delay model is defined by them
         self._wants_label_counts = bool(getattr(delays, "needs_label_counts", False))
         self._checked = float("-inf")
@@ -87,8 +87,11 @@ class Roster:
     def add(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` (waiting up to ``deadline_s``) and append them to the client order."""
         asked = self._ask
-        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed,
-                                  self._answer_puller() if self._deployed else None) if asked else Identities())
+        puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS) if asked and self._deployed else None
+        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed, puller)
+                 if asked else Identities())
+        if puller is not None:
+            puller.close()
         self._take_in(nodes, found, asked)
 
     def _take_in(self, nodes: list[int], found: Identities, asked: bool) -> None:
@@ -150,12 +153,6 @@ class Roster:
             log.info("%d node(s) joined; %d clients known", len(ready), len(self.nodes))
         return changed
 
-    def _answer_puller(self) -> ThreadedPuller:
-        """The puller of identity answers, started at its first use."""
-        if self._puller is None:
-            self._puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS)
-        return self._puller
-
     def _answered_joiners(self) -> tuple[list[int], Identities]:
         """The nodes that joined mid-run and answered the identity query (or waited past their deadline), out of those
         asked, with what they answered (a look of its own: a partition-id another node claimed earlier is not held
@@ -164,7 +161,9 @@ class Roster:
         found = Identities()
         node_of = {message_id: node for node, (message_id, _) in self._joining.items()}
         pending = set(node_of)
-        puller = self._answer_puller()
+        if self._puller is None:  # started when joiners are awaited, closed when none is
+            self._puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS)
+        puller = self._puller
         lost = take_answers(puller.poll(list(pending)), found, pending)
         now = time.monotonic()
         for node in (node_of[message_id] for message_id in lost if message_id in node_of):
@@ -179,4 +178,7 @@ class Roster:
         for node in ready:
             puller.forget(self._joining[node][0])  # a pull still stuck on it drops what it gets
             del self._joining[node]
+        if not self._joining:
+            puller.close()
+            self._puller = None
         return ready, found

@@ -241,3 +241,33 @@ def test_an_early_reply_and_an_error_reply_update_what_was_learned():
     assert _poll_at(puller, now, 0.0, ["error"], {"error": "c"}) == []
     assert len(_poll_at(puller, now, 1.0, ["error"], {"error": "c"})) == 1
     assert puller.ready_after == {"c": 5.0} and puller.miss_gap == (0.0, 0)  # an error reply teaches nothing
+
+
+def test_close_ends_the_threads_once_their_pulls_return():
+    """A closed puller's idle threads end at once; one held in a pull ends when that pull returns."""
+    release = threading.Event()
+
+    class OneStuck(CountingGrid):
+        def pull_messages(self, message_ids):
+            if "stuck" in message_ids:
+                release.wait(10)
+            return super().pull_messages(message_ids)
+
+    puller = ThreadedPuller(OneStuck(), workers=3)
+    puller.poll(["stuck"])
+    _settle_queue(puller)
+    puller.close()
+    deadline = time.monotonic() + 10
+    while sum(thread.is_alive() for thread in puller._threads) > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    held = [thread for thread in puller._threads if thread.is_alive()]
+    assert len(held) == 1
+    release.set()
+    held[0].join(5)
+    assert not held[0].is_alive() and puller.pulls == 1
+
+
+def _settle_queue(puller: ThreadedPuller) -> None:
+    deadline = time.monotonic() + 5
+    while puller._requests.qsize() and time.monotonic() < deadline:  # a worker has taken every request
+        time.sleep(0.002)
