@@ -43,7 +43,8 @@ L2 norm, times the strategy's weight for the update, is compared with a referenc
   honest local program moves a model by a fraction of its own norm; an attacker's first update of
   ``-3 x0`` would otherwise replace the model), and a client's k-th update in that phase gets
   ``1/k^2`` of the bound (a fast node that arrives first cannot compound its steps). An all-zero
-  model gives no reference: its first updates pass unbounded (``docs/security.md``).
+  model gives no reference: its first updates pass unbounded, said in a warning at the first update
+  (``docs/security.md``).
 
 A zero median (honest updates that no longer move the model) bounds every update at zero. An
 update whose norm exceeds its bound is
@@ -62,6 +63,7 @@ the bound, and it does not stop one party that runs many nodes (``docs/security.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import deque
@@ -74,6 +76,8 @@ from asyncfl.options import UPDATE_NORM_ACTIONS, RunOptions
 from asyncfl.server_app.codec import RejectedReply
 from asyncfl.server_app.trusted_direction import TrustedDirection
 from asyncfl.strategies.arrival import Arrival
+
+log = logging.getLogger("asyncfl.engine")
 
 #: Distinct clients needed before the median of their norms is the reference (before: a fraction of the model's).
 MIN_HISTORY = 3
@@ -155,6 +159,11 @@ class UpdateNormBound:
         if self.first_norms[group] is None:  # anchored to the first model seen: warm-up steps cannot compound
             mask = self.groups[group]
             self.first_norms[group] = l2_norm(base if mask is None else base[mask])
+            if group == 0 and not self.first_norms[0]:
+                log.warning("the model's trained entries start at all zeros: the update bound has no reference until "
+                            "%d clients have sent updates, and their updates pass unbounded (one hostile update "
+                            "among them can replace the model); a small random initialisation gives the bound its "
+                            "reference from the start", self.min_history)
         return WARMUP_FRACTION * self.first_norms[group]
 
     def rate_ratio(self, client: int) -> float:

@@ -293,3 +293,17 @@ def test_a_clients_bound_shrinks_with_its_share_only_where_it_sets_its_own_rate(
     # Assert: asynchronous, client 0 sent 3 x the median client's updates: its bound is 3 / 3^2 of the median
     # movement, so it is scaled to a third; synchronous, the server drew it that often: its update passes
     assert last.delta.tolist() == pytest.approx([1.0, 1.0] if synchronous else [1 / 3, 1 / 3], rel=1e-5)
+
+
+def test_an_all_zero_first_model_is_said_once_and_a_random_one_is_not(caplog):
+    """An all-zero model gives the warm-up no reference: its first updates pass as they came, which a warning says
+    once; a model that starts elsewhere is bounded from its first update and draws no warning."""
+    zero = UpdateNormBound(3.0)
+    with caplog.at_level("WARNING", logger="asyncfl.engine"):
+        fill(zero, [1e30, 1.0])
+    assert [r.getMessage().startswith("the model's trained entries start at all zeros") for r in caplog.records] == [True]
+    caplog.clear()
+    started = UpdateNormBound(3.0)
+    with caplog.at_level("WARNING", logger="asyncfl.engine"):
+        first = started.apply(arrival([1e30], base=[1.0]))
+    assert not caplog.records and first.delta == pytest.approx([0.3])  # 3 x a tenth of the model's norm
