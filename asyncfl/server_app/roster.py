@@ -40,13 +40,15 @@ class Roster:
     identify : bool
         Ask nodes for their identity (off: node-id order).
     deployed : bool
-        Nodes are SuperNodes other people may run (the wall clock): every node is asked at once, and the answers
-        are pulled message by message by background threads (:class:`~asyncfl.server_app.puller.ThreadedPuller`),
-        so that an answer whose objects never arrive (Flower's Grid retries inside that pull until the SuperLink's
-        object-push session expires) holds one of them, not the start past its deadline. Otherwise (a simulation)
-        one node is asked before the others (:func:`~asyncfl.server_app.discovery.query_identities`) and answers
-        are pulled on the caller's thread. The answers of nodes that join mid-run (:meth:`refresh`) are always
-        pulled by those threads: a look at the online nodes never waits for one.
+        Nodes are SuperNodes, each logging its own refusal of the query: every node is asked at once. Otherwise
+        (a simulation) one node is asked before the others (:func:`~asyncfl.server_app.discovery.query_identities`).
+
+    Notes
+    -----
+    Answers are pulled message by message by background threads (:class:`~asyncfl.server_app.puller.ThreadedPuller`),
+    so that an answer whose objects never arrive (Flower's Grid retries inside that pull until the SuperLink's
+    object-push session expires) holds one of them, not the start past its deadline nor a look at the online nodes
+    (:meth:`refresh`).
     """
 
     def __init__(self, grid, delays, identify: bool, deployed: bool = False) -> None:
@@ -87,10 +89,10 @@ class Roster:
     def add(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` (waiting up to ``deadline_s``) and append them to the client order."""
         asked = self._ask
-        puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS) if asked and self._deployed else None
-        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed, puller)
-                 if asked else Identities())
-        if puller is not None:
+        found = Identities()
+        if asked:
+            puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS)
+            found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed, puller)
             puller.close()
         self._take_in(nodes, found, asked)
 
