@@ -200,7 +200,6 @@ class AsyncEngine:
             self.grid.end()
         if self._puller is not None:  # the puller's own counts, read once the loop that pulls has ended
             self.stats.reply_pulls, self.stats.reply_miss_gap = self._puller.pulls, self._puller.miss_gap
-            self._puller.close()
         if self.checkpoints is not None:  # the stopped run's state: resume it with a later stop to extend it
             self._checkpoint()
             self.checkpoints.close()

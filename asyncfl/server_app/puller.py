@@ -11,7 +11,8 @@ killed SuperNode: docs/deployment.md).
 So in wall-clock runs each in-flight message is pulled on its own, by a small
 pool of daemon threads. A stuck pull occupies one worker; the others keep
 delivering. Daemon threads let the ServerApp exit without waiting for a stuck
-pull; ``close`` ends them once a run is over.
+pull; a thread with nothing to pull for ``idle_s`` ends (a poll starts threads again),
+so a puller left behind by a finished run holds none for long.
 
 How often: a message is pulled again after ``age / 8`` seconds, kept between
 ``min_interval`` and ``max_interval``: young jobs (sub-second ones in tests and
@@ -72,19 +73,23 @@ class ThreadedPuller:
         :attr:`FINE`); 0 learns nothing.
     clock : callable
         Seconds, monotonic (a fake one in tests).
+    idle_s : float
+        A thread that got no message to pull for this long ends (None: :attr:`IDLE_S`).
     """
 
+    IDLE_S = 30.0
     MAX_INTERVAL = 1.0  # the default cap; class attributes, so that a benchmark's ablation can set them
     FINE = 0.05  # the default spacing at a client's learned time to reply; 0 learns nothing
 
     def __init__(self, grid, workers: int = 8, min_interval: float = 0.2, max_interval: float | None = None,
-                 age_fraction: float = 0.125, fine: float | None = None, clock=time.monotonic) -> None:
+                 age_fraction: float = 0.125, fine: float | None = None, clock=time.monotonic,
+                 idle_s: float | None = None) -> None:
         self.grid = grid
         self.min_interval, self.age_fraction = min_interval, age_fraction
         self.max_interval = type(self).MAX_INTERVAL if max_interval is None else max_interval
         self.fine = type(self).FINE if fine is None else fine
         self.clock = clock
-        self._requests: queue.Queue[str | None] = queue.Queue()
+        self._requests: queue.Queue[str] = queue.Queue()
         self._replies: queue.Queue[Message] = queue.Queue()
         self._pending: set[str] = set()  # queued or being pulled
         self._delivered: set[str] = set()  # a pull returned its reply: the SuperLink deleted it, never pull it again
@@ -97,9 +102,8 @@ class ThreadedPuller:
         self.errors = 0
         self.pulls = 0
         self.miss_gap = (0.0, 0)  # seconds from the last miss to the finding pull, summed; replies found after a miss
-        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
-        for thread in self._threads:
-            thread.start()
+        self.workers, self.idle_s = workers, type(self).IDLE_S if idle_s is None else idle_s
+        self.threads = 0  # running: waiting for a message, pulling one, or held in a pull (at most ``workers``)
 
     def interval(self, age: float) -> float:
         """Seconds between two pulls of a message first polled ``age`` seconds ago."""
@@ -127,9 +131,14 @@ class ThreadedPuller:
 
     def _work(self) -> None:
         while True:
-            message_id = self._requests.get()
-            if message_id is None:  # closed
-                return
+            try:
+                message_id = self._requests.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:  # a poll queues and counts threads under this lock: no request is left unserved
+                    if self._requests.empty():
+                        self.threads -= 1
+                        return
+                continue
             started = self.clock()
             replies, failed = [], False
             try:
@@ -183,6 +192,9 @@ class ThreadedPuller:
                 self._last_try[message_id] = now  # waits count from the poll that asks, the engine's own beat
                 self._pending.add(message_id)
                 self._requests.put(message_id)
+                if self.threads < self.workers:
+                    self.threads += 1
+                    threading.Thread(target=self._work, daemon=True).start()
         replies = []
         while True:
             try:
@@ -198,9 +210,3 @@ class ThreadedPuller:
             self._last_miss.pop(message_id, None)
             self._source.pop(message_id, None)
             self._delivered.discard(message_id)
-
-    def close(self) -> None:
-        """Let the threads end once the pulls queued before this call are done (a pull held by Flower's Grid ends
-        its thread when it returns); a poll after it pulls nothing."""
-        for _ in self._threads:
-            self._requests.put(None)

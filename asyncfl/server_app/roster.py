@@ -23,7 +23,7 @@ log = logging.getLogger("asyncfl.engine")
 #: Seconds a node that joined mid-run is given to answer the identity query before it is taken in unidentified.
 JOIN_WAIT_S = 10.0
 #: Threads that pull a deployment's identity answers: as many answers whose objects never arrive hold them all.
-ANSWER_PULLERS = 8
+ANSWER_PULLERS = 32
 #: Seconds between looks at which nodes are online (wall clock).
 REFRESH_SECONDS = 2.0
 
@@ -40,15 +40,14 @@ class Roster:
     identify : bool
         Ask nodes for their identity (off: node-id order).
     deployed : bool
-        Nodes are SuperNodes, each logging its own refusal of the query: every node is asked at once. Otherwise
-        (a simulation) one node is asked before the others (:func:`~asyncfl.server_app.discovery.query_identities`).
-
-    Notes
-    -----
-    Answers are pulled message by message by background threads (:class:`~asyncfl.server_app.puller.ThreadedPuller`),
-    so that an answer whose objects never arrive (Flower's Grid retries inside that pull until the SuperLink's
-    object-push session expires) holds one of them, not the start past its deadline nor a look at the online nodes
-    (:meth:`refresh`).
+        Nodes are SuperNodes other people may run (the wall clock): every node is asked at once, and the answers
+        are pulled message by message by background threads (:class:`~asyncfl.server_app.puller.ThreadedPuller`),
+        so that an answer whose objects never arrive (Flower's Grid retries inside that pull until the SuperLink's
+        object-push session expires) holds one of them, not the start past its deadline. Otherwise (a simulation,
+        the gossip relay) one node is asked before the others
+        (:func:`~asyncfl.server_app.discovery.query_identities`) and answers are pulled in paced batches on the
+        caller's thread (one pull request per poll, however many nodes). The answers of nodes that join mid-run
+        (:meth:`refresh`) are pulled by those threads: a look at the online nodes never waits for one.
     """
 
     def __init__(self, grid, delays, identify: bool, deployed: bool = False) -> None:
@@ -68,12 +67,14 @@ class Roster:
         self._labels_of: dict[int, list[int]] = {}
         self._ask = identify
         self._deployed = deployed
-        self._puller: ThreadedPuller | None = None  # pulls joiners' identity answers off the engine's thread
+        # pulls identity answers off the engine's thread (its threads start at its first poll and end when idle)
+        self._answers = ThreadedPuller(grid, workers=ANSWER_PULLERS)
         # label counts are private to clients: asked for only when the delay model is defined by them
         self._wants_label_counts = bool(getattr(delays, "needs_label_counts", False))
         self._checked = float("-inf")
-        # nodes that joined mid-run, asked for their identity: node -> (query message id, when to stop waiting)
-        self._joining: dict[int, tuple[str, float]] = {}
+        # nodes that joined mid-run, asked for their identity: node -> (query message id, when to stop waiting,
+        # whether a look past that time asked for its answer once more)
+        self._joining: dict[int, tuple[str, float, bool]] = {}
         self._ask_again = AskAgain(grid, self._wants_label_counts)  # a joiner whose answer was lost, once
         self.join_wait_s = JOIN_WAIT_S
 
@@ -89,11 +90,8 @@ class Roster:
     def add(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` (waiting up to ``deadline_s``) and append them to the client order."""
         asked = self._ask
-        found = Identities()
-        if asked:
-            puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS)
-            found = query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed, puller)
-            puller.close()
+        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed,
+                                  self._answers if self._deployed else None) if asked else Identities())
         self._take_in(nodes, found, asked)
 
     def _take_in(self, nodes: list[int], found: Identities, asked: bool) -> None:
@@ -143,7 +141,7 @@ class Roster:
         joined = sorted(online - set(self.nodes) - self._joining.keys())
         if joined and self._ask:  # asked now, taken in once they answer (or JOIN_WAIT_S passed): the run goes on
             deadline = time.monotonic() + self.join_wait_s
-            self._joining.update({node: (message_id, deadline) for message_id, node in
+            self._joining.update({node: (message_id, deadline, False) for message_id, node in
                                   ask(self.grid, joined, deadline, self._wants_label_counts).items() if message_id})
             joined = []
         answered, found = self._answered_joiners() if self._joining else ([], Identities())
@@ -158,29 +156,28 @@ class Roster:
     def _answered_joiners(self) -> tuple[list[int], Identities]:
         """The nodes that joined mid-run and answered the identity query (or waited past their deadline), out of those
         asked, with what they answered (a look of its own: a partition-id another node claimed earlier is not held
-        against a node that rejoins). Answers are pulled by background threads, so a look never waits for one; an
-        answer the SuperLink lost is asked for once more."""
+        against a node that rejoins). Answers are pulled by background threads between looks, so a look never waits
+        for one, and a node still silent at a look past its deadline gets one look more (a pull that look asked for
+        may bring an answer sent in time); an answer the SuperLink lost is asked for once more."""
         found = Identities()
-        node_of = {message_id: node for node, (message_id, _) in self._joining.items()}
+        node_of = {message_id: node for node, (message_id, *_) in self._joining.items()}
         pending = set(node_of)
-        if self._puller is None:  # started when joiners are awaited, closed when none is
-            self._puller = ThreadedPuller(self.grid, workers=ANSWER_PULLERS)
-        puller = self._puller
-        lost = take_answers(puller.poll(list(pending)), found, pending)
+        lost = take_answers(self._answers.poll(list(pending)), found, pending)
         now = time.monotonic()
         for node in (node_of[message_id] for message_id in lost if message_id in node_of):
-            puller.forget(self._joining[node][0])
+            self._answers.forget(self._joining[node][0])
             deadline = self._joining[node][1]
             if (message_id := self._ask_again(node, deadline)) is not None:
-                self._joining[node] = (message_id, deadline)
+                self._joining[node] = (message_id, deadline, False)
                 pending.add(message_id)
-        ready = sorted(node for node, (message_id, deadline) in self._joining.items()
-                       if message_id not in pending or deadline <= now)
+        ready = []
+        for node, (message_id, deadline, looked_past) in sorted(self._joining.items()):
+            if message_id not in pending or (deadline <= now and looked_past):
+                ready.append(node)
+            elif deadline <= now:
+                self._joining[node] = (message_id, deadline, True)
         found.unanswered = [node for node in ready if self._joining[node][0] in pending]
         for node in ready:
-            puller.forget(self._joining[node][0])  # a pull still stuck on it drops what it gets
+            self._answers.forget(self._joining[node][0])  # a pull still stuck on it drops what it gets
             del self._joining[node]
-        if not self._joining:
-            puller.close()
-            self._puller = None
         return ready, found

@@ -243,8 +243,9 @@ def test_an_early_reply_and_an_error_reply_update_what_was_learned():
     assert puller.ready_after == {"c": 5.0} and puller.miss_gap == (0.0, 0)  # an error reply teaches nothing
 
 
-def test_close_ends_the_threads_once_their_pulls_return():
-    """A closed puller's idle threads end at once; one held in a pull ends when that pull returns."""
+def test_threads_start_with_work_and_end_when_idle_a_held_one_when_its_pull_returns():
+    """No thread before the first poll; idle threads end after ``idle_s``, one held in a pull once it returns (a
+    finished run's puller holds no thread for long); a later poll starts threads again."""
     release = threading.Event()
 
     class OneStuck(CountingGrid):
@@ -253,21 +254,22 @@ def test_close_ends_the_threads_once_their_pulls_return():
                 release.wait(10)
             return super().pull_messages(message_ids)
 
-    puller = ThreadedPuller(OneStuck(), workers=3)
-    puller.poll(["stuck"])
-    _settle_queue(puller)
-    puller.close()
-    deadline = time.monotonic() + 10
-    while sum(thread.is_alive() for thread in puller._threads) > 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    held = [thread for thread in puller._threads if thread.is_alive()]
-    assert len(held) == 1
+    grid = OneStuck()
+    puller = ThreadedPuller(grid, workers=3, idle_s=0.05)
+    assert puller.threads == 0
+    puller.poll(["stuck", "a"])
+    assert puller.threads == 2
+    _wait_for(lambda: puller.threads == 1 and grid.pulls.get("a") == 1)  # the idle one ended, the held one not
+    assert puller.threads == 1
     release.set()
-    held[0].join(5)
-    assert not held[0].is_alive() and puller.pulls == 1
+    _wait_for(lambda: puller.threads == 0)
+    assert puller.threads == 0 and grid.pulls["stuck"] == 1
+    puller.poll(["b"])
+    _wait_for(lambda: grid.pulls.get("b") == 1)
+    assert grid.pulls.get("b") == 1
 
 
-def _settle_queue(puller: ThreadedPuller) -> None:
-    deadline = time.monotonic() + 5
-    while puller._requests.qsize() and time.monotonic() < deadline:  # a worker has taken every request
+def _wait_for(condition, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < deadline:
         time.sleep(0.002)

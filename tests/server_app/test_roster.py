@@ -8,11 +8,13 @@ pull until the SuperLink's object-push session expires (180 s). The grid below d
 from __future__ import annotations
 
 import threading
+import time
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, RecordDict
 
-from asyncfl.server_app.discovery import query_identities
+from asyncfl.server_app.discovery import Identities, query_identities, take_answers
 from asyncfl.server_app.puller import ThreadedPuller
+from asyncfl.server_app.roster import Roster
 from tests.fake_grid import FakeGrid
 from tests.server_app.test_engine import Recording, make_engine, plus_one
 
@@ -51,7 +53,7 @@ class StuckAnswerGrid(FakeGrid):
 def test_the_start_query_of_a_deployment_ends_at_its_deadline_while_an_answer_is_stuck():
     """The others are identified; the stuck node is unanswered and its pull is still held when the query ends."""
     grid = StuckAnswerGrid(5)
-    found = query_identities(grid, grid.nodes, 1.0, probe_first=False, puller=ThreadedPuller(grid, workers=2))
+    found = query_identities(grid, grid.nodes, 3.0, probe_first=False, puller=ThreadedPuller(grid, workers=2))
     assert grid.stuck.is_set() and not grid.returned.is_set()
     assert found.unanswered == [STUCK] and sorted(found.partition_of) == [101, 102, 103, 105]
     grid.let_go.set()
@@ -75,3 +77,58 @@ def test_a_joiner_whose_answer_is_stuck_does_not_hold_the_run():
     assert grid.stuck.is_set() and not grid.returned.is_set()
     assert len(engine.strategy.seen) == 20 and STUCK in engine.clients and engine.stats.unidentified_nodes == 1
     grid.let_go.set()
+
+
+class _NoDelays:
+    def bind_clients(self, sizes, labels=None):
+        pass
+
+
+def test_a_joiners_answer_sent_before_its_wait_ends_is_taken_even_when_pulled_after_it():
+    """Answers are pulled by threads between looks: the look past a joiner's wait asks for its answer once more,
+    and the next look takes it (it used to be taken in unidentified at the first look past the wait)."""
+    class LateAnswer(FakeGrid):
+        answered = threading.Event()
+
+        def __init__(self):
+            super().__init__(4, plus_one)
+            self.nodes, self.joiner_query = self.nodes[:3], None
+
+        def _identify(self, node, message):
+            if node == STUCK:
+                self.joiner_query = message.metadata.message_id
+            return super()._identify(node, message)
+
+        def pull_messages(self, message_ids):
+            if self.joiner_query in message_ids and not self.answered.is_set():
+                return []  # not sent yet
+            return super().pull_messages(message_ids)
+
+    grid = LateAnswer()
+    roster = Roster(grid, _NoDelays(), identify=True, deployed=True)
+    roster.start([101, 102, 103], 5.0)
+    roster.refresh_every, roster.join_wait_s = 0.0, 0.3
+    grid.nodes.append(STUCK)
+    roster.refresh()  # asked
+    assert grid.joiner_query is not None and STUCK not in roster.nodes
+    grid.answered.set()  # sent within its wait, not pulled yet
+    time.sleep(0.35)  # the wait passes
+    roster.refresh()  # the look past the wait asks for the answer once more
+    assert STUCK not in roster.nodes
+    limit = time.monotonic() + 30
+    while grid.joiner_query in grid._waiting and time.monotonic() < limit:  # that pull has run
+        time.sleep(0.005)
+    roster.refresh()
+    assert roster.owners[roster.index_of[STUCK]] == "partition-id:3" and roster.unidentified == 0
+
+
+def test_an_answer_to_a_query_no_longer_awaited_is_ignored():
+    """A thread may hand over an answer after its query was given up (or one that names another query): it is not
+    taken as an identity."""
+    request = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=101, message_type="query")
+    request.metadata.__dict__["_message_id"] = "given-up"
+    answer = Message(RecordDict({"config": ConfigRecord({"partition-id": 7, "num-examples": 5})}), reply_to=request)
+    answer.metadata.__dict__["_src_node_id"] = 101
+    found, pending = Identities(), {"awaited"}
+    assert take_answers([answer], found, pending) == [] and pending == {"awaited"}
+    assert not found.partition_of and not found.size_of

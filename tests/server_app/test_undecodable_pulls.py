@@ -212,7 +212,7 @@ def test_a_joiner_whose_identity_answer_cannot_be_decoded_is_asked_once_more_and
     grid = Joining("query")
     roster = Roster(Link(grid, 60.0), _NoDelays(), identify=True, deployed=True)
     roster.start([101, 102, 103], 5.0)
-    roster.refresh_every, roster.join_wait_s = 0.0, 1.0
+    roster.refresh_every, roster.join_wait_s = 0.0, 3.0
     grid.online = [101, 102, 103, 104, 105, 106]
     _look_until_taken_in(roster, grid.online)
     asked_104 = [m for m in grid.pushed if m.metadata.message_type == "query" and m.metadata.dst_node_id == BAD_NODE]
