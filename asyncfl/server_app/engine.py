@@ -123,8 +123,8 @@ class AsyncEngine:
         self.federated_eval = federated_eval
         self.delays = delay_sampler(config.delay_model, config.seed)
         self.clock = clock_for(config, self.delays, grid)  # a job's timeout does not run while the SuperLink is away
-        # a deployment asks every node at once and pulls answers off this thread, a simulation asks one node first
-        self.roster = Roster(grid, self.delays, config.identify_nodes, deployed=self.clock.nodes_come_and_go)
+        # a deployment asks every node at once, a simulation one first (asyncfl.server_app.discovery)
+        self.roster = Roster(grid, self.delays, config.identify_nodes, probe_first=not self.clock.nodes_come_and_go)
         self._puller = self.clock.puller(grid, config.concurrency)
         self.dispatcher = Dispatcher(grid, strategy, codec, config, self.keys, self.clock, self.roster, self.state)
         self.slots: Slots = self.dispatcher.slots  # who may get a new job

@@ -17,6 +17,7 @@ import numpy as np
 
 from asyncfl.server_app.discovery import AskAgain, Identities, ask, query_identities, take_answers
 from asyncfl.server_app.puller import ThreadedPuller
+from asyncfl.server_app.transport import on_superlink
 
 log = logging.getLogger("asyncfl.engine")
 
@@ -39,18 +40,22 @@ class Roster:
         Told the clients' sizes (``bind_clients``); asked whether it needs label counts.
     identify : bool
         Ask nodes for their identity (off: node-id order).
-    deployed : bool
-        Nodes are SuperNodes other people may run (the wall clock): every node is asked at once, and the answers
-        are pulled message by message by background threads (:class:`~asyncfl.server_app.puller.ThreadedPuller`),
-        so that an answer whose objects never arrive (Flower's Grid retries inside that pull until the SuperLink's
-        object-push session expires) holds one of them, not the start past its deadline. Otherwise (a simulation,
-        the gossip relay) one node is asked before the others
-        (:func:`~asyncfl.server_app.discovery.query_identities`) and answers are pulled in paced batches on the
-        caller's thread (one pull request per poll, however many nodes). The answers of nodes that join mid-run
-        (:meth:`refresh`) are pulled by those threads: a look at the online nodes never waits for one.
+    probe_first : bool
+        Ask one node before the others (:func:`~asyncfl.server_app.discovery.query_identities`): a simulation's
+        nodes run one ClientApp, and each refusal is a traceback in its log.
+
+    Notes
+    -----
+    On Flower's deployment Grid (:func:`~asyncfl.server_app.transport.on_superlink`: SuperNodes other people may
+    run) the answers are pulled message by message by background threads
+    (:class:`~asyncfl.server_app.puller.ThreadedPuller`), so that an answer whose objects never arrive (Flower's
+    Grid retries inside that pull until the SuperLink's object-push session expires) holds one of them, not the
+    start past its deadline; elsewhere (a simulation) in paced batches on the caller's thread, one pull request per
+    poll however many nodes. The answers of nodes that join mid-run (:meth:`refresh`) are always pulled by those
+    threads: a look at the online nodes never waits for one.
     """
 
-    def __init__(self, grid, delays, identify: bool, deployed: bool = False) -> None:
+    def __init__(self, grid, delays, identify: bool, probe_first: bool = True) -> None:
         self.grid = grid
         self.delays = delays
         self.nodes: list[int] = []  # client index -> node id
@@ -66,7 +71,7 @@ class Roster:
         self._size_of: dict[int, int] = {}
         self._labels_of: dict[int, list[int]] = {}
         self._ask = identify
-        self._deployed = deployed
+        self._probe_first = probe_first
         # pulls identity answers off the engine's thread (its threads start at its first poll and end when idle)
         self._answers = ThreadedPuller(grid, workers=ANSWER_PULLERS)
         # label counts are private to clients: asked for only when the delay model is defined by them
@@ -90,8 +95,8 @@ class Roster:
     def add(self, nodes: list[int], deadline_s: float) -> None:
         """Identify ``nodes`` (waiting up to ``deadline_s``) and append them to the client order."""
         asked = self._ask
-        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, not self._deployed,
-                                  self._answers if self._deployed else None) if asked else Identities())
+        found = (query_identities(self.grid, nodes, deadline_s, self._wants_label_counts, self._probe_first,
+                                  self._answers if on_superlink(self.grid) else None) if asked else Identities())
         self._take_in(nodes, found, asked)
 
     def _take_in(self, nodes: list[int], found: Identities, asked: bool) -> None:

@@ -108,6 +108,13 @@ def outage_limit(timeout: float) -> float:
     return OUTAGE_JOB_TIMEOUTS * timeout
 
 
+def on_superlink(grid) -> bool:
+    """Whether ``grid`` (or the Grid in its :class:`Link`) is Flower's deployment Grid, whose nodes are SuperNodes
+    other people may run (Flower's simulation runtime and asyncfl's in-process grids are not)."""
+    http_grid = getattr(sys.modules.get("flwr.superlink.grid.http_grid"), "HttpGrid", None)  # loaded where it runs
+    return http_grid is not None and isinstance(getattr(grid, "inner", grid), http_grid)
+
+
 def is_transport_error(exc: BaseException) -> bool:
     """Whether a Grid call failed in transport (an HTTP status, a gRPC error: the request was not served), rather
     than while decoding what it got."""

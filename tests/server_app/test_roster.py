@@ -105,7 +105,7 @@ def test_a_joiners_answer_sent_before_its_wait_ends_is_taken_even_when_pulled_af
             return super().pull_messages(message_ids)
 
     grid = LateAnswer()
-    roster = Roster(grid, _NoDelays(), identify=True, deployed=True)
+    roster = Roster(grid, _NoDelays(), identify=True, probe_first=False)
     roster.start([101, 102, 103], 5.0)
     roster.refresh_every, roster.join_wait_s = 0.0, 0.3
     grid.nodes.append(STUCK)
@@ -116,7 +116,7 @@ def test_a_joiners_answer_sent_before_its_wait_ends_is_taken_even_when_pulled_af
     roster.refresh()  # the look past the wait asks for the answer once more
     assert STUCK not in roster.nodes
     limit = time.monotonic() + 30
-    while grid.joiner_query in grid._waiting and time.monotonic() < limit:  # that pull has run
+    while not roster._answers._replies.qsize() and time.monotonic() < limit:  # that pull handed the answer on
         time.sleep(0.005)
     roster.refresh()
     assert roster.owners[roster.index_of[STUCK]] == "partition-id:3" and roster.unidentified == 0
@@ -132,3 +132,25 @@ def test_an_answer_to_a_query_no_longer_awaited_is_ignored():
     found, pending = Identities(), {"awaited"}
     assert take_answers([answer], found, pending) == [] and pending == {"awaited"}
     assert not found.partition_of and not found.size_of
+
+
+def test_a_deployments_roster_pulls_its_start_answers_in_threads_and_a_simulations_in_batches(monkeypatch):
+    """Flower's deployment Grid (SuperNodes others may run) is told apart from simulations; on it the start query
+    ends at its deadline while an answer's pull hangs."""
+    from types import SimpleNamespace
+
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from asyncfl.server_app import roster as roster_module
+    from asyncfl.server_app.transport import on_superlink
+
+    deployed = HttpGrid.__new__(HttpGrid)
+    assert on_superlink(deployed) and on_superlink(SimpleNamespace(inner=deployed))
+    assert not on_superlink(FakeGrid(2, plus_one))
+    grid = StuckAnswerGrid(5)
+    monkeypatch.setattr(roster_module, "on_superlink", lambda g: g is grid)
+    roster = Roster(grid, _NoDelays(), identify=True, probe_first=False)
+    roster.start(list(grid.nodes), 3.0)
+    assert grid.stuck.is_set() and not grid.returned.is_set()
+    assert roster.unidentified == 1 and roster.nodes[-1] == STUCK
+    grid.let_go.set()

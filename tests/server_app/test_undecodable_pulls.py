@@ -210,7 +210,7 @@ def test_a_joiner_whose_identity_answer_cannot_be_decoded_is_asked_once_more_and
             return list(self.online)
 
     grid = Joining("query")
-    roster = Roster(Link(grid, 60.0), _NoDelays(), identify=True, deployed=True)
+    roster = Roster(Link(grid, 60.0), _NoDelays(), identify=True, probe_first=False)
     roster.start([101, 102, 103], 5.0)
     roster.refresh_every, roster.join_wait_s = 0.0, 3.0
     grid.online = [101, 102, 103, 104, 105, 106]
@@ -230,7 +230,7 @@ def test_a_node_that_rejoins_under_new_node_ids_keeps_its_owner():
             return Message(RecordDict({"config": ConfigRecord({"partition-id": owner_of[node]})}), reply_to=message)
 
     grid = Rejoining(2, _honest)
-    roster = Roster(grid, _NoDelays(), identify=True, deployed=True)
+    roster = Roster(grid, _NoDelays(), identify=True, probe_first=False)
     roster.start([101, 102], 5.0)
     roster.refresh_every = 0.0
     for node in (201, 202, 203):
