@@ -104,6 +104,8 @@ class ThreadedPuller:
         self.miss_gap = (0.0, 0)  # seconds from the last miss to the finding pull, summed; replies found after a miss
         self.workers, self.idle_s = workers, type(self).IDLE_S if idle_s is None else idle_s
         self.threads = 0  # running: waiting for a message, pulling one, or held in a pull (at most ``workers``)
+        self._idle = 0  # threads waiting for a message (or started and not yet waiting)
+        self._queued = 0  # requests no thread has taken (counted when the taker has)
 
     def interval(self, age: float) -> float:
         """Seconds between two pulls of a message first polled ``age`` seconds ago."""
@@ -130,35 +132,51 @@ class ThreadedPuller:
         return now - last >= self.wait_after(now - first, due)
 
     def _work(self) -> None:
-        while True:
-            try:
-                message_id = self._requests.get(timeout=self.idle_s)
-            except queue.Empty:
+        """A thread (counted idle from its start): pull what is queued; end once nothing came for ``idle_s``."""
+        counted_out = False
+        try:
+            while True:
+                try:
+                    message_id = self._requests.get(timeout=self.idle_s)
+                except queue.Empty:
+                    message_id = None
                 with self._lock:  # a poll queues and counts threads under this lock: no request is left unserved
-                    if self._requests.empty():
-                        self.threads -= 1
+                    if message_id is None and self._requests.empty():
+                        self.threads, self._idle, counted_out = self.threads - 1, self._idle - 1, True
                         return
-                continue
-            started = self.clock()
-            replies, failed = [], False
-            try:
-                replies = list(self.grid.pull_messages([message_id]))
-            except Exception:  # a failed pull is retried on a later poll; it says nothing of when the reply is ready
-                failed = True
-            with self._lock:  # counted before the reply is handed on, so a run's last summary sees this pull
-                self._pending.discard(message_id)
-                self.pulls += 1
-                self.errors += failed
-                if message_id not in self._first_seen:  # forgotten while this pull ran: its job is over
-                    continue
-                if replies:
-                    self._delivered.add(message_id)
-                    if not any(_is_error(reply) for reply in replies):
-                        self._learn(message_id, started)
-                elif not failed:
-                    self._last_miss[message_id] = started
-            for reply in replies:
-                self._replies.put(reply)
+                    if message_id is not None:
+                        self._idle, self._queued = self._idle - 1, self._queued - 1
+                if message_id is not None:
+                    self._pull(message_id)
+                    with self._lock:
+                        self._idle += 1
+        finally:
+            if not counted_out:  # an error in a pull of the thread's own: its place is free for a new one
+                with self._lock:
+                    self.threads -= 1
+
+    def _pull(self, message_id: str) -> None:
+        """Pull one message's reply and hand it on (a failed pull is retried on a later poll)."""
+        started = self.clock()
+        replies, failed = [], False
+        try:
+            replies = list(self.grid.pull_messages([message_id]))
+        except Exception:  # a failed pull is retried on a later poll; it says nothing of when the reply is ready
+            failed = True
+        with self._lock:  # counted before the reply is handed on, so a run's last summary sees this pull
+            self._pending.discard(message_id)
+            self.pulls += 1
+            self.errors += failed
+            if message_id not in self._first_seen:  # forgotten while this pull ran: its job is over
+                return
+            if replies:
+                self._delivered.add(message_id)
+                if not any(_is_error(reply) for reply in replies):
+                    self._learn(message_id, started)
+            elif not failed:
+                self._last_miss[message_id] = started
+        for reply in replies:
+            self._replies.put(reply)
 
     def _learn(self, message_id: str, found_at: float) -> None:
         """A reply was found at ``found_at``: count how late it may have been seen, and learn that its client's
@@ -192,9 +210,16 @@ class ThreadedPuller:
                 self._last_try[message_id] = now  # waits count from the poll that asks, the engine's own beat
                 self._pending.add(message_id)
                 self._requests.put(message_id)
-                if self.threads < self.workers:
-                    self.threads += 1
+                self._queued += 1
+            # a thread for each request no idle one waits for (a request queued earlier too: one whose thread was
+            # taken by a pull that hangs)
+            while self.threads < self.workers and self._queued > self._idle:
+                self.threads, self._idle = self.threads + 1, self._idle + 1
+                try:
                     threading.Thread(target=self._work, daemon=True).start()
+                except RuntimeError:  # no more threads to be had: the running ones serve the queue
+                    self.threads, self._idle = self.threads - 1, self._idle - 1
+                    break
         replies = []
         while True:
             try:

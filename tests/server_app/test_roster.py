@@ -88,7 +88,7 @@ def test_a_joiners_answer_sent_before_its_wait_ends_is_taken_even_when_pulled_af
     """Answers are pulled by threads between looks: the look past a joiner's wait asks for its answer once more,
     and the next look takes it (it used to be taken in unidentified at the first look past the wait)."""
     class LateAnswer(FakeGrid):
-        answered = threading.Event()
+        answered, missed = threading.Event(), threading.Event()  # sent; a pull found nothing yet
 
         def __init__(self):
             super().__init__(4, plus_one)
@@ -101,6 +101,7 @@ def test_a_joiners_answer_sent_before_its_wait_ends_is_taken_even_when_pulled_af
 
         def pull_messages(self, message_ids):
             if self.joiner_query in message_ids and not self.answered.is_set():
+                self.missed.set()
                 return []  # not sent yet
             return super().pull_messages(message_ids)
 
@@ -111,6 +112,8 @@ def test_a_joiners_answer_sent_before_its_wait_ends_is_taken_even_when_pulled_af
     grid.nodes.append(STUCK)
     roster.refresh()  # asked
     assert grid.joiner_query is not None and STUCK not in roster.nodes
+    roster.refresh()  # its answer is asked for: the pull finds nothing
+    assert grid.missed.wait(30) and STUCK not in roster.nodes
     grid.answered.set()  # sent within its wait, not pulled yet
     time.sleep(0.35)  # the wait passes
     roster.refresh()  # the look past the wait asks for the answer once more
