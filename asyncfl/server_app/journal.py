@@ -66,9 +66,9 @@ def record_event(checkpoints: Checkpoints, job: Job, reply: Message | None, stat
         header["refused"] = [refused.reason, str(refused)]
     elif reply is not None:
         try:
-            layout, payload, small = _parts(reply.content, keys.arrays)
+            layout, payload, small, trimmed = _parts(reply.content, keys.arrays)
             arrays += [*payload, np.frombuffer(small, dtype=np.uint8)]
-            header["content"] = {"key": keys.arrays, "arrays": layout}
+            header["content"] = {"key": keys.arrays, "arrays": layout, **({"metrics_trimmed": True} if trimmed else {})}
         except Exception as exc:  # whatever a node sent that serialization refuses
             refused = RejectedReply("unrecordable", f"the reply cannot be written to the journal ({type(exc).__name__}:"
                                                     f" {str(exc)[:200]}); a resumed run could not take it in again")
@@ -108,10 +108,11 @@ def _fits(codec: ModelCodec, name: str, array) -> bool:
             and len(array.data) <= NPY_HEADER_BYTES + ENTRY_BYTES * codec.sizes[i])
 
 
-def _parts(content: RecordDict, arrays_key: str) -> tuple[list | None, list[np.ndarray], bytes]:
+def _parts(content: RecordDict, arrays_key: str) -> tuple[list | None, list[np.ndarray], bytes, bool]:
     """What the reply path reads of ``content``: the model record's arrays as their bytes (no re-encoding: a
     model-sized record costs one copy) with each one's ``[name, dtype, shape, stype]`` (``None``: no such
-    record), and the metrics and worker records serialized (Flower's serde)."""
+    record), the metrics and worker records serialized (Flower's serde), and whether the metrics were cut to a
+    report's size (:class:`~asyncfl.protocol.TrimmedMetrics`: a replay counts it as the live run did)."""
     layout, payload = None, []
     if arrays_key in content.array_records:
         items = list(content.array_records[arrays_key].items())
@@ -126,7 +127,8 @@ def _parts(content: RecordDict, arrays_key: str) -> tuple[list | None, list[np.n
     if worker is not None:  # the names the path reads, as it reads them: not whatever else a node put there
         names = {key: protocol.worker_name(worker.get(key)) for key in (protocol.PROCESS, protocol.RAY_NODE)}
         kept[protocol.WORKER_RECORD] = ConfigRecord({key: name for key, name in names.items() if name is not None})
-    return layout, payload, serde.recorddict_to_proto(kept).SerializeToString()
+    return (layout, payload, serde.recorddict_to_proto(kept).SerializeToString(),
+            isinstance(metrics, protocol.TrimmedMetrics))
 
 
 def _reply_of(header: dict, parts: list[np.ndarray]) -> Message | None:
@@ -146,6 +148,8 @@ def _reply_of(header: dict, parts: list[np.ndarray]) -> Message | None:
     proto.ParseFromString(parts[-1].tobytes())
     content = serde.recorddict_from_proto(proto)
     layout = header["content"]["arrays"]
+    if header["content"].get("metrics_trimmed") and "metrics" in content.metric_records:  # read as it was live
+        content["metrics"] = protocol.TrimmedMetrics(content.metric_records["metrics"])
     if layout is not None:
         content[header["content"]["key"]] = ArrayRecord(OrderedDict(
             (name, Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data.tobytes()))

@@ -612,6 +612,7 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     def bounded_state(engine):
         norm, count, stats = engine.bounds.norm, engine.bounds.count, engine.stats
         return (stats.arrivals, dict(stats.rejected), len(stats.reply_bytes), len(stats.round_trip_seconds),
+                stats.metrics_trimmed,
                 {c: list(t[:2]) for c, t in stats.by_client.items()}, [dict(g) for g in norm.latest],
                 list(norm.recent_clients), norm.clipped, dict(count.latest), engine.versions.current.tobytes())
 
@@ -641,7 +642,7 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     monkeypatch.setattr(AsyncEngine, "take_in", take_in)
 
     def hostile(grid):  # node 3's updates are 40 times too large (clipped); node 4 reports an int beyond 64 bits;
-        # node 5 sends 50 arrays more than the model has
+        # node 5 sends 50 arrays more than the model has; node 2 sends metrics beyond a report's size (cut, counted)
         reply_of = grid.handler
 
         def reply(node, message):
@@ -652,6 +653,8 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
                 out.content.array_records["arrays"]["w"] = Array(sent + np.float32(40.0) * (w - sent))
             if message.metadata.message_type == "train" and grid.nodes.index(node) == 4:
                 out.content["metrics"]["junk"] = 2**64
+            if message.metadata.message_type == "train" and grid.nodes.index(node) == 2:
+                out.content["metrics"]["accuracy"] = [0.5] * 20_000
             if message.metadata.message_type == "train" and grid.nodes.index(node) == 5:
                 extra = {f"extra-{i}": Array(np.zeros(1, np.float32)) for i in range(50)}  # journaled: its refusal
                 out.content.array_records["arrays"].update(extra)
@@ -675,6 +678,7 @@ def test_a_wall_clock_resume_takes_the_journal_s_replies_in_through_the_live_rep
     assert {"unrecordable", "wrong-layout"} <= refusals(journal)  # nodes 4 and 5: refused live, and so on replay
     assert resumed.summary["rejected-by-reason"].get("unrecordable", 0) > 0
     assert resumed.summary["rejected-by-reason"].get("wrong-layout", 0) > 0
+    assert any(h["content"].get("metrics_trimmed") for h, _ in journal if "content" in h)
     journaled = {len(h["content"]["arrays"]) for h, _ in journal if "content" in h}
     assert journaled == {2}  # node 5's 52 arrays are journaled as their refusal alone
     for seq in replayed:
@@ -902,7 +906,7 @@ def test_a_journal_keeps_of_a_worker_record_only_the_names_the_reply_path_reads(
     worker = ConfigRecord({protocol.PROCESS: "p" * 1000, protocol.RAY_NODE: 7, "junk": b"x" * 1_000_000,
                            "flag": True})
     content = RecordDict({"arrays": ArrayRecord(), protocol.WORKER_RECORD: worker})
-    _, _, small = _parts(content, "arrays")
+    _, _, small, _ = _parts(content, "arrays")
     proto = RecordDictProto()
     proto.ParseFromString(small)
     kept = serde.recorddict_from_proto(proto).config_records[protocol.WORKER_RECORD]
