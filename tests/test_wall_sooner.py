@@ -346,8 +346,10 @@ def test_the_status_table_pools_each_settings_runs_and_marks_the_issue_s_targets
     fleet = [1.0] * 8  # 8 equal nodes, 1 s a job: ideal 8 updates/s; 6 workers in simulation: bound 6/s
     base = {"example": "quickstart-pytorch", "mode": "simulation", "fleet": fleet, "device-seconds": 1.0,
             "ideal-updates-per-s": 8.0, "runtime-workers": 6}
-    fedavg = [{**base, "strategy": "flower-fedavg", "final": final, "train-seconds": s, "timeline": []}
-              for final, s in ((0.80, 100.0), (0.82, 120.0))]  # target 0.81, FedAvg's mean time 110 s
+    fedavg = [{**base, "strategy": "flower-fedavg", "final": final, "train-seconds": s, "timeline": timeline,
+               "steady-updates-per-s": rate}
+              for final, s, timeline, rate in ((0.80, 100.0, [[1, 100.0, 0.80]], 7.2),
+                                               (0.82, 120.0, [[1, 99.0, 0.82]], 6.4))]  # target 0.81, mean 110 s
     a = [{**base, "strategy": "fedasync", "final": 0.825, "steady-updates-per-s": 7.6, "rejected-updates": 0,
           "timeline": [[1, 20.0, 0.5], [2, 44.0, 0.81]]},
          {**base, "strategy": "fedasync", "final": 0.805, "steady-updates-per-s": 7.44, "rejected-updates": 1,
@@ -358,7 +360,11 @@ def test_the_status_table_pools_each_settings_runs_and_marks_the_issue_s_targets
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
     rows = study.status_table(tmp_path, (("app", ("avg",), ("one", "two")),)).splitlines()[2:]
-    # FedBuff first (the study's order); FedAsync pooled over both folders: +1.5 and -0.5 points (within one), 44 and
-    # 55 s of FedAvg's 110 (0.40, 0.50: at most half), 0.95 and 0.93 of the fleet's 8/s, 1.27 and 1.24 of the 6/s bound
-    assert rows == ["| app | fedbuff | dispatch_hold=0.0 | 1 (2) | -2.0; -2.0 | never | 0.50; 0.50 | 0.67 | 0 | ✗, ✗, ✗ |",
+    # FedAvg's own runs first, against their own mean (the yardstick: -1.0 and +1.0 points, one run never reaches it;
+    # rounds of 8 jobs on 8 equal nodes, 1 s: 8/s ideal, on 6 workers 2 s: 4/s bound), then FedBuff (the study's
+    # order); FedAsync pooled over both folders: +1.5 and -0.5 points (within one), 44 and 55 s of FedAvg's 110 (0.40,
+    # 0.50: at most half), 0.95 and 0.93 of the fleet's 8/s, 1.27 and 1.24 of the 6/s bound
+    assert rows == ["| app | flower-fedavg (its own runs) | – | 2 (2) | +0.0; -1.0 | 0.90; never | 0.85; 0.80 | 1.70 "
+                    "| – | ✓, –, ✗ |",
+                    "| app | fedbuff | dispatch_hold=0.0 | 1 (2) | -2.0; -2.0 | never | 0.50; 0.50 | 0.67 | 0 | ✗, ✗, ✗ |",
                     "| app | fedasync | – | 2 (2) | +0.5; -0.5 | 0.45; 0.50 | 0.94; 0.93 | 1.25 | 1 | ✓, ✓, ✓ |"]
