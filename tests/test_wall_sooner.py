@@ -363,8 +363,18 @@ def test_the_status_table_pools_each_settings_runs_and_marks_the_issue_s_targets
     # FedAvg's own runs first, against their own mean (the yardstick: -1.0 and +1.0 points, one run never reaches it;
     # rounds of 8 jobs on 8 equal nodes, 1 s: 8/s ideal, on 6 workers 2 s: 4/s bound), then FedBuff (the study's
     # order); FedAsync pooled over both folders: +1.5 and -0.5 points (within one), 44 and 55 s of FedAvg's 110 (0.40,
-    # 0.50: at most half), 0.95 and 0.93 of the fleet's 8/s, 1.27 and 1.24 of the 6/s bound
+    # 0.50: at most half), 0.95 and 0.93 of the fleet's 8/s, 1.27 and 1.24 of the 6/s bound; Welch's interval of its
+    # mean against FedAvg's -1 and +1: variances 2 / 2 runs on each side, so sqrt(2) x t(0.975, 2 df) = 4.303 sqrt(2)
     assert rows == ["| app | flower-fedavg (its own runs) | – | 2 (2) | +0.0; -1.0 | 0.90; never | 0.85; 0.80 | 1.70 "
                     "| – | ✓, –, ✗ |",
                     "| app | fedbuff | dispatch_hold=0.0 | 1 (2) | -2.0; -2.0 | never | 0.50; 0.50 | 0.67 | 0 | ✗, ✗, ✗ |",
-                    "| app | fedasync | – | 2 (2) | +0.5; -0.5 | 0.45; 0.50 | 0.94; 0.93 | 1.25 | 1 | ✓, ✓, ✓ |"]
+                    "| app | fedasync | – | 2 (2) | +0.5 ± 6.1; -0.5 | 0.45; 0.50 | 0.94; 0.93 | 1.25 | 1 | ✓, ✓, ✓ |"]
+
+
+def test_welch_s_interval_by_hand(study):
+    # a: 1, 3 (variance 2), b: 0, 0, 6 (variance 12): se^2 = 2/2 + 12/3 = 5, df = 25 / (1/1 + 16/2) = 25/9
+    from scipy.stats import t
+
+    assert study.welch_half_width([1.0, 3.0], [0.0, 0.0, 6.0]) == pytest.approx(t.ppf(0.975, 25 / 9) * 5**0.5)
+    assert study.welch_half_width([1.0], [0.0, 2.0]) is None  # one run: no spread to read
+    assert study.welch_half_width([1.0, 1.0], [2.0, 2.0]) is None  # no spread on either side

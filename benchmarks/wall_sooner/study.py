@@ -725,13 +725,27 @@ STATUS = (
 )
 
 
+def welch_half_width(a: list[float], b: list[float]) -> float | None:
+    """Half the width of the 95 % interval of ``mean(a) - mean(b)`` (Welch's t, unequal variances); None with fewer
+    than 2 values on a side or none spread."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        return None
+    from scipy.stats import t
+
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(t.ppf(0.975, df)) * math.sqrt(va + vb)
+
+
 def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
     """Issue 59's targets against every stored run: per app and mode, asyncfl strategy and run options (pooled over
     the folders of :data:`STATUS`, whatever the puller), the distance to Flower's FedAvg's mean final at equal work,
     the time to reach it as a share of FedAvg's mean time, the rate as a share of the fleet's ideal (and of the
     runtime's or host's bound), replies rejected or lost, and which targets hold (:data:`WITHIN_POINTS`, :data:`TIME_SHARE`,
     :data:`RATE_SHARE`)."""
-    lines = ["| app, mode | strategy | run options | runs (FedAvg's) | − FedAvg, points (mean; worst) "
+    lines = ["| app, mode | strategy | run options | runs (FedAvg's) | − FedAvg, points (mean ± 95 % interval; worst) "
              "| share of FedAvg's time (mean; slowest) | share of the ideal rate (mean; lowest) "
              "| share of the runtime's or host's bound (mean) | replies rejected or lost | accuracy, time, rate |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -755,12 +769,14 @@ def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
             met = (min(points) >= -WITHIN_POINTS, len(shares) == len(cells) and max(shares) <= TIME_SHARE,
                    statistics.mean(of_fleet) >= RATE_SHARE)
             marks = ['✓' if m else '✗' for m in met]
+            spread = welch_half_width(points, [100 * (r["final"] - target) for r in fedavg])
+            interval = "" if strategy == "flower-fedavg" or spread is None else f" ± {spread:.1f}"
             rejected = sum(r.get('rejected-updates', 0) for r in cells)
             if strategy == "flower-fedavg":  # the yardstick: its own runs against their mean (time: no target)
                 strategy, marks[1], rejected = "flower-fedavg (its own runs)", "–", "–"
             lines.append(
                 f"| {label} | {strategy} | {options or '–'} | {len(cells)} ({len(fedavg)}) "
-                f"| {round(statistics.mean(points), 9) + 0.0:+.1f}; {min(points):+.1f} | {time_text} "
+                f"| {round(statistics.mean(points), 9) + 0.0:+.1f}{interval}; {min(points):+.1f} | {time_text} "
                 f"| {statistics.mean(of_fleet):.2f}; {min(of_fleet):.2f} | {of_bound:.2f} "
                 f"| {rejected} | {', '.join(marks)} |")
     return "\n".join(lines)
