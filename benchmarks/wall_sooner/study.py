@@ -286,19 +286,44 @@ def pin_code() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *kept])
 
 
+#: A ``sitecustomize`` for ``--runtime-workers``: in Flower's simulation process only, a ThreadPoolExecutor made
+#: without a size (the runtime's, ``vce_api.run_api``: one thread per Ray actor's worker, Python's default
+#: ``min(32, cores + 4)``) gets ``{workers}`` threads; it leaves a mark that it ran, which the study checks.
+WIDE_RUNTIME = """import sys
+if sys.argv and sys.argv[0].endswith("flwr-simulation"):
+    import concurrent.futures.thread as _thread
+    from pathlib import Path as _Path
+    _made = _thread.ThreadPoolExecutor.__init__
+    def _wide(self, max_workers=None, *args, **kwargs):
+        _made(self, {workers} if max_workers is None else max_workers, *args, **kwargs)
+    _thread.ThreadPoolExecutor.__init__ = _wide
+    _Path({mark!r}).write_text("{workers}")
+"""
+
+
 def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
-                    actors: int | None = None) -> tuple[int, str]:
+                    actors: int | None = None, runtime_workers: int | None = None) -> tuple[int, str]:
     """``asyncfl run`` in simulation with ``actors`` Ray actors (default one per node): one per job that can be out
-    at once, so that a node waiting out its device time holds no actor another node's job needs."""
+    at once, so that a node waiting out its device time holds no actor another node's job needs.
+    ``runtime_workers``: Flower's runtime runs that many ClientApps at once instead of ``min(32, cores + 4)``
+    (:data:`WIDE_RUNTIME`; a diagnosis of where the rate is capped, not a setting Flower offers)."""
     actors = nodes if actors is None else actors
+    env = dict(os.environ)
+    if runtime_workers is not None:
+        site, mark = Path(cwd) / "wide-runtime", Path(cwd) / "wide-runtime.mark"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(WIDE_RUNTIME.format(workers=runtime_workers, mark=str(mark)))
+        env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
     done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
                            str(nodes), "--cpus-per-client", "1", "--ray-cpus", str(actors), "-c", overrides],
-                          capture_output=True, text=True, cwd=cwd, timeout=timeout)
+                          capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+    if runtime_workers is not None and not (Path(cwd) / "wide-runtime.mark").exists():
+        return 1, "--runtime-workers: the simulation process did not load the runtime's patch\n" + done.stdout
     return done.returncode, done.stdout + done.stderr
 
 
 def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
-                  actors: int | None = None) -> tuple[int, str]:
+                  actors: int | None = None, runtime_workers: None = None) -> tuple[int, str]:
     """``flwr run`` against a loopback deployment of ``nodes`` SuperNode processes (``actors`` unused: a SuperNode
     starts a ClientApp process per message)."""
     from asyncfl.deploy.local import LocalDeployment
@@ -316,7 +341,7 @@ def _run_loopback(app: Path, nodes: int, overrides: str, cwd: str, timeout: floa
 
 def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, seconds: float, rounds: int,
              seed: int, start_options: str = "", async_rounds: int | None = None,
-             puller: dict[str, float] | None = None) -> dict:
+             puller: dict[str, float] | None = None, runtime_workers: int | None = None) -> dict:
     """One run of ``example`` with ``strategy`` on the emulated fleet; the cell with its timed accuracy curve.
 
     ``rounds`` is the equal-work point (Flower's FedAvg runs that many); an asynchronous strategy runs
@@ -349,7 +374,8 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
         runner = _run_simulation if mode == "simulation" else _run_loopback
         started, cpu_before = time.perf_counter(), host_cpu_seconds()
         # jobs out at once: FedAvg's cohort per round; asyncfl's concurrency (fraction_train of the nodes)
-        code, output = runner(app, nodes, overrides, folder, timeout=3600, actors=cohort)
+        code, output = runner(app, nodes, overrides, folder, timeout=3600, actors=cohort,
+                              runtime_workers=runtime_workers)
         wall, cpu_after = time.perf_counter() - started, host_cpu_seconds()
         if code != 0 or not timeline.exists():
             raise SystemExit(f"{example} / {strategy} / {mode} run {run} failed (rc {code}):\n{output[-4000:]}")
@@ -377,8 +403,9 @@ def run_cell(example: str, strategy: str, run: int, mode: str, profile: str, sec
             "device-seconds": seconds, "device-seed": seed, "rounds": rounds, "run-rounds": run_rounds,
             "updates": updates,
             **ideal(profile, nodes, seconds, seed, in_flight=cohort),
-            **({"runtime-workers": min(32, (os.cpu_count() or 1) + 4), "ray-actors": cohort}
+            **({"runtime-workers": runtime_workers or min(32, (os.cpu_count() or 1) + 4), "ray-actors": cohort}
                if mode == "simulation" else {}),
+            **({"runtime-widened": True} if runtime_workers else {}),
             "timeline": [[p["round"], p["t"], round(p["accuracy"], 4)] for p in points],
             "final": round(equal["accuracy"], 4), "train-seconds": last, "process-seconds": round(wall, 1),
             "last-accuracy": round(points[-1]["accuracy"], 4), "updates-per-s": updates / last,
@@ -805,6 +832,10 @@ def main() -> None:
     parser.add_argument("--puller-fine", type=float, default=None,
                         help="seconds: the puller's spacing at a client's learned time to reply (default: asyncfl's; "
                              "0: learn nothing); an ablation, stored in its own --out folder")
+    parser.add_argument("--runtime-workers", type=int, default=None,
+                        help="simulation: Flower's runtime runs this many ClientApps at once instead of min(32, cores "
+                             "+ 4) (a patch of its thread pool in its own process: a diagnosis of where the rate is "
+                             "capped, stored in its own --out folder)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--table", action="store_true", help="only print the table of the stored cells")
     parser.add_argument("--overhead-table", nargs="+", type=Path, metavar="FOLDER",
@@ -831,6 +862,8 @@ def main() -> None:
         parser.error(f"--puller-cap {args.puller_cap}: valid are 0.2 (the puller's shortest wait) to 60 seconds")
     if args.puller_fine is not None and not (args.puller_fine == 0 or 0.01 <= args.puller_fine <= 1):
         parser.error(f"--puller-fine {args.puller_fine}: valid are 0 (learn nothing) or 0.01 to 1 seconds")
+    if args.runtime_workers is not None and (args.mode != "simulation" or not 1 <= args.runtime_workers <= 64):
+        parser.error(f"--runtime-workers {args.runtime_workers} --mode {args.mode}: valid in simulation only, 1 to 64")
     puller = {name: value for name, value in (("cap", args.puller_cap), ("fine", args.puller_fine))
               if value is not None}
     path = args.out / "cells.jsonl"
@@ -848,7 +881,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         for example, strategy, run in todo:
             row = run_cell(example, strategy, run, args.mode, args.profile, args.device_seconds, args.rounds,
-                           args.device_seed, args.start_options, args.async_rounds, puller)
+                           args.device_seed, args.start_options, args.async_rounds, puller, args.runtime_workers)
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             print(f"{example} {args.mode} {strategy} run {run}: final {row['final']:.3f} in {row['train-seconds']:.0f} s "
