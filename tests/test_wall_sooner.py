@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -378,3 +379,27 @@ def test_welch_s_interval_by_hand(study):
     assert study.welch_half_width([1.0, 3.0], [0.0, 0.0, 6.0]) == pytest.approx(t.ppf(0.975, 25 / 9) * 5**0.5)
     assert study.welch_half_width([1.0], [0.0, 2.0]) is None  # one run: no spread to read
     assert study.welch_half_width([1.0, 1.0], [2.0, 2.0]) is None  # no spread on either side
+
+
+def test_the_runtime_patch_widens_only_the_runtime_s_pool_of_flower_s_simulation_process(study, tmp_path):
+    """WIDE_RUNTIME, as --runtime-workers writes it: in a process named flwr-simulation, an unsized pool made in a
+    file named vce_api.py gets the given size and is marked; a sized pool, a pool made elsewhere and any pool of
+    another process keep theirs."""
+    import subprocess
+
+    site, mark = tmp_path / "site", tmp_path / "mark"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(study.WIDE_RUNTIME.format(workers=8, mark=str(mark)))
+    (tmp_path / "vce_api.py").write_text("from concurrent.futures import ThreadPoolExecutor\n"
+                                         "def unsized():\n    return ThreadPoolExecutor()._max_workers\n")
+    probe = ("import sys; sys.path.insert(0, {here!r}); import os, vce_api\n"
+             "from concurrent.futures import ThreadPoolExecutor\n"
+             "print(vce_api.unsized(), ThreadPoolExecutor(3)._max_workers, ThreadPoolExecutor()._max_workers)\n")
+    default = min(32, (os.cpu_count() or 1) + 4)
+    for name, expected in (("flwr-simulation", f"8 3 {default}"), ("flwr-serverapp", f"{default} 3 {default}")):
+        script = tmp_path / name
+        script.write_text(probe.format(here=str(tmp_path)))
+        env = {**os.environ, "PYTHONPATH": str(site)}
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, check=True)
+        assert out.stdout.split() == expected.split()
+    assert study.widened_pools(mark) == [8]  # one mark: the runtime's pool in the simulation process

@@ -286,19 +286,27 @@ def pin_code() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *kept])
 
 
-#: A ``sitecustomize`` for ``--runtime-workers``: in Flower's simulation process only, a ThreadPoolExecutor made
-#: without a size (the runtime's, ``vce_api.run_api``: one thread per Ray actor's worker, Python's default
-#: ``min(32, cores + 4)``) gets ``{workers}`` threads; it leaves a mark that it ran, which the study checks.
+#: A ``sitecustomize`` for ``--runtime-workers``: in Flower's simulation process only, a ThreadPoolExecutor that
+#: Flower's runtime makes without a size (``vce_api.run_api``: one thread per Ray actor's worker, Python's default
+#: ``min(32, cores + 4)``) gets ``{workers}`` threads, and appends its size to the mark file, which the study checks.
 WIDE_RUNTIME = """import sys
 if sys.argv and sys.argv[0].endswith("flwr-simulation"):
     import concurrent.futures.thread as _thread
-    from pathlib import Path as _Path
     _made = _thread.ThreadPoolExecutor.__init__
     def _wide(self, max_workers=None, *args, **kwargs):
-        _made(self, {workers} if max_workers is None else max_workers, *args, **kwargs)
+        runtime = max_workers is None and sys._getframe(1).f_code.co_filename.endswith("vce_api.py")
+        _made(self, {workers} if runtime else max_workers, *args, **kwargs)
+        if runtime:
+            with open({mark!r}, "a") as _mark:
+                _mark.write(str(self._max_workers) + "\\n")
     _thread.ThreadPoolExecutor.__init__ = _wide
-    _Path({mark!r}).write_text("{workers}")
 """
+
+
+def widened_pools(mark: Path) -> list[int]:
+    """The sizes :data:`WIDE_RUNTIME` gave the thread pools of Flower's runtime in a run's simulation process (none:
+    the patch did not load, or Flower's runtime made no unsized pool)."""
+    return [int(line) for line in mark.read_text().split()] if mark.exists() else []
 
 
 def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: float,
@@ -317,8 +325,9 @@ def _run_simulation(app: Path, nodes: int, overrides: str, cwd: str, timeout: fl
     done = subprocess.run([sys.executable, "-m", "asyncfl.cli", "run", "--app", str(app), "--num-supernodes",
                            str(nodes), "--cpus-per-client", "1", "--ray-cpus", str(actors), "-c", overrides],
                           capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
-    if runtime_workers is not None and not (Path(cwd) / "wide-runtime.mark").exists():
-        return 1, "--runtime-workers: the simulation process did not load the runtime's patch\n" + done.stdout
+    if runtime_workers is not None and runtime_workers not in widened_pools(Path(cwd) / "wide-runtime.mark"):
+        return 1, ("--runtime-workers: Flower's runtime's thread pool was not widened (the patch did not load, or "
+                   "Flower sizes that pool now)\n" + done.stdout + done.stderr)
     return done.returncode, done.stdout + done.stderr
 
 
