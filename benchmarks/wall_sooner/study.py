@@ -753,7 +753,7 @@ STATUS = (
      (".", "equal-stop", "fedbuff-no-hold", "quickstart-tail3", "quickstart-tail3-no-hold", "clientwindow-check",
       "clientwindow-check-before")),
     ("quickstart, simulation, Flower's runtime at 8 threads", ("quickstart-wide-runtime",),
-     ("quickstart-wide-runtime",)),
+     ("quickstart-wide-runtime", "quickstart-wide-runtime-no-hold")),
     ("advanced, 12 jobs out, simulation", ("advanced",), ("advanced",)),
     ("advanced, 6 jobs out, simulation", ("advanced-6-out", "advanced-6-out-learned", "advanced-6-out-fedavg"),
      ("advanced-6-out", "advanced-6-out-learned", "puller-fine-0", "advanced-6-out-no-hold", "advanced-6-out-refill-first",
