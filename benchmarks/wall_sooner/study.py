@@ -777,6 +777,12 @@ def welch_half_width(a: list[float], b: list[float]) -> float | None:
     return float(t.ppf(0.975, df)) * math.sqrt(va + vb)
 
 
+def _points_from(cells: list[dict], target: float) -> list[float]:
+    """Each cell's final accuracy minus ``target``, in points, rounded where float noise would cross a boundary
+    (0.80 - 0.81 is -1 point, not -1.0000000000000009)."""
+    return [round(100 * (r["final"] - target), 9) + 0.0 for r in cells]
+
+
 def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
     """Issue 59's targets against every stored run: per app and mode, asyncfl strategy and run options (pooled over
     the folders of :data:`STATUS`, whatever the puller), the distance to Flower's FedAvg's mean final at equal work,
@@ -791,12 +797,13 @@ def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
         fedavg = [r for f in fedavg_folders for r in load(here / f / "cells.jsonl") if r["strategy"] == "flower-fedavg"]
         target = statistics.mean(r["final"] for r in fedavg)
         fedavg_s = statistics.mean(r["train-seconds"] for r in fedavg)
+        fedavg_points = _points_from(fedavg, target)
         runs = [r for f in asyncfl_folders for r in load(here / f / "cells.jsonl") if r["strategy"] != "flower-fedavg"]
         groups: dict[tuple[str, str], list[dict]] = {("flower-fedavg", ""): fedavg}
         for r in runs:
             groups.setdefault((r["strategy"], r.get("start-options", "")), []).append(r)
         for (strategy, options), cells in sorted(groups.items(), key=lambda g: (STRATEGIES.index(g[0][0]), g[0][1])):
-            points = [round(100 * (r["final"] - target), 9) + 0.0 for r in cells]  # 0.80 - 0.81 is -1, not -1.0000001
+            points = _points_from(cells, target)
             reach = [time_to(r["timeline"], target) for r in cells]
             shares = [t / fedavg_s for t in reach if t is not None]
             cohort = _cohort(cells[0]["example"], len(cells[0]["fleet"]))
@@ -807,7 +814,7 @@ def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
             met = (min(points) >= -WITHIN_POINTS, len(shares) == len(cells) and max(shares) <= TIME_SHARE,
                    statistics.mean(of_fleet) >= RATE_SHARE)
             marks = ['✓' if m else '✗' for m in met]
-            spread = welch_half_width(points, [100 * (r["final"] - target) for r in fedavg])
+            spread = welch_half_width(points, fedavg_points)
             interval = "" if strategy == "flower-fedavg" or spread is None else f" ± {spread:.1f}"
             rejected = sum(r.get('rejected-updates', 0) for r in cells)
             if strategy == "flower-fedavg":  # the yardstick: its own runs against their mean (time: no target)
@@ -878,6 +885,11 @@ def main() -> None:
     puller = {name: value for name, value in (("cap", args.puller_cap), ("fine", args.puller_fine))
               if value is not None}
     path = args.out / "cells.jsonl"
+    widened = next((r for r in load(path) if r["mode"] == "simulation"
+                    and r.get("runtime-widened", False) != bool(args.runtime_workers)), None)
+    if widened is not None and not args.table:
+        parser.error(f"{path} holds simulation runs {'with' if widened.get('runtime-widened') else 'without'} "
+                     "--runtime-workers; give these runs their own --out")
     settings = puller_settings(puller)
     other = next((stored_puller(r) for r in load(path) if r["strategy"] != "flower-fedavg"
                   and stored_puller(r) != settings), None)
