@@ -816,7 +816,7 @@ def status_table(here: Path = HERE, status: tuple = STATUS) -> str:
             marks = ['✓' if m else '✗' for m in met]
             spread = welch_half_width(points, fedavg_points)
             interval = "" if strategy == "flower-fedavg" or spread is None else f" ± {spread:.1f}"
-            rejected = sum(r.get('rejected-updates', 0) for r in cells)
+            rejected = sum(r.get("rejected-updates", 0) for r in cells)
             if strategy == "flower-fedavg":  # the yardstick: its own runs against their mean (time: no target)
                 strategy, marks[1], rejected = "flower-fedavg (its own runs)", "–", "–"
             lines.append(
